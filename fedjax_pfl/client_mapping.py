@@ -5,13 +5,19 @@ The per-client function is written once; the mapping is an engine setting:
 - ``map``: ``lax.map``, one client at a time inside the same jit (default on
   CPU, where per-client convolution weights vmap into slow kernels);
 - ``chunked``: ``lax.map`` over chunks of ``chunk_size`` vmapped clients
-  (bounds memory for hundreds of clients).
+  (bounds memory for hundreds of clients). The engine hands the clients over
+  sorted by their step count, so each chunk runs to its own largest client.
 All three compute the same numbers (tests/test_engine.py).
+
+Local training loops run each client's own trip count; under ``vmap`` a chunk
+runs to its largest member. `executed_steps` counts what a mapping computes,
+so that padding efficiency (real / executed client-steps) can be reported.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 MAPPINGS = ("vmap", "map", "chunked")
 
@@ -37,3 +43,26 @@ def map_clients(fn, mapping: str, chunk_size: int = 8):
         return jax.vmap(fn)
     batch = None if mapping == "map" else chunk_size
     return lambda *args: jax.lax.map(lambda a: fn(*a), args, batch_size=batch)
+
+
+def sorts_clients(mapping: str) -> bool:
+    """Whether clients should reach this mapping sorted by cost (only chunks gain from it)."""
+    return resolve(mapping) == "chunked"
+
+
+def executed_steps(steps, mapping: str, chunk_size: int = 8):
+    """Client-steps a mapping computes for per-client trip counts ``steps`` [S]
+    (already in the order the mapping sees them): ``map`` runs each client's own
+    count, ``vmap`` every client to the largest, ``chunked`` each chunk (and the
+    remainder, as ``lax.map``'s ``batch_size`` does) to its own largest."""
+    mapping = resolve(mapping)
+    steps = jnp.asarray(steps, jnp.int32)
+    count = steps.shape[0]
+    if mapping == "map":
+        return steps.sum()
+    if mapping == "vmap" or count <= chunk_size:
+        return count * steps.max()
+    full = (count // chunk_size) * chunk_size
+    chunks = steps[:full].reshape(-1, chunk_size).max(axis=1).sum() * chunk_size
+    rest = steps[full:]
+    return chunks + (rest.shape[0] * rest.max() if rest.shape[0] else 0)

@@ -74,14 +74,32 @@ def straggler_plan(key, count: int, local_epochs: int, straggler_fraction: float
     return epochs, ~dropped
 
 
+def round_keys(key, round_index):
+    """(round key, evaluation key) of round ``t``: ``split(fold_in(key, t))``.
+
+    The one key schedule of a run: the CLI, `Engine.run` and fused calls all use it.
+    """
+    k = jax.random.split(jax.random.fold_in(key, round_index))
+    return k[0], k[1]
+
+
+def is_eval_round(round_index, total_rounds: int, eval_every: int):
+    """Evaluate after round t when (t + 1) % eval_every == 0 and after the last round."""
+    return ((round_index + 1) % eval_every == 0) | (round_index == total_rounds - 1)
+
+
 class Engine:
-    """Runs a method over stacked client data. Build once; call `round` per round."""
+    """Runs a method over stacked client data. Build once; call `round` or `run_rounds`."""
 
     def __init__(self, method: Method, train: ClientData, test: ClientData, config: EngineConfig):
         self.method = method
         self.config = config
+        self.mapping = client_mapping.resolve(config.client_mapping)
         self.num_clients = int(train.n.shape[0])
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
+        # Evaluation visits clients largest test set first so that chunks are even (host-known sizes).
+        self.eval_order = np.argsort(-np.asarray(test.n), kind="stable") if client_mapping.sorts_clients(
+            self.mapping) else None
         if self.mesh is not None:
             train, test = sharding.shard_clients((train, test), self.mesh)
         self.train = train
@@ -90,6 +108,7 @@ class Engine:
             raise ValueError("clients_per_round exceeds the number of clients")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_impl)
+        self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(6, 7, 8))
 
     # ------------------------------------------------------------------ round
     def init(self, key):
@@ -99,10 +118,10 @@ class Engine:
         return server, clients
 
     def run(self, server, clients, key, rounds: int, first: int = 0):
-        """Rounds ``first .. rounds-1`` with round keys ``fold_in(key, t)`` (as the CLI derives them)."""
+        """Rounds ``first .. rounds-1`` one call each, round keys from `round_keys` (as the CLI)."""
         metrics = None
         for t in range(first, rounds):
-            server, clients, metrics = self.round(server, clients, jax.random.fold_in(key, t), t)
+            server, clients, metrics = self.round(server, clients, round_keys(key, t)[0], t)
         return server, clients, metrics
 
     def round(self, server, clients, key, round_index: int):
@@ -116,23 +135,92 @@ class Engine:
         epochs, uploaded = straggler_plan(
             k_strag, cfg.clients_per_round, method.setup.local_epochs, cfg.straggler_fraction, cfg.drop_fraction
         )
+        keys = jax.random.split(k_clients, cfg.clients_per_round)
+        steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs)
+        if client_mapping.sorts_clients(self.mapping):  # each chunk runs to its own largest client
+            order = jnp.argsort(-steps, stable=True)
+            selected, epochs, uploaded, keys, steps = (a[order] for a in (selected, epochs, uploaded, keys, steps))
         chosen = tree_ops.gather(clients, selected)
         data = tree_ops.gather(train, selected)
         chosen = method.prepare(server, chosen, selected)
-        keys = jax.random.split(k_clients, cfg.clients_per_round)
 
         def one_client(client, data_i, key_i, epochs_i):
             info = ClientRound(round_index, epochs_i)
             return method.client_update(server, client, ClientData(*data_i), key_i, info)
 
-        mapped = client_mapping.map_clients(one_client, cfg.client_mapping, cfg.chunk_size)
+        mapped = client_mapping.map_clients(one_client, self.mapping, cfg.chunk_size)
         chosen, uploads = mapped(chosen, tuple(data), keys, epochs)
         info = ServerRound(round_index, selected, data.n.astype(jnp.float32), uploaded)
         server, chosen = method.server_update(server, chosen, uploads, info)
         clients = tree_ops.scatter(clients, selected, chosen)
-        train_loss = uploads["loss"] if isinstance(uploads, dict) and "loss" in uploads else jnp.zeros(())
-        metrics = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "train_loss": jnp.mean(train_loss)}
+        has_loss = isinstance(uploads, dict) and "loss" in uploads
+        client_loss = uploads["loss"] if has_loss else jnp.zeros(cfg.clients_per_round)
+        executed = client_mapping.executed_steps(steps, self.mapping, cfg.chunk_size)
+        metrics = {
+            "selected": selected,
+            "epochs": epochs,
+            "uploaded": uploaded,
+            "train_loss": jnp.mean(client_loss),
+            "client_loss": client_loss,
+            "real_steps": steps.sum(),
+            "executed_steps": executed,
+        }
         return server, clients, metrics
+
+    # ------------------------------------------------------------ fused rounds
+    def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int):
+        """Rounds ``first .. first+count-1`` (clipped at ``total_rounds``) in ONE compiled call.
+
+        A `lax.scan` over ``count`` round slots; slots past ``total_rounds`` are
+        skipped by a branch, so every call of a run reuses one program. Each
+        round uses `round_keys` and, at evaluation rounds (`is_eval_round`), the
+        clients are evaluated inside the call. Returns (server, clients,
+        metrics, evaluations) as host NumPy: ``metrics`` holds the round
+        metrics stacked [count, ...] plus ``round`` and ``active``;
+        ``evaluations`` maps each evaluated round to its per-client arrays.
+        Equal to ``count`` calls of `round` (tests/test_engine.py). Donates
+        ``server`` and ``clients``.
+        """
+        server, clients, metrics, evals = self._rounds(
+            server, clients, self.train, self.test, key, jnp.int32(first), count, total_rounds, eval_every)
+        metrics, evals = jax.device_get((metrics, evals))
+        evaluations = {
+            int(t): {k: np.asarray(v[j]) for k, v in evals["per_client"].items()}
+            for j, t in enumerate(metrics["round"]) if evals["done"][j]
+        }
+        return server, clients, metrics, evaluations
+
+    def _rounds_impl(self, server, clients, train, test, key, first, count, total_rounds, eval_every):
+        state_shape = jax.eval_shape(lambda s, c: self._round_impl(s, c, train, key, first), server, clients)
+        eval_shape = jax.eval_shape(lambda s, c: self._evaluate_impl(s, c, train, test, key), server, clients)
+        zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
+
+        def evaluate_or_skip(server, clients, t, eval_key):
+            return jax.lax.cond(
+                is_eval_round(t, total_rounds, eval_every),
+                lambda: (self._evaluate_impl(server, clients, train, test, eval_key), True),
+                lambda: (zeros(eval_shape), False),
+            )
+
+        def one_round(carry, slot):
+            server, clients = carry
+            t = first + slot
+            round_key, eval_key = round_keys(key, t)
+
+            def run():
+                s, c, m = self._round_impl(server, clients, train, round_key, t)
+                per_client, done = evaluate_or_skip(s, c, t, eval_key)
+                return s, c, m, per_client, done
+
+            def skip():
+                return server, clients, zeros(state_shape[2]), zeros(eval_shape), False
+
+            s, c, m, per_client, done = jax.lax.cond(t < total_rounds, run, skip)
+            out = {**m, "round": t, "active": t < total_rounds}
+            return (s, c), (out, {"per_client": per_client, "done": jnp.asarray(done)})
+
+        (server, clients), (metrics, evals) = jax.lax.scan(one_round, (server, clients), jnp.arange(count))
+        return server, clients, metrics, evals
 
     # ------------------------------------------------------------- evaluation
     def evaluate(self, server, clients, key):
@@ -158,13 +246,18 @@ class Engine:
                 nll = losses.cross_entropy(logits, batch.y, batch.mask) * count
                 return correct, count, nll
 
-            correct, count, nll = local_training.map_batches(
+            correct, count, nll = local_training.sum_batches(
                 batch_metrics, ClientData(*test_i), cfg.eval_batch_size, normalize
             )
-            return {"correct": correct.sum(), "count": count.sum(), "loss_sum": nll.sum()}
+            return {"correct": correct, "count": count, "loss_sum": nll}
 
-        mapped = client_mapping.map_clients(one_client, cfg.client_mapping, cfg.chunk_size)
-        return mapped(clients, tuple(train), tuple(test), keys)
+        mapped = client_mapping.map_clients(one_client, self.mapping, cfg.chunk_size)
+        args = (clients, tuple(train), tuple(test), keys)
+        if self.eval_order is None:
+            return mapped(*args)
+        order = jnp.asarray(self.eval_order)
+        out = mapped(*tree_ops.gather(args, order))
+        return tree_ops.gather(out, jnp.argsort(order))
 
 
 def summarize_evaluation(per_client) -> dict:

@@ -66,13 +66,14 @@ def client_server_gradient(global_logits_fn: Callable, global_params, personal_l
         target = personal_logits_fn(xc)
         return server_kl(global_logits_fn(params, xc), target, temperature, direction, mc) * count
 
-    def body(carry, xm):
+    def body(t, carry):
         value_sum, grad_sum = carry
-        value, grad = jax.value_and_grad(chunk_sum)(global_params, *xm)
-        return (value_sum + value, tree_ops.add(grad_sum, grad)), None
+        value, grad = jax.value_and_grad(chunk_sum)(global_params, xs[t], masks[t])
+        return value_sum + value, tree_ops.add(grad_sum, grad)
 
     zeros = jax.tree.map(jnp.zeros_like, global_params)
-    (value_sum, grad_sum), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), (xs, masks))
+    real_chunks = (jnp.asarray(n, jnp.int32) + chunk - 1) // chunk  # padding-only chunks are skipped
+    value_sum, grad_sum = jax.lax.fori_loop(0, real_chunks, body, (jnp.zeros((), jnp.float32), zeros))
     scale = 1.0 / jnp.maximum(jnp.asarray(n, jnp.float32), 1.0)
     return value_sum * scale, tree_ops.scale(grad_sum, scale)
 

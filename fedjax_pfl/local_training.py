@@ -1,12 +1,17 @@
-"""Masked local training of ONE client: the batch schedule and the SGD scan.
+"""Local training of ONE client that spends no work on padding.
 
 Each client shuffles only its own ``n`` valid samples every epoch (padding is
-sorted last), and runs ``ceil(n / B)`` real steps per epoch for ``epochs``
-epochs. The scan always runs the static maximum (``max_epochs`` x
-``ceil(n_max / B)``) so that clients can be vmapped; surplus steps are masked
-and leave parameters, optimizer state and metrics untouched. The last batch of
-an epoch may be partial (as PyTorch's DataLoader without drop_last): its loss
-is the mean over its valid samples.
+sorted last) and runs exactly ``epochs * ceil(n / B)`` steps: the step loop is
+a `lax.while_loop` with the client's own trip count, so under ``lax.map`` a
+client of 61 samples runs 7 steps while one of 6,413 runs 642. Under ``vmap``
+a while loop runs to the largest trip count of the vmapped clients (finished
+clients are held by a select); the engine groups clients of similar size into
+chunks for that reason (client_mapping.py). The last batch of an epoch may be
+partial (as PyTorch's DataLoader without drop_last): its loss is the mean over
+its valid samples.
+
+Statistics passes (evaluation, Fisher traces, prototypes) use `sum_batches`,
+which visits only the ``ceil(n / B)`` batches that hold real samples.
 
 This module holds no method logic: an objective is passed in.
 """
@@ -29,12 +34,6 @@ class Batch(NamedTuple):
     mask: jax.Array  # [B] bool, False for padding
 
 
-class Schedule(NamedTuple):
-    index: jax.Array  # [T, B] sample indices into the client's padded arrays
-    sample_mask: jax.Array  # [T, B]
-    step_valid: jax.Array  # [T]
-
-
 def steps_per_epoch(n_max: int, batch_size: int) -> int:
     return max(1, math.ceil(n_max / batch_size))
 
@@ -46,23 +45,28 @@ def epoch_order(key, n, n_max: int):
     return jnp.argsort(r)
 
 
-def batch_schedule(key, n, n_max: int, batch_size: int, max_epochs: int, epochs) -> Schedule:
-    """Indices and masks for ``max_epochs * ceil(n_max/B)`` steps of one client.
-
-    Step ``s`` of epoch ``e`` is real iff ``e < epochs`` and ``s * B < n``.
-    """
+def epoch_orders(key, n, n_max: int, max_epochs: int, batch_size: int):
+    """[max_epochs, ceil(n_max/B) * B] sample orders: epoch e's shuffle of the ``n``
+    valid indices first, then padding (index 0, masked)."""
     spe = steps_per_epoch(n_max, batch_size)
     keys = jax.random.split(key, max_epochs)
-    orders = jax.vmap(lambda k: epoch_order(k, n, n_max))(keys)  # [E, n_max]
-    pad = spe * batch_size - n_max
-    orders = jnp.pad(orders, ((0, 0), (0, pad)), constant_values=0)
-    index = orders.reshape(max_epochs * spe, batch_size)
-    position = jnp.arange(spe * batch_size).reshape(spe, batch_size)
-    sample_mask = jnp.tile(position < n, (max_epochs, 1))
-    step_real = jnp.arange(spe) * batch_size < n
-    epoch_real = jnp.arange(max_epochs) < epochs
-    step_valid = (epoch_real[:, None] & step_real[None, :]).reshape(-1)
-    return Schedule(index, sample_mask, step_valid)
+    orders = jax.vmap(lambda k: epoch_order(k, n, n_max))(keys)
+    return jnp.pad(orders, ((0, 0), (0, spe * batch_size - n_max)), constant_values=0)
+
+
+def real_steps(n, batch_size: int, epochs):
+    """``epochs * ceil(n / B)``: the steps a client with ``n`` samples really takes."""
+    return jnp.asarray(epochs, jnp.int32) * ((jnp.asarray(n, jnp.int32) + batch_size - 1) // batch_size)
+
+
+def step_batch_index(orders, step, n, batch_size: int):
+    """(sample indices [B], mask [B]) of real step ``step`` (epoch-major) of one client."""
+    spe = jnp.maximum((n + batch_size - 1) // batch_size, 1)
+    epoch, within = step // spe, step % spe
+    start = within * batch_size
+    index = jax.lax.dynamic_slice(orders[epoch], (start,), (batch_size,))
+    mask = start + jnp.arange(batch_size) < n
+    return index, mask
 
 
 def make_batch(data, index, mask, normalize: Callable) -> Batch:
@@ -87,23 +91,31 @@ def train(
     normalize: Callable,
     part: str = "all",
 ):
-    """Run masked local SGD on ``part`` of ``variables``; returns (variables, mean loss).
+    """Local SGD on ``part`` of ``variables`` for exactly ``epochs * ceil(n/B)`` steps.
 
-    ``data`` is one client's (x [n_max, ...], y [n_max], n). The optimizer
-    state starts fresh (as in FedAvg's client update). BatchNorm statistics are
-    updated only when the body is trained.
+    Returns (variables, mean loss over the steps taken). ``data`` is one
+    client's (x [n_max, ...], y [n_max], n); ``epochs <= max_epochs`` may be
+    traced (stragglers). The optimizer state starts fresh (as in FedAvg's
+    client update). BatchNorm statistics are updated only when the body is
+    trained. Step ``s`` of epoch ``e`` draws its key as the ``e * ceil(n_max/B)
+    + s``-th of ``split(step_key, max_epochs * ceil(n_max/B))``, so the keys
+    do not depend on how many steps other clients take.
     """
     n_max = data.y.shape[0]
+    spe_max = steps_per_epoch(n_max, batch_size)
     sched_key, step_key = jax.random.split(key)
-    sched = batch_schedule(sched_key, data.n, n_max, batch_size, max_epochs, epochs)
-    step_keys = jax.random.split(step_key, sched.step_valid.shape[0])
+    orders = epoch_orders(sched_key, data.n, n_max, max_epochs, batch_size)
+    step_keys = jax.random.split(step_key, max_epochs * spe_max)
+    total = real_steps(data.n, batch_size, jnp.minimum(epochs, max_epochs))
     params = tree_ops.trainable_of(variables, part)
     opt_state = optimizer.init(params)
     update_stats = part in ("all", "body") and "batch_stats" in variables
 
-    def step(carry, xs):
-        params, opt_state, stats, loss_sum = carry
-        index, mask, valid, k = xs
+    def step(carry):
+        i, params, opt_state, stats, loss_sum = carry
+        index, mask = step_batch_index(orders, i, data.n, batch_size)
+        spe = jnp.maximum((data.n + batch_size - 1) // batch_size, 1)
+        k = step_keys[(i // spe) * spe_max + i % spe]
         batch = make_batch(data, index, mask, normalize)
 
         def loss_of(p):
@@ -113,33 +125,49 @@ def train(
             return objective(v, batch, k)
 
         (loss, new_stats), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        new = (new_params, new_opt_state, new_stats if update_stats else stats)
-        params, opt_state, stats = tree_ops.select(valid, new, (params, opt_state, stats))
-        return (params, opt_state, stats, loss_sum + jnp.where(valid, loss, 0.0)), None
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        stats = new_stats if update_stats else stats
+        return i + 1, params, opt_state, stats, loss_sum + loss
 
     stats0 = variables.get("batch_stats")
-    carry = (params, opt_state, stats0, jnp.zeros((), jnp.float32))
-    (params, _, stats, loss_sum), _ = jax.lax.scan(
-        step, carry, (sched.index, sched.sample_mask, sched.step_valid, step_keys)
-    )
+    carry = (jnp.zeros((), jnp.int32), params, opt_state, stats0, jnp.zeros((), jnp.float32))
+    _, params, _, stats, loss_sum = jax.lax.while_loop(lambda c: c[0] < total, step, carry)
     out = tree_ops.with_trainable(variables, part, params)
     if stats is not None:
         out = {**out, "batch_stats": stats}
-    mean_loss = loss_sum / jnp.maximum(sched.step_valid.sum(), 1)
-    return out, mean_loss
+    return out, loss_sum / jnp.maximum(total, 1)
+
+
+def _batch_in_order(data, t, batch_size: int, normalize: Callable) -> Batch:
+    n_max = data.y.shape[0]
+    position = t * batch_size + jnp.arange(batch_size)
+    return make_batch(data, jnp.minimum(position, n_max - 1), position < data.n, normalize)
+
+
+def sum_batches(fn, data, batch_size: int, normalize: Callable):
+    """Sum of ``fn(batch)`` over the ``ceil(n/B)`` batches of one client's real samples, in order.
+
+    Padding-only batches are never computed; rows past ``n`` inside the last
+    batch are masked, so ``fn`` must give them no weight. Used for evaluation
+    and statistics passes (Fisher traces, prototypes, class means).
+    """
+    count = (data.n + batch_size - 1) // batch_size
+    shape = jax.eval_shape(fn, _batch_in_order(data, 0, batch_size, normalize))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+
+    def body(t, acc):
+        return jax.tree.map(jnp.add, acc, fn(_batch_in_order(data, t, batch_size, normalize)))
+
+    return jax.lax.fori_loop(0, count, body, zeros)
 
 
 def map_batches(fn, data, batch_size: int, normalize: Callable):
-    """Apply ``fn(batch) -> pytree`` to every (masked) batch of one client's data in order.
+    """``fn(batch)`` for every batch slot of the padded data, stacked [ceil(n_max/B), ...].
 
-    Returns the stacked outputs over batches [T, ...]. Used for evaluation and
-    for statistics passes (Fisher traces, prototypes) that need no shuffling.
+    Visits padding-only batches too (with an all-False mask): for tests and
+    inspection; passes that reduce over batches use `sum_batches`.
     """
     n_max = data.y.shape[0]
     spe = steps_per_epoch(n_max, batch_size)
-    index = jnp.arange(spe * batch_size)
-    mask = (index < data.n).reshape(spe, batch_size)
-    index = jnp.minimum(index, n_max - 1).reshape(spe, batch_size)
-    return jax.lax.map(lambda im: fn(make_batch(data, im[0], im[1], normalize)), (index, mask))
+    return jax.lax.map(lambda t: fn(_batch_in_order(data, t, batch_size, normalize)), jnp.arange(spe))

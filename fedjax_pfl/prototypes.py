@@ -66,8 +66,7 @@ def client_class_sums(feature_fn: Callable, data, num_classes: int, batch_size: 
     def per_batch(batch):
         return class_sums(feature_fn(batch.x), batch.y, num_classes, batch.mask)
 
-    stacked = local_training.map_batches(per_batch, data, batch_size, normalize)
-    return jax.tree.map(lambda a: a.sum(axis=0), stacked)
+    return local_training.sum_batches(per_batch, data, batch_size, normalize)
 
 
 def prototypes(sums: ClassSums):

@@ -135,7 +135,12 @@ class Method:
         return objective
 
     def map_batches(self, fn, data):
+        """``fn(batch)`` per batch slot, stacked (padding-only slots included): for inspection."""
         return local_training.map_batches(fn, data, self.setup.batch_size, self.setup.normalize)
+
+    def sum_batches(self, fn, data):
+        """Sum of ``fn(batch)`` over the client's real batches (local_training.sum_batches)."""
+        return local_training.sum_batches(fn, data, self.setup.batch_size, self.setup.normalize)
 
 
 def shared_init(method: Method, key, num_clients: int):

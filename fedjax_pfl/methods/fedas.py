@@ -102,8 +102,8 @@ class FedAS(SharedBodyMethod):
             onehot = jax.nn.one_hot(batch.y, num_classes) * batch.mask[:, None]
             return onehot.T @ f, onehot.sum(axis=0)
 
-        sums, counts = self.map_batches(batch_sums, data)
-        return sums.sum(axis=0) / jnp.maximum(counts.sum(axis=0), 1.0)[:, None]
+        sums, counts = self.sum_batches(batch_sums, data)
+        return sums / jnp.maximum(counts, 1.0)[:, None]
 
     def alignment_objective(self, old_variables, data):
         """objective(variables, batch, key) -> (alignment loss, batch_stats)."""
@@ -154,12 +154,11 @@ class FedAS(SharedBodyMethod):
         """The client's Fisher trace over its train batches (batch size B, in order)."""
         logits_fn, params = self.logits_fn(variables), variables["params"]
         if self.hparams.fisher == "batch":
-            per_batch = self.map_batches(
+            return self.sum_batches(
                 lambda b: fisher.batch_gradient_sq_norm(logits_fn, params, b.x, b.y, b.mask), data)
-            return jnp.sum(per_batch)
-        per_batch = self.map_batches(
+        total = self.sum_batches(
             lambda b: fisher.per_sample_gradient_sq_norm_sum(logits_fn, params, b.x, b.y, b.mask), data)
-        return jnp.sum(per_batch) / jnp.maximum(data.n.astype(jnp.float32), 1.0)
+        return total / jnp.maximum(data.n.astype(jnp.float32), 1.0)
 
     # ---- the client round --------------------------------------------------
     def local_phase(self, server, client, variables, data, key, info):
