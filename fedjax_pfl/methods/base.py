@@ -126,7 +126,7 @@ class Method:
         """CE on the model output, plus ``extra(variables, batch, output, key)`` if given."""
 
         def objective(variables, batch, key):
-            out = self.model.apply(variables, batch.x, train=True)
+            out = self.model.apply(variables, batch.x, train=True, mask=batch.mask)
             loss = losses.cross_entropy(out.logits, batch.y, batch.mask)
             if extra is not None:
                 loss = loss + extra(variables, batch, out, key)

@@ -120,7 +120,7 @@ class FedAS(SharedBodyMethod):
                 return losses.sample_alignment(feats, targets, batch.mask)
 
         def objective(variables, batch, key):
-            out = self.model.apply(variables, batch.x, train=True)
+            out = self.model.apply(variables, batch.x, train=True, mask=batch.mask)
             return target_loss(out.features, batch), out.batch_stats
 
         return objective
