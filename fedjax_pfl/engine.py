@@ -131,7 +131,8 @@ class Engine:
         server, chosen = method.server_update(server, chosen, uploads, info)
         clients = tree_ops.scatter(clients, selected, chosen)
         train_loss = uploads["loss"] if isinstance(uploads, dict) and "loss" in uploads else jnp.zeros(())
-        metrics = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "train_loss": jnp.mean(train_loss)}
+        metrics = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "train_loss": jnp.mean(train_loss),
+                   "client_loss": jnp.broadcast_to(train_loss, selected.shape).astype(jnp.float32)}
         return server, clients, metrics
 
     # ------------------------------------------------------------- evaluation

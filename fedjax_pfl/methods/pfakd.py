@@ -36,6 +36,11 @@ parameters only, so BatchNorm running statistics stay local: set
 local round), its momentum buffer kept across rounds and its drop_last batches
 apply to every method there and are not reproduced here.
 
+Evaluation (``eval.model``): ``global`` by default, as the authors' code
+(a PFLlib fork), which evaluates after the server sends the new global body:
+each client's own head on the current global body; ``local`` evaluates the
+body the client distilled itself in its last round.
+
 This module holds no loop over clients and no device logic.
 """
 
