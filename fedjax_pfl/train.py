@@ -44,7 +44,8 @@ FLAGS = {
     "eval_every": "eval_every", "out": "out", "checkpoint_every": "checkpoint_every", "client_mapping": "train.client_mapping",
     "eval_model": "eval.model",
 }
-# Test hook: "ROUND:SIGNAL" (e.g. "2:KILL") sends the signal to this process after that round's checkpoint.
+# Test hook: "ROUND:SIGNAL" (e.g. "2:KILL") sends the signal to this process once that round has been
+# dispatched, before its checks, evaluation and checkpoint (as a Ctrl-C or kill arriving mid-round).
 TEST_SIGNAL_ENV = "FEDJAX_PFL_TEST_SIGNAL_AFTER_ROUND"
 
 
@@ -290,21 +291,20 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
                 round_key, eval_key = jax.random.split(jax.random.fold_in(key, t))
                 server, clients, metrics = exp.engine.round(server, clients, round_key, t)
                 pending.append({**metrics, "round": t})
+                _test_signal(t)
+                stopping = stop.requested and t < rounds - 1  # Ctrl-C: stop after this round, resumable
                 evaluate = (t + 1) % cfg.eval_every == 0 or t == rounds - 1
-                save = bool(cfg.checkpoint_every) and ((t + 1) % cfg.checkpoint_every == 0 or t == rounds - 1)
-                if evaluate or save or stop.requested:
+                save = stopping or (bool(cfg.checkpoint_every)
+                                    and ((t + 1) % cfg.checkpoint_every == 0 or t == rounds - 1))
+                if evaluate or save:
                     checked, pending = check_rounds(pending), []
                 if evaluate:
                     log.write(_evaluate(exp, server, clients, eval_key, checked[-1], t, start, cfg.eval.model))
                     bar.set_postfix(acc=f"{log.records[-1]['accuracy']:.4f}")
-                if save or stop.requested:
+                if save:
                     checkpoint.save(ckpt_path, (server, clients), t, {"seconds": time.perf_counter() - start})
                 bar.update(1)
-                _test_signal(t)
-                if stop.requested and t < rounds - 1:
-                    if pending:  # the signal came after this round's checks
-                        check_rounds(pending)
-                        checkpoint.save(ckpt_path, (server, clients), t, {"seconds": time.perf_counter() - start})
+                if stopping:
                     status = {"status": "interrupted", "after_round": t}
                     break
             else:
