@@ -70,6 +70,15 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
+class EvalConfig:
+    # Whose model each client is evaluated with: 'auto' takes the method's documented
+    # default (what its authors evaluate); shared-body methods also take 'local' (the
+    # client's model after its own last training) or 'global' (the current global
+    # body with the client's own head, the model it holds after receiving the body).
+    model: str = "auto"
+
+
+@dataclasses.dataclass
 class RunConfig:
     method_name: str = "fedas"
     method: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -77,6 +86,7 @@ class RunConfig:
     partition: PartitionConfig = dataclasses.field(default_factory=PartitionConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     seed: int = 0
     eval_every: int = 1
     checkpoint_every: int = 0  # rounds between checkpoints of server and client state (0: never)
@@ -150,7 +160,10 @@ def parse_override(text: str) -> dict:
     if "=" not in text:
         raise UserError(f"override {text!r} must look like key.sub=value")
     key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        raise UserError(f"override {text!r}: the value is not valid YAML; quote it") from None
     out: dict = {}
     node = out
     parts = key.strip().split(".")
@@ -164,16 +177,28 @@ def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file {path} not found (presets live in configs/)")
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise UserError(f"{path} is not valid YAML{at}: {problem}; fix the file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config file {path}: {e}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} must hold a mapping at the top level")
     return data
 
 
-def build(config_file: str | None = None, overrides: list[str] = (), base: dict | None = None) -> RunConfig:
-    """Defaults <- YAML preset <- ``base`` (e.g. command-line flags) <- dotted overrides."""
+def build(config_file: str | None = None, overrides: list[str] = (), base: dict | None = None,
+          start: dict | None = None) -> RunConfig:
+    """Defaults [<- ``start``, a saved config when resuming] <- YAML preset <- ``base``
+    (e.g. command-line flags) <- dotted overrides."""
     cfg = RunConfig()
+    if start:
+        apply_mapping(cfg, start)
     if config_file:
         apply_mapping(cfg, load_yaml(config_file))
     if base:
@@ -197,3 +222,60 @@ def method_options(options_type, options: dict):
             raise UserError(f"unknown method option {key!r}; valid: {', '.join(sorted(names)) or 'none'}")
         kwargs[key] = _coerce(value, hints[key], f"method.{key}")
     return options_type(**kwargs)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def validate_values(cfg: RunConfig) -> None:
+    """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
+    from fedjax_pfl.client_mapping import MAPPINGS
+
+    t, p = cfg.train, cfg.partition
+    for name in ("rounds", "local_epochs", "batch_size", "chunk_size"):
+        _check(getattr(t, name) >= 1, f"train.{name} must be >= 1, got {getattr(t, name)}")
+    _check(math.isfinite(t.lr) and t.lr > 0, f"train.lr must be a number > 0, got {t.lr}")
+    _check(t.optimizer in ("sgd", "adam"), f"train.optimizer must be 'sgd' or 'adam', got {t.optimizer!r}")
+    _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
+    _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,
+           f"train.weight_decay must be >= 0, got {t.weight_decay}")
+    _check(0 < t.join_ratio <= 1, f"train.join_ratio must be in (0, 1], got {t.join_ratio}")
+    for name in ("straggler_fraction", "drop_fraction"):
+        _check(0 <= getattr(t, name) <= 1, f"train.{name} must be in [0, 1], got {getattr(t, name)}")
+    mappings = ("auto", *MAPPINGS)
+    _check(t.client_mapping in mappings,
+           f"unknown client mapping {t.client_mapping!r}; choose one of: {', '.join(mappings)}")
+    _check(p.num_clients >= 1, f"partition.num_clients must be >= 1, got {p.num_clients}")
+    _check(math.isfinite(p.alpha) and p.alpha > 0, f"partition.alpha must be > 0, got {p.alpha}")
+    _check(p.classes_per_client >= 1, f"partition.classes_per_client must be >= 1, got {p.classes_per_client}")
+    _check(p.min_size >= 0, f"partition.min_size must be >= 0, got {p.min_size}")
+    _check(0 < p.train_fraction < 1, f"partition.train_fraction must be in (0, 1), got {p.train_fraction}")
+    _check(0 <= p.uniform_fraction <= 1, f"partition.uniform_fraction must be in [0, 1], got {p.uniform_fraction}")
+    _check(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    _check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0: never), got {cfg.checkpoint_every}")
+    _check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
+
+
+# Keys a resumed run may change: where the data lives (the partition is compared
+# instead), whether it may be downloaded, and the number of rounds (extend only).
+RESUME_MAY_CHANGE = ("data.data_dir", "data.allow_download", "train.rounds", "out")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "method":
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def resume_differences(saved: dict, new: dict) -> list[str]:
+    """``'key: saved -> new'`` for each setting a resumed run would change, beyond RESUME_MAY_CHANGE."""
+    a, b = _flatten(saved), _flatten(new)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if k not in RESUME_MAY_CHANGE and a.get(k) != b.get(k)]

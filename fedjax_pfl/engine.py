@@ -154,7 +154,8 @@ class Engine:
         server, chosen = method.server_update(server, chosen, uploads, info)
         clients = tree_ops.scatter(clients, selected, chosen)
         has_loss = isinstance(uploads, dict) and "loss" in uploads
-        client_loss = uploads["loss"] if has_loss else jnp.zeros(cfg.clients_per_round)
+        client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
+                       else jnp.zeros(selected.shape)).astype(jnp.float32)
         executed = client_mapping.executed_steps(steps, self.mapping, cfg.chunk_size)
         metrics = {
             "selected": selected,

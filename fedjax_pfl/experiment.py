@@ -8,13 +8,15 @@ so a typo costs no time.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl import config as config_lib
 from fedjax_pfl import engine as engine_lib
-from fedjax_pfl.data import client_data, partition
+from fedjax_pfl.data import client_data, files, partition
 from fedjax_pfl.data.dataset import Dataset
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.errors import DataNotFoundError, UserError
@@ -37,6 +39,7 @@ class Experiment:
     engine: engine_lib.Engine
     data: FederatedData
     dataset: Dataset
+    data_files: tuple[str, ...] = ()  # the dataset files actually read (none for generated data)
 
     @property
     def partition_summary(self):
@@ -134,44 +137,81 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
         make_optimizer=optimizer_factory,
         share_batch_stats=t.share_batch_stats,
         learning_rate=t.lr,
+        eval_model=cfg.eval.model,
     )
 
 
 def validate(cfg: config_lib.RunConfig) -> None:
-    """Fail fast on names and values, before any data is read."""
-    from fedjax_pfl.data.registry import canonical_name
+    """Fail fast on names and values, before any data is read.
+
+    Resolves names in place: the dataset alias, and ``eval.model='auto'`` to
+    the method's default protocol, so config.json records what was used.
+    """
+    from fedjax_pfl.data.registry import SOURCES, canonical_name
     from fedjax_pfl.models import model_names
 
     method_cls = get_method(cfg.method_name)
     config_lib.method_options(method_cls.hparams_type, cfg.method)
     cfg.data.name = canonical_name(cfg.data.name)  # raises UserError listing the valid names
+    if cfg.data.source not in SOURCES:
+        raise UserError(f"unknown data.source {cfg.data.source!r}; choose one of: {', '.join(SOURCES)}")
     if cfg.model.name not in model_names():
         raise UserError(f"unknown model {cfg.model.name!r}; choose one of: {', '.join(model_names())}")
-    t = cfg.train
-    for name in ("rounds", "local_epochs", "batch_size"):
-        if getattr(t, name) < 1:
-            raise UserError(f"train.{name} must be >= 1, got {getattr(t, name)}")
-    if not 0 < t.join_ratio <= 1:
-        raise UserError(f"join ratio must be in (0, 1], got {t.join_ratio}")
-    if cfg.partition.num_clients < 1:
-        raise UserError(f"num_clients must be >= 1, got {cfg.partition.num_clients}")
-    if cfg.eval_every < 1:
-        raise UserError(f"eval_every must be >= 1, got {cfg.eval_every}")
+    config_lib.validate_values(cfg)
+    offered = method_cls.eval_models
+    if cfg.eval.model == "auto":
+        cfg.eval.model = offered[0]
+    if cfg.eval.model not in offered:
+        raise UserError(f"method {cfg.method_name!r} evaluates with eval.model = {' or '.join(offered)}, "
+                        f"not {cfg.eval.model!r}")
+    data_dir = cfg.data.data_dir
+    if data_dir and cfg.data.source == "files" and cfg.data.name != "synthetic" and not Path(data_dir).is_dir():
+        raise UserError(f"--data-dir {data_dir} is not a folder; pass the folder that holds the dataset files "
+                        "or leave it out")
+
+
+def check_body_head_split(method) -> None:
+    """A body-sharing method on a model whose body has no parameters (mlr) would just be Local."""
+    if not method.needs_body_head_split:
+        return
+    shapes = jax.eval_shape(method.model.init, jax.random.key(0))
+    if not jax.tree.leaves(shapes["params"]["body"]):
+        raise UserError(f"method {method.name!r} shares the model's body, but {method.model.name!r} has no body "
+                        "parameters (its feature is the input); choose a model with a body, e.g. --model mlp")
+
+
+def check_files_read(data_dir, read: list) -> None:
+    """An explicit data folder must be the one the files were read from."""
+    if not data_dir:
+        return
+    root = Path(data_dir).expanduser().resolve()
+    outside = [p for p in read if root not in (Path(p).resolve(), *Path(p).resolve().parents)]
+    if outside:
+        raise UserError(f"--data-dir {data_dir} lacks the dataset files (found {outside[0]} elsewhere); "
+                        f"put them in {data_dir} or pass --data-dir {Path(outside[0]).parent}")
 
 
 def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) -> Experiment:
     validate(cfg)
+    read: list = []
     if dataset is None:
         extra = {"num_clients": cfg.partition.num_clients, "seed": cfg.seed} if cfg.data.name == "synthetic" else {}
+        explicit_dir = bool(cfg.data.data_dir) and cfg.data.source == "files"
         try:
-            dataset = load_dataset(cfg.data.name, data_dir=cfg.data.data_dir, allow_download=cfg.data.allow_download,
-                                   source=cfg.data.source, **extra)
+            with files.recording_reads() as read:
+                dataset = load_dataset(cfg.data.name, data_dir=cfg.data.data_dir,
+                                       allow_download=cfg.data.allow_download and not explicit_dir,
+                                       source=cfg.data.source, **extra)
         except DataNotFoundError as e:
-            raise DataNotFoundError(f"{e}\nTo try the library without any files, use --dataset synthetic.") from None
-    data = partition_dataset(dataset, cfg.partition, cfg.seed)
+            hint = " (or --dataset cifar10_jpeg, the project's JPEG copy)" if cfg.data.name == "cifar10" else ""
+            raise DataNotFoundError(f"{e} To try the library without any files, use --dataset synthetic{hint}.") from None
+        if explicit_dir:
+            check_files_read(cfg.data.data_dir, read)
     setup = build_setup(cfg, dataset)
     method_cls = get_method(cfg.method_name)
     method = method_cls(setup, config_lib.method_options(method_cls.hparams_type, cfg.method))
+    check_body_head_split(method)
+    data = partition_dataset(dataset, cfg.partition, cfg.seed)
     num_clients = data.train.num_clients
     t = cfg.train
     engine_cfg = engine_lib.EngineConfig(
@@ -181,4 +221,5 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
         straggler_fraction=t.straggler_fraction,
         drop_fraction=t.drop_fraction,
     )
-    return Experiment(engine_lib.Engine(method, data.train, data.test, engine_cfg), data, dataset)
+    engine = engine_lib.Engine(method, data.train, data.test, engine_cfg)
+    return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))

@@ -34,7 +34,8 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
   pool). resnet8: widths 16/32/64, one block per stage (the 6n+2 family);
   resnet18: widths 64/128/256/512, two blocks per stage. BatchNorm with
   PyTorch's defaults (momentum 0.1, eps 1e-5), batch statistics when
-  ``train=True``, running averages otherwise.
+  ``train=True`` (over the rows that ``mask`` marks real), running averages
+  otherwise.
 
 Convolutions use ``conv.Conv2D`` with ``conv_impl`` ('auto' picks im2col on
 CPU, native elsewhere); the parameter tree does not depend on it.
@@ -96,7 +97,7 @@ class ConvNetBody(nn.Module):
     conv_impl: str = "auto"
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool = False, mask=None):  # no BatchNorm: mask unused
         maps = []
         for i, spec in enumerate(self.convs):
             x = Conv2D(spec.features, spec.kernel_size, padding=spec.padding,
@@ -120,9 +121,14 @@ class Head(nn.Module):
         return nn.Dense(self.num_classes, name="logits")(x)
 
 
-def _batch_norm(train: bool, name: str) -> nn.BatchNorm:
-    return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                        name=name)
+def _batch_norm(x, train: bool, mask, name: str):
+    """BatchNorm of ``x [B, H, W, C]``; with ``mask [B]`` statistics come from real rows only."""
+    bn = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)
+    if mask is None or not train:
+        return bn(x)
+    rows = jnp.asarray(mask, bool)
+    rows = rows | ~jnp.any(rows)  # an all-padding batch (a skipped step) keeps plain statistics: no NaN
+    return bn(x, mask=jnp.broadcast_to(rows.reshape((-1,) + (1,) * (x.ndim - 1)), x.shape))
 
 
 class BasicBlock(nn.Module):
@@ -132,18 +138,18 @@ class BasicBlock(nn.Module):
     strides: int = 1
     conv_impl: str = "auto"
 
-    def _conv_bn(self, x, kernel_size, strides, train, names):
+    def _conv_bn(self, x, kernel_size, strides, train, mask, names):
         conv_name, bn_name = names
         x = Conv2D(self.features, kernel_size, strides, "SAME", use_bias=False,
                    impl=self.conv_impl, name=conv_name)(x)
-        return _batch_norm(train, bn_name)(x)
+        return _batch_norm(x, train, mask, bn_name)
 
     @nn.compact
-    def __call__(self, x, train: bool):
-        y = nn.relu(self._conv_bn(x, 3, self.strides, train, ("conv0", "bn0")))
-        y = self._conv_bn(y, 3, 1, train, ("conv1", "bn1"))
+    def __call__(self, x, train: bool, mask=None):
+        y = nn.relu(self._conv_bn(x, 3, self.strides, train, mask, ("conv0", "bn0")))
+        y = self._conv_bn(y, 3, 1, train, mask, ("conv1", "bn1"))
         if self.strides != 1 or x.shape[-1] != self.features:
-            x = self._conv_bn(x, 1, self.strides, train, ("shortcut_conv", "shortcut_bn"))
+            x = self._conv_bn(x, 1, self.strides, train, mask, ("shortcut_conv", "shortcut_bn"))
         return nn.relu(x + y)
 
 
@@ -155,16 +161,16 @@ class ResNetBody(nn.Module):
     conv_impl: str = "auto"
 
     @nn.compact
-    def __call__(self, x, train: bool = False):
+    def __call__(self, x, train: bool = False, mask=None):
         x = Conv2D(self.widths[0], 3, 1, "SAME", use_bias=False, impl=self.conv_impl,
                    name="stem_conv")(x)
-        x = nn.relu(_batch_norm(train, "stem_bn")(x))
+        x = nn.relu(_batch_norm(x, train, mask, "stem_bn"))
         maps = []
         for s, (width, blocks) in enumerate(zip(self.widths, self.blocks_per_stage)):
             for b in range(blocks):
                 strides = 2 if (s > 0 and b == 0) else 1
                 x = BasicBlock(width, strides, self.conv_impl, name=f"stage{s}_block{b}")(
-                    x, train)
+                    x, train, mask)
             maps.append(x)
         return x.mean(axis=(-3, -2)), tuple(maps)
 
@@ -175,8 +181,8 @@ class BodyHead(nn.Module):
     body: nn.Module
     head: nn.Module
 
-    def __call__(self, x, train: bool = False):
-        features, maps = self.body(x, train=train)
+    def __call__(self, x, train: bool = False, mask=None):
+        features, maps = self.body(x, train=train, mask=mask)
         return self.head(features), features, maps
 
     def apply_head(self, features):
@@ -205,12 +211,19 @@ class Model:
         variables["params"] = {"body": params["body"], "head": params["head"]}
         return variables
 
-    def apply(self, variables: dict, x: jax.Array, *, train: bool = False) -> ModelOutput:
-        """Runs the model on ``x [B, *input_shape]``; BN uses batch stats when training."""
+    def apply(self, variables: dict, x: jax.Array, *, train: bool = False,
+              mask: jax.Array | None = None) -> ModelOutput:
+        """Runs the model on ``x [B, *input_shape]``; BN uses batch stats when training.
+
+        ``mask [B]`` (bool, False for padding rows) restricts BatchNorm's batch
+        statistics and running-average updates to the real rows, so a padded
+        batch trains exactly as the unpadded one; it changes nothing else
+        (losses mask their own rows) and nothing when ``train=False``.
+        """
         stats = variables.get("batch_stats", {})
         if train and stats:
             (logits, features, maps), updates = self.module.apply(
-                variables, x, train=True, mutable=["batch_stats"])
+                variables, x, train=True, mask=mask, mutable=["batch_stats"])
             stats = updates["batch_stats"]
         else:
             logits, features, maps = self.module.apply(variables, x, train=train)

@@ -1,15 +1,25 @@
-"""Command line: ``python -m fedjax_pfl.train --method NAME [options]``.
+"""Command line: ``python -m fedjax_pfl.train --method NAME [options] [key.sub=value ...]``.
 
-Builds the run from flags, a YAML preset (--config) and dotted overrides,
-loads and partitions the data, runs the rounds with a progress bar, and writes
-the output folder (run_output.py). User errors print one line and exit 2.
+Builds the run from flags, a YAML preset (--config) and dotted overrides (in
+any order), loads and partitions the data, runs the rounds with a progress
+bar, and writes the output folder (run_output.py). User errors print one line
+and exit 2. Ctrl-C stops after the round in flight, writes a checkpoint and
+the summary (status "interrupted") and exits 130; ``--resume`` continues it.
+
+A non-finite training loss is caught without a host sync per round: each
+round's metrics stay on the device until the next evaluation or checkpoint,
+when they are read in one transfer and checked (`check_rounds`), naming the
+first bad round and its clients.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +42,16 @@ FLAGS = {
     "lr": "train.lr", "optimizer": "train.optimizer", "momentum": "train.momentum",
     "weight_decay": "train.weight_decay", "model": "model.name", "seed": "seed",
     "eval_every": "eval_every", "out": "out", "checkpoint_every": "checkpoint_every", "client_mapping": "train.client_mapping",
+    "eval_model": "eval.model",
 }
+# Test hook: "ROUND:SIGNAL" (e.g. "2:KILL") sends the signal to this process once that round has been
+# dispatched, before its checks, evaluation and checkpoint (as a Ctrl-C or kill arriving mid-round).
+TEST_SIGNAL_ENV = "FEDJAX_PFL_TEST_SIGNAL_AFTER_ROUND"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (through main), instead of usage + message
+        raise UserError(f"{message} (see --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,11 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     from fedjax_pfl.methods import method_names
     from fedjax_pfl.models import model_names
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m fedjax_pfl.train",
+        usage="%(prog)s [options] [key.sub=value ...]",
         description="Run a personalized federated learning method. " + DEFAULT_NOTE + ".",
         epilog=f"methods: {', '.join(method_names())}\ndatasets: {', '.join(dataset_names())}\n"
-        f"models: {', '.join(model_names())}\npartitions: iid, dirichlet, pathological, practical, natural",
+        f"models: {', '.join(model_names())}\npartitions: iid, dirichlet, pathological, practical, natural\n"
+        "overrides (anywhere among the options): dotted config keys, e.g. method.mu=0.01 train.lr=0.1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--method", help="method name (see the list below)")
@@ -67,16 +88,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model")
     p.add_argument("--seed", type=int)
     p.add_argument("--eval-every", type=int)
+    p.add_argument("--eval-model", help="whose model each client is evaluated with: auto (the method's default), "
+                   "global or local (shared-body methods)")
     p.add_argument("--client-mapping", help="auto | vmap | map | chunked")
     p.add_argument("--out", help="output folder (default runs/<method>-<dataset>-<time>)")
     p.add_argument("--checkpoint-every", type=int, help="save server and client state every K rounds (0: never)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. method.mu=0.01 train.lr=0.1")
     return p
 
 
-def config_from_args(args) -> config_lib.RunConfig:
+def parse_args(argv=None):
+    """-> (options, dotted overrides); overrides may stand anywhere among the options."""
+    args, rest = build_parser().parse_known_args(argv)
+    overrides = [t for t in rest if "=" in t and not t.startswith("-")]
+    unknown = [t for t in rest if t not in overrides]
+    if unknown:
+        raise UserError(f"unrecognized arguments: {' '.join(unknown)} (see --help; overrides look like key.sub=value)")
+    return args, overrides
+
+
+def config_from_args(args, overrides=()) -> config_lib.RunConfig:
+    """The run's config from flags, preset and overrides; with --resume, on top of the saved config."""
     base: dict = {}
     for flag, key in FLAGS.items():
         value = getattr(args, flag)
@@ -90,51 +123,192 @@ def config_from_args(args) -> config_lib.RunConfig:
         base["method_name"] = args.method
     if args.offline:
         base.setdefault("data", {})["allow_download"] = False
-    cfg = config_lib.build(args.config, args.overrides, base)
+    cfg = config_lib.build(args.config, overrides, base)
+    if args.resume:
+        cfg = config_lib.build(args.config, overrides, base, start=saved_run(output_folder(cfg), cfg)["config"])
     if not args.offline and "allow_download" not in base.get("data", {}) and not args.config:
         cfg.data.allow_download = True
     return cfg
 
 
+def output_folder(cfg) -> Path:
+    return Path(cfg.out or f"runs/{cfg.method_name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def saved_run(out: Path, cfg=None) -> dict:
+    """The config.json of the run in ``out`` (to resume it), or UserError."""
+    if cfg is not None and not cfg.out:
+        raise UserError("--resume needs --out FOLDER, the folder of the run to continue")
+    saved = run_output.read_json(out / "config.json")
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        raise UserError(f"nothing to resume in {out} (no readable config.json); run without --resume to start afresh")
+    return saved
+
+
+def check_output_folder(out: Path, resume: bool) -> None:
+    """Fail before any work when ``out`` cannot hold this run."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder; choose another --out")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"--out {out} lies under {existing}, which is a file; choose another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in {existing} (permission denied or read-only); choose another --out")
+    if not resume and ((out / "metrics.jsonl").exists() or (out / "config.json").exists()):
+        raise UserError(f"{out} already holds a run; choose another --out, remove it, or continue it with --resume")
+
+
+def check_same_config(saved: dict, cfg) -> None:
+    """A resumed run must use the configuration it was started with (train.rounds may grow)."""
+    changed = config_lib.resume_differences(saved["config"], config_lib.to_dict(cfg))
+    if changed:
+        raise UserError(f"--resume must use the configuration the run was started with; changed: {'; '.join(changed)}"
+                        " (only train.rounds may grow)")
+
+
+def check_resume(saved: dict, cfg, done: int, partition_now: dict, partition_saved) -> list[dict]:
+    """Checks a resume against what the run was started with -> the updated resume history."""
+    check_same_config(saved, cfg)
+    before = saved["config"]["train"]["rounds"]
+    rounds = cfg.train.rounds
+    if done >= rounds - 1:
+        if rounds == before:
+            raise UserError(f"the run in {cfg.out} already finished its {rounds} rounds; to extend it, "
+                            f"pass a larger --rounds with --resume")
+        raise UserError(f"the checkpoint is after round {done + 1}; --rounds must be more than {done + 1}")
+    if partition_saved is not None and run_output.as_json(partition_now) != partition_saved:
+        raise UserError("the data give a different partition than the run was started with; resume with the same "
+                        "dataset files")
+    return [*saved.get("resumed", []), {"after_round": done, "rounds_before": before, "rounds": rounds}]
+
+
+def first_bad_round(records: list[dict]):
+    """(round, client ids) of the first non-finite client training loss, or None.
+
+    ``records``: host per-round metrics, each with 'round', 'client_loss' [S]
+    and 'selected' [S] (the engine's round metrics).
+    """
+    for r in records:
+        bad = ~np.isfinite(np.asarray(r["client_loss"]))
+        if bad.any():
+            return int(r["round"]), [int(c) for c in np.asarray(r["selected"])[bad]]
+    return None
+
+
+def check_rounds(records: list[dict]) -> list[dict]:
+    """Reads per-round device metrics in one transfer; DivergedError at the first non-finite loss."""
+    host = jax.device_get(records)
+    bad = first_bad_round(host)
+    if bad is not None:
+        t, clients = bad
+        raise DivergedError(f"round {t}: training loss is not finite for client(s) {', '.join(map(str, clients))}; "
+                            "lower the learning rate (--lr) or check the data normalisation")
+    return host
+
+
+class _StopRequest:
+    """While active, the first Ctrl-C asks the round loop to stop after the round in
+    flight; a second one interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _test_signal(t: int) -> None:
+    spec = os.environ.get(TEST_SIGNAL_ENV, "")
+    if spec and int(spec.split(":")[0]) == t:
+        os.kill(os.getpid(), getattr(signal, "SIG" + spec.split(":")[1]))
+
+
+def _write_start(out: Path, cfg, exp, saved: dict | None, history: list[dict]) -> None:
+    """config.json (config, versions, data files read, resume history) and partition.json."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if saved is None:
+            record = {"config": config_lib.to_dict(cfg), "versions": run_output.versions(),
+                      "data_files": list(exp.data_files)}
+        else:
+            record = {**saved, "config": config_lib.to_dict(cfg), "resumed": history}
+            history[-1]["versions"] = run_output.versions()
+        run_output.write_json(out / "config.json", record)
+        run_output.write_json(out / "partition.json", exp.partition_summary)
+    except OSError as e:
+        raise UserError(f"cannot write the run folder {out}: {e.strerror or e}; choose another --out") from None
+
+
 def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) -> dict:
     """Run one configuration end to end; returns the final summary."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.experiment import build_experiment, validate
 
+    validate(cfg)
+    out = output_folder(cfg)
+    check_output_folder(out, resume)
+    saved = saved_run(out) if resume else None
+    if saved is not None:
+        check_same_config(saved, cfg)  # before any data is read
     exp = build_experiment(cfg)
-    out = Path(cfg.out or f"runs/{cfg.method_name}-{cfg.data.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     ckpt_path = out / "checkpoint.npz"
-    if (out / "metrics.jsonl").exists() and not resume:
-        raise UserError(f"{out} already holds a run (metrics.jsonl); choose another --out, remove it, "
-                        "or continue it with --resume")
-    out.mkdir(parents=True, exist_ok=True)
-    run_output.write_json(out / "config.json", {"config": config_lib.to_dict(cfg), "versions": run_output.versions()})
-    run_output.write_json(out / "partition.json", exp.partition_summary)
-    print(exp.partition_text)
     key = jax.random.key(cfg.seed)
     init_key, key = jax.random.split(key)
     server, clients = exp.engine.init(init_key)
-    first = 0
+    first, seconds_done, history = 0, 0.0, []
     if resume:
-        (server, clients), done = checkpoint.restore(ckpt_path, (server, clients))
-        first = done + 1
-        run_output.truncate_metrics(out / "metrics.jsonl", last_round=done)
+        (server, clients), done, meta = checkpoint.restore(ckpt_path, (server, clients))
+        history = check_resume(saved, cfg, done, exp.partition_summary,
+                               run_output.read_json(out / "partition.json"))
+        first, seconds_done = done + 1, float(meta.get("seconds", 0.0))
+    _write_start(out, cfg, exp, saved, history)
+    if resume:
+        run_output.truncate_metrics(out / "metrics.jsonl", last_round=first - 1)
+    print(exp.partition_text)
     log = run_output.MetricsLog(out / "metrics.jsonl")
     rounds = cfg.train.rounds
     bar = _progress(rounds, progress)
     bar.update(first)
     status = {"status": "interrupted"}
+    pending: list[dict] = []  # per-round device metrics not yet checked
+    start = time.perf_counter() - seconds_done
     try:
-        start = time.perf_counter()
-        for t in range(first, rounds):
-            round_key, eval_key = jax.random.split(jax.random.fold_in(key, t))
-            server, clients, metrics = exp.engine.round(server, clients, round_key, t)
-            if (t + 1) % cfg.eval_every == 0 or t == rounds - 1:
-                log.write(_evaluate(exp, server, clients, eval_key, metrics, t, start))
-                bar.set_postfix(acc=f"{log.records[-1]['accuracy']:.4f}")
-            if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t == rounds - 1):
-                checkpoint.save(ckpt_path, (server, clients), t)
-            bar.update(1)
-        status = {"status": "finished"}
+        with _StopRequest() as stop:
+            for t in range(first, rounds):
+                round_key, eval_key = jax.random.split(jax.random.fold_in(key, t))
+                server, clients, metrics = exp.engine.round(server, clients, round_key, t)
+                pending.append({**metrics, "round": t})
+                _test_signal(t)
+                stopping = stop.requested and t < rounds - 1  # Ctrl-C: stop after this round, resumable
+                evaluate = (t + 1) % cfg.eval_every == 0 or t == rounds - 1
+                save = stopping or (bool(cfg.checkpoint_every)
+                                    and ((t + 1) % cfg.checkpoint_every == 0 or t == rounds - 1))
+                if evaluate or save:
+                    checked, pending = check_rounds(pending), []
+                if evaluate:
+                    log.write(_evaluate(exp, server, clients, eval_key, checked[-1], t, start, cfg.eval.model))
+                    bar.set_postfix(acc=f"{log.records[-1]['accuracy']:.4f}")
+                if save:
+                    checkpoint.save(ckpt_path, (server, clients), t, {"seconds": time.perf_counter() - start})
+                bar.update(1)
+                if stopping:
+                    status = {"status": "interrupted", "after_round": t}
+                    break
+            else:
+                status = {"status": "finished"}
     except UserError as e:
         status = {"status": "failed", "error": str(e)}
         raise
@@ -144,22 +318,29 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
         summary = {**status, **run_output.final_summary(log.records)}
         run_output.write_json(out / "summary.json", summary)
     print(f"wrote {out}/ (config.json, partition.json, metrics.jsonl, summary.json)")
+    if status["status"] == "interrupted":
+        print(f"interrupted after round {status['after_round']}: checkpoint and summary written to {out}; "
+              "continue with the same command and --resume", file=sys.stderr)
     if "last" in summary:
-        print(f"final accuracy {summary['last']['accuracy']:.4f} (mean of last 10 evals "
-              f"{summary['mean_last_10']['accuracy']:.4f}; best {summary['best_optimistic']['accuracy']:.4f})")
+        mean, best = summary["mean_last_10"], summary["best_optimistic"]
+        print(f"final accuracy {summary['last']['accuracy']:.4f} (mean of last {mean['evaluations']} evals "
+              f"{mean['accuracy']:.4f}; best {best['by_accuracy']['accuracy']:.4f} at round "
+              f"{best['by_accuracy']['round']}, best weighted {best['by_accuracy_weighted']['accuracy_weighted']:.4f} "
+              f"at round {best['by_accuracy_weighted']['round']}; eval.model={cfg.eval.model})")
     return summary
 
 
-def _evaluate(exp, server, clients, key, metrics, t, start) -> dict:
-    """Evaluate every client; stop the run if anything is not finite."""
+def _evaluate(exp, server, clients, key, metrics, t, start, eval_model) -> dict:
+    """Evaluate every client; stop the run if the test loss is not finite."""
     evaluation = exp.engine.evaluate_summary(server, clients, key)
     train_loss = float(metrics["train_loss"])
-    if not (math.isfinite(train_loss) and math.isfinite(evaluation["loss"])):
+    if not math.isfinite(evaluation["loss"]):
         raise DivergedError(
-            f"round {t}: loss is not finite (train {train_loss}, test {evaluation['loss']}); "
+            f"round {t}: test loss is not finite ({evaluation['loss']}); "
             "lower the learning rate (--lr) or check the data normalisation"
         )
-    return {"round": t, **evaluation, "train_loss": train_loss, "seconds": time.perf_counter() - start}
+    return {"round": t, **evaluation, "train_loss": train_loss, "eval_model": eval_model,
+            "seconds": time.perf_counter() - start}
 
 
 def _progress(total: int, enabled: bool):
@@ -169,15 +350,18 @@ def _progress(total: int, enabled: bool):
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        cfg = config_from_args(args)
-        run(cfg, progress=not args.no_progress, resume=args.resume)
+        args, overrides = parse_args(argv)
+        cfg = config_from_args(args, overrides)
+        summary = run(cfg, progress=not args.no_progress, resume=args.resume)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
-    return 0
+    except KeyboardInterrupt:
+        print("interrupted; nothing more was written (a run with checkpoints continues with --resume)",
+              file=sys.stderr)
+        return 130
+    return 130 if summary.get("status") == "interrupted" else 0
 
 
 if __name__ == "__main__":

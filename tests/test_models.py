@@ -262,3 +262,37 @@ def test_mlp_hidden_option_and_fedpac_variant():
 def test_user_errors(args, kwargs, match):
     with pytest.raises(UserError, match=match):
         build_model(*args, **kwargs)
+
+
+def test_batchnorm_mask_makes_a_padded_batch_equal_the_unpadded_one():
+    """resnet8, 3 real rows + 3 zero rows with a mask == the 3 real rows alone:
+    features, loss, gradients and running statistics (issue 12)."""
+    model = build_model("resnet8", (16, 16, 3), C)
+    variables = _init_fn("resnet8", (16, 16, 3))(KEY)
+    x = jax.random.normal(jax.random.PRNGKey(1), (3, 16, 16, 3))
+    y = jnp.array([1, 4, 7])
+    x_pad = jnp.concatenate([x, jnp.zeros_like(x)])
+    y_pad = jnp.concatenate([y, jnp.zeros_like(y)])
+    mask = jnp.arange(6) < 3
+
+    def loss(params, x, y, mask):
+        out = model.apply({**variables, "params": params}, x, train=True, mask=mask)
+        logp = jax.nn.log_softmax(out.logits)
+        weights = mask.astype(jnp.float32) if mask is not None else jnp.ones(y.shape)
+        nll = -jnp.take_along_axis(logp, y[:, None], 1)[:, 0]
+        return jnp.sum(nll * weights) / jnp.sum(weights), out
+
+    run = jax.jit(jax.value_and_grad(loss, has_aux=True), compiler_options=FAST_COMPILE)
+    (l_ref, out_ref), g_ref = run(variables["params"], x, y, None)
+    (l_pad, out_pad), g_pad = run(variables["params"], x_pad, y_pad, mask)
+    (l_nomask, out_nomask), _ = run(variables["params"], x_pad, y_pad, jnp.ones(6, bool))
+    close = functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=2e-5)
+    close(out_pad.features[:3], out_ref.features)
+    close(l_pad, l_ref)
+    jax.tree.map(close, g_pad, g_ref)
+    jax.tree.map(close, out_pad.batch_stats, out_ref.batch_stats)
+    # Without the mask the zero rows do enter the statistics (what the mask fixes).
+    assert np.abs(np.asarray(out_nomask.features[:3] - out_ref.features)).max() > 1e-2
+    # An all-padding batch (a skipped step) stays finite.
+    (l_empty, out_empty), _ = run(variables["params"], x_pad, y_pad, jnp.zeros(6, bool))
+    assert all(np.isfinite(v).all() for v in jax.tree.leaves(out_empty.batch_stats))

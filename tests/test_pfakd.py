@@ -150,9 +150,10 @@ def test_batchnorm_teacher_mode():
 
     @jax.jit
     def run(student, teacher, batch):
-        s = model.apply(student, batch.x, train=True)
+        s = model.apply(student, batch.x, train=True, mask=batch.mask)  # BN statistics of real rows only
         ce = losses.cross_entropy(s.logits, batch.y, batch.mask)
-        mse = {t: losses.feature_mse(s.features, model.apply(teacher, batch.x, train=t).features, batch.mask)
+        mse = {t: losses.feature_mse(s.features, model.apply(teacher, batch.x, train=t, mask=batch.mask).features,
+                                     batch.mask)
                for t in (True, False)}
         objectives = {t: pfakd_objective(model, teacher, 1.0, teacher_train_mode=t)(student, batch, None)
                       for t in (True, False)}

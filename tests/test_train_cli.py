@@ -114,25 +114,6 @@ def test_default_dataset_missing_says_how_to_get_it_and_mentions_synthetic(tmp_p
     assert "cifar" in proc.stderr.lower() and "--dataset synthetic" in proc.stderr
 
 
-def test_nan_loss_stops_with_a_clear_message_and_keeps_what_was_written(tmp_path):
-    out = tmp_path / "nan"
-    proc = _cli(["--method", "fedavg", "--dataset", "synthetic", "--model", "mlr", "--num-clients", "10",
-                 "--partition", "natural", "--rounds", "4", "--lr", "1e38", "--out", str(out)])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "not finite" in proc.stderr and "--lr" in proc.stderr
-    assert (out / "config.json").is_file()
-    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
-
-
-def test_refuses_to_mix_runs_in_one_output_folder(tmp_path):
-    out = tmp_path / "run"
-    args = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlr", "--num-clients", "10",
-            "--partition", "natural", "--rounds", "1", "--out", str(out)]
-    assert _cli(args).returncode == 0
-    proc = _cli(args)
-    assert proc.returncode == 2 and "already holds" in proc.stderr
-
-
 def test_dotted_overrides_and_presets(tmp_path):
     preset = tmp_path / "p.yaml"
     preset.write_text("train:\n  lr: 0.1\n  rounds: 7\nmethod:\n  mu: 0.5\n")
@@ -143,16 +124,156 @@ def test_dotted_overrides_and_presets(tmp_path):
         config_lib.build(overrides=["train.rounds=2.5"])
 
 
-def test_resume_from_checkpoint_equals_uninterrupted_run(tmp_path):
-    common = ["--method", "fedper", "--dataset", "synthetic", "--model", "mlp", "--num-clients", "10",
-              "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--checkpoint-every", "2"]
-    full, part = tmp_path / "full", tmp_path / "part"
-    assert _cli([*common, "--rounds", "4", "--out", str(full)]).returncode == 0
-    assert _cli([*common, "--rounds", "2", "--out", str(part)]).returncode == 0
-    proc = _cli([*common, "--rounds", "4", "--out", str(part), "--resume"])
-    assert proc.returncode == 0, proc.stderr
-    a = [json.loads(l) for l in (full / "metrics.jsonl").read_text().splitlines()]
-    b = [json.loads(l) for l in (part / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in b] == [0, 1, 2, 3]
-    for ra, rb in zip(a, b):
-        assert ra["accuracy"] == rb["accuracy"] and ra["loss"] == rb["loss"]
+TINY = ["--dataset", "synthetic", "--model", "mlp", "model.hidden=[16]", "--num-clients", "6",
+        "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress", "--offline"]
+
+
+def _records(out):
+    return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _without_seconds(records):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """FedPer, 4 rounds, checkpoint every round, run without a break (in process, umask 027)."""
+    out = tmp_path_factory.mktemp("full") / "run"
+    old = os.umask(0o027)
+    try:
+        assert train.main(["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1",
+                           "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    return out
+
+
+def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, tmp_path):
+    """kill -9 (a real SIGKILL from the test hook) during round 1, then --resume from round 0's checkpoint:
+    the whole summary.json and every metrics record equal the uninterrupted run's."""
+    out = tmp_path / "run"
+    args = ["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1", "--out", str(out)]
+    proc = _cli(args, {train.TEST_SIGNAL_ENV: "1:KILL"})
+    assert proc.returncode == -9 and not (out / "summary.json").exists()
+    killed_seconds = _records(out)[-1]["seconds"]
+    assert train.main([*args, "--resume"]) == 0
+    assert json.loads((out / "summary.json").read_text()) == json.loads((uninterrupted / "summary.json").read_text())
+    assert _without_seconds(_records(out)) == _without_seconds(_records(uninterrupted))
+    assert _records(out)[1]["seconds"] > killed_seconds  # time continues, it does not restart from zero
+    resumed = json.loads((out / "config.json").read_text())["resumed"]
+    assert [(r["after_round"], r["rounds"]) for r in resumed] == [(0, 4)]
+
+
+def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(uninterrupted, tmp_path, capsys,
+                                                                          monkeypatch):
+    """Ctrl-C in round 1 of 3 (no --checkpoint-every): checkpoint + summary written, exit 130; then
+    --resume --rounds 4 with no other flag (the rest comes from config.json) equals the 4-round run."""
+    out = tmp_path / "run"
+    monkeypatch.setenv(train.TEST_SIGNAL_ENV, "1:INT")
+    assert train.main(["--method", "fedper", *TINY, "--rounds", "3", "--out", str(out)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted after round 1" in err[0] and "--resume" in err[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_evaluated"] == 2
+    assert (out / "checkpoint.npz").is_file()
+    monkeypatch.delenv(train.TEST_SIGNAL_ENV)
+    assert train.main(["--out", str(out), "--resume", "--rounds", "4", "--no-progress"]) == 0
+    assert json.loads((out / "summary.json").read_text()) == json.loads((uninterrupted / "summary.json").read_text())
+    assert _without_seconds(_records(out)) == _without_seconds(_records(uninterrupted))
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["train"]["rounds"] == 4
+    assert [(r["after_round"], r["rounds_before"], r["rounds"]) for r in config["resumed"]] == [(1, 3, 4)]
+
+
+def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
+    for name in ("config.json", "partition.json", "metrics.jsonl", "summary.json", "checkpoint.npz"):
+        assert (uninterrupted / name).stat().st_mode & 0o777 == 0o640, name
+    config = json.loads((uninterrupted / "config.json").read_text())
+    assert config["config"]["eval"]["model"] == "global"  # fedper's default, resolved from 'auto'
+    assert config["data_files"] == []  # generated data
+    assert {r["eval_model"] for r in _records(uninterrupted)} == {"global"}
+    assert json.loads((uninterrupted / "summary.json").read_text())["eval_model"] == "global"
+
+
+def test_data_files_read_are_recorded(data_dir):
+    from fedjax_pfl.data import files, idx
+
+    spec = idx.MNIST_FILES[3]
+    with files.recording_reads() as read:
+        files.find_file(spec, "mnist", data_dir=data_dir)
+    assert read == [data_dir / "mnist" / spec.name]
+def test_non_finite_loss_names_the_first_bad_round_and_clients_between_evaluations(tmp_path, capsys):
+    out = tmp_path / "nan"
+    code = train.main(["--method", "fedavg", *TINY, "--rounds", "3", "--eval-every", "10", "--lr", "1e38",
+                       "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "round 0: training loss is not finite for client(s) " in err and "--lr" in err
+    assert (out / "config.json").is_file()  # what was written stays
+    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+
+
+def test_first_bad_round_reads_a_list_of_round_metrics():
+    nan = float("nan")
+    records = [{"round": 3, "client_loss": np.array([0.5, 0.4]), "selected": np.array([4, 1])},
+               {"round": 4, "client_loss": np.array([0.5, nan, np.inf]), "selected": np.array([2, 0, 5])},
+               {"round": 5, "client_loss": np.array([nan]), "selected": np.array([3])}]
+    assert train.first_bad_round(records) == (4, [0, 5])
+    assert train.first_bad_round(records[:1]) is None
+    with pytest.raises(train.DivergedError, match="round 4: .* client\\(s\\) 0, 5"):
+        train.check_rounds(records)
+
+
+def test_options_and_overrides_in_any_order(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("train:\n  lr: 0.1\n")
+    args, overrides = train.parse_args(["--config", str(preset), "--method", "pfedme", "method.lamda=15",
+                                        "--rounds", "3", "train.batch_size=7"])
+    cfg = train.config_from_args(args, overrides)
+    assert (cfg.method_name, cfg.method, cfg.train.rounds, cfg.train.batch_size, cfg.train.lr) == (
+        "pfedme", {"lamda": 15}, 3, 7, 0.1)
+    with pytest.raises(config_lib.UserError, match="unrecognized arguments: stray"):
+        train.parse_args(["--method", "fedavg", "stray"])
+
+
+def test_summary_labels_the_best_round_on_both_accuracies():
+    from fedjax_pfl.run_output import final_summary
+
+    rows = [(0, 0.5, 0.7), (1, 0.6, 0.65), (2, 0.55, 0.6)]
+    summary = final_summary([{"round": r, "accuracy": a, "accuracy_weighted": w, "accuracy_std": 0.1, "loss": 1.0}
+                             for r, a, w in rows])
+    assert summary["best_optimistic"]["by_accuracy"] == {"round": 1, "accuracy": 0.6, "accuracy_weighted": 0.65}
+    assert summary["best_optimistic"]["by_accuracy_weighted"] == {"round": 0, "accuracy": 0.5,
+                                                                  "accuracy_weighted": 0.7}
+    assert summary["mean_last_10"]["evaluations"] == 3
+
+
+@pytest.mark.parametrize("method,default", [("fedper", "global"), ("fedrep", "global"), ("pfakd", "global"),
+                                            ("fedpac", "global"), ("fedas", "local"), ("fedavg", "global"),
+                                            ("local", "local")])
+def test_eval_model_defaults_follow_the_authors(method, default):
+    from fedjax_pfl.methods import get_method
+
+    assert get_method(method).eval_models[0] == default
+
+
+def test_eval_model_global_is_the_global_body_with_the_own_head(uninterrupted):
+    from fedjax_pfl import checkpoint
+
+    saved = json.loads((uninterrupted / "config.json").read_text())["config"]
+    cfg = config_lib.build(start=saved, overrides=["eval.model=local"])
+    exp = build_experiment(cfg)
+    method, key = exp.engine.method, jax.random.key(0)
+    (server, clients), _, _ = checkpoint.restore(uninterrupted / "checkpoint.npz", exp.engine.init(key))
+    client = jax.tree.map(lambda a: a[0], clients)
+    assert method.eval_model == "local"
+    local = method.eval_variables(server, client, None, key)
+    same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
+    same(local, client["variables"])
+    global_method = type(method)(dataclasses.replace(method.setup, eval_model="global"), method.hparams)
+    glob = global_method.eval_variables(server, client, None, key)
+    same(glob["params"]["body"], server["body"]["params"])
+    same(glob["params"]["head"], client["variables"]["params"]["head"])
+    assert not np.array_equal(glob["params"]["body"]["mlp"]["dense0"]["kernel"],
+                              local["params"]["body"]["mlp"]["dense0"]["kernel"])

@@ -13,7 +13,8 @@ Fashion-MNIST files, so only the decompressed content can be checked there.
 Missing and not allowed to download: `DataNotFoundError` naming the file, every
 folder searched and how to supply it. Downloads go to a temporary file in the
 cache folder, are verified, then renamed into place; a bad download leaves
-nothing behind. FEDJAX_PFL_DOWNLOAD_BASE_URL (or ``base_url``) replaces the
+nothing behind, not even the folders it created. `recording_reads` collects
+the paths `find_file` returns, so a run can record the files it actually read. FEDJAX_PFL_DOWNLOAD_BASE_URL (or ``base_url``) replaces the
 canonical URL's folder, for mirrors and for tests with a local server.
 This file knows no dataset formats.
 """
@@ -137,23 +138,41 @@ def verify_file(path: str | os.PathLike, spec: DataFile) -> Path:
     return path
 
 
+def _make_folders(folder: Path) -> list[Path]:
+    """mkdir -p `folder`; returns the folders it created, deepest first."""
+    created = []
+    while not folder.exists():
+        created.append(folder)
+        folder = folder.parent
+    for path in reversed(created):
+        path.mkdir(exist_ok=True)
+    return created
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary path beside `dest`; renames it to `dest` on success.
 
-    On any exception the temporary file is deleted and `dest` is untouched.
+    On any exception the temporary file is deleted, `dest` is untouched and
+    the folders created for it are removed again (when still empty).
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{dest.name}.', suffix='.part', dir=dest.parent)
-    os.close(fd)
-    tmp = Path(tmp)
+    created = _make_folders(dest.parent)
     try:
-        yield tmp
-        tmp.chmod(0o644)
-        os.replace(tmp, dest)
+        fd, tmp = tempfile.mkstemp(prefix=f'.{dest.name}.', suffix='.part', dir=dest.parent)
+        os.close(fd)
+        tmp = Path(tmp)
+        try:
+            yield tmp
+            tmp.chmod(0o644)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         raise
 
 
@@ -209,16 +228,38 @@ def download(spec: DataFile, dest: str | os.PathLike, *, base_url: str | None = 
     return dest
 
 
-def find_file(spec: DataFile, subdir: str, *, data_dir: str | os.PathLike | None = None,
-              extra_dirs: Sequence[str | os.PathLike] = (), allow_download: bool = False,
-              base_url: str | None = None, extracted: str | None = None,
-              progress: bool = True) -> Path:
+_reads: list[list[Path]] = []
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[list[Path]]:
+    """Yields a list that collects every path `find_file` returns while active."""
+    found: list[Path] = []
+    _reads.append(found)
+    try:
+        yield found
+    finally:
+        _reads.remove(found)
+
+
+def find_file(spec: DataFile, subdir: str, **kwargs) -> Path:
     """Finds, verifies or downloads one dataset file; returns its path.
 
     `subdir` is the dataset's folder name under each root (e.g. 'mnist').
     `extracted` names a folder that may stand in for the archive (its unpacked
     contents, e.g. 'cifar-10-batches-py'); it is returned unchecked when found.
+    Keywords: data_dir, extra_dirs, allow_download, base_url, extracted, progress.
     """
+    path = _find_file(spec, subdir, **kwargs)
+    for found in _reads:
+        found.append(path)
+    return path
+
+
+def _find_file(spec: DataFile, subdir: str, *, data_dir: str | os.PathLike | None = None,
+               extra_dirs: Sequence[str | os.PathLike] = (), allow_download: bool = False,
+               base_url: str | None = None, extracted: str | None = None,
+               progress: bool = True) -> Path:
     folders = search_folders(subdir, data_dir, extra_dirs)
     for folder in folders:
         if extracted and (folder / extracted).is_dir():
@@ -230,16 +271,16 @@ def find_file(spec: DataFile, subdir: str, *, data_dir: str | os.PathLike | None
         return download(spec, cache_dir() / subdir / spec.name, base_url=base_url,
                         progress=progress)
     wanted = spec.name + (f' (or its extracted folder {extracted}/)' if extracted else '')
-    lines = [f'Dataset file {wanted} not found. Searched these folders:']
-    lines += [f'  {f}' for f in folders]
-    if not os.environ.get(ENV_DATA_DIR):
-        lines.append(f'  ({ENV_DATA_DIR} is not set)')
-    lines.append(f'Supply it: put it in DIR/{subdir}/ (or DIR itself) and pass '
-                 f'--data-dir DIR or set {ENV_DATA_DIR}=DIR')
+    env = os.environ.get(ENV_DATA_DIR)
+    searched = ', '.join(str(f) for f in folders)
+    env_note = f'{ENV_DATA_DIR}={env}' if env else f'{ENV_DATA_DIR} is not set'
+    message = (f'Dataset file {wanted} not found; searched: {searched} ({env_note}). '
+               f'Supply it: put it in DIR/{subdir}/ (or DIR itself) and pass --data-dir DIR'
+               + ('' if env else f' or set {ENV_DATA_DIR}=DIR'))
     if url:
-        lines[-1] += (f', or allow downloading it from {url} (allow_download=True; '
-                      f'on the command line, leave out --offline).')
+        message += (f', or allow downloading it from {url} (allow_download=True; '
+                    f'on the command line, leave out --offline).')
     else:
-        lines[-1] += ('. It has no public download source: copy it from the project\'s '
-                      'shared data folder.')
-    raise DataNotFoundError('\n'.join(lines))
+        message += ('. It has no public download source: copy it from the project\'s '
+                    'shared data folder.')
+    raise DataNotFoundError(message)

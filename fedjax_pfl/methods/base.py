@@ -38,6 +38,7 @@ class LocalSetup:
     make_optimizer: Callable[..., optax.GradientTransformation] | None = None
     share_batch_stats: bool = True  # BatchNorm statistics travel with a shared body
     learning_rate: float | None = None  # train.lr, for methods that take SGD steps by hand (pFedKD, pFedMe, ...)
+    eval_model: str | None = None  # eval.model: one of the method's `eval_models`; None: its default
 
 
 class ClientRound(NamedTuple):
@@ -66,10 +67,15 @@ class Method:
 
     Defaults: no server->client preparation, identity server step, and
     evaluation with the client's own variables (``client['variables']``).
+
+    ``eval_models`` names the evaluation protocols a method offers (the run
+    setting ``eval.model``); the first is its default, the one its authors use.
     """
 
     name: str = ""
     hparams_type: type | None = None  # a dataclass of method-specific options
+    eval_models: tuple[str, ...] = ("local",)  # 'local': each client's own model after its last training
+    needs_body_head_split: bool = False  # shares a body: a model without body parameters cannot work
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
         self.setup = setup
@@ -95,13 +101,18 @@ class Method:
         return server, clients
 
     def eval_variables(self, server, client, data, key):
-        """The personalized model variables of one client, for evaluation."""
+        """The personalized model variables of one client, for evaluation (``eval_model``)."""
         return client["variables"]
 
     # ---- helpers shared by methods ----------------------------------------
     @property
     def model(self) -> Model:
         return self.setup.model
+
+    @property
+    def eval_model(self) -> str:
+        """The evaluation protocol in use (``setup.eval_model`` or this method's default)."""
+        return self.setup.eval_model or self.eval_models[0]
 
     def init_variables(self, key):
         return self.model.init(key)
@@ -126,7 +137,7 @@ class Method:
         """CE on the model output, plus ``extra(variables, batch, output, key)`` if given."""
 
         def objective(variables, batch, key):
-            out = self.model.apply(variables, batch.x, train=True)
+            out = self.model.apply(variables, batch.x, train=True, mask=batch.mask)
             loss = losses.cross_entropy(out.logits, batch.y, batch.mask)
             if extra is not None:
                 loss = loss + extra(variables, batch, out, key)

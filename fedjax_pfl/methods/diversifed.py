@@ -13,7 +13,7 @@ average and pushed away from farther ones (negative xi_ij). The client then
 trains from its OWN w_i for E epochs on CE(w) + (lambda/2) ||w - u_i||^2 and
 uploads w_i; `server_update` stores the uploads (a dropped upload leaves the
 stored copy as it was, while the client keeps its trained model). Evaluation
-uses each client's own model. All clients start from the same initial model,
+(``eval.model``): ``local``, each client's own model. All clients start from the same initial model,
 so D = 0 and u_i = w_i until models differ.
 
 Distances cover all trainable parameters (``params``; BatchNorm statistics,

@@ -38,6 +38,12 @@ once the model fits the client's data, more local training lowers the
 empirical Fisher trace and a straggler gets the LARGER weight. The rule is
 implemented as specified either way.
 
+Evaluation (``eval.model``): ``local`` by default, each client's model after
+its own last training. The authors' code (a PFLlib fork) evaluates after
+sending the global body (and aligning it) to the round's selected clients
+only, so unselected clients are evaluated with their local model there too;
+``global`` evaluates every client with the global body and its own head.
+
 Where the spec is silent (authors' code followed): class means use the old
 model in eval mode over the client's train batches; the alignment trains the
 body in train mode (BatchNorm statistics update with it); the Fisher pass uses
@@ -87,6 +93,7 @@ class FedASConfig:
 class FedAS(SharedBodyMethod):
     name = "fedas"
     hparams_type = FedASConfig
+    eval_models = ("local", "global")
 
     # ---- step 1: parameter alignment ---------------------------------------
     def features(self, variables, x, train: bool = False):
@@ -120,7 +127,7 @@ class FedAS(SharedBodyMethod):
                 return losses.sample_alignment(feats, targets, batch.mask)
 
         def objective(variables, batch, key):
-            out = self.model.apply(variables, batch.x, train=True)
+            out = self.model.apply(variables, batch.x, train=True, mask=batch.mask)
             return target_loss(out.features, batch), out.batch_stats
 
         return objective

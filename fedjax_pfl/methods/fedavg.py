@@ -1,9 +1,11 @@
 """FedAvg (McMahan et al. 2017) and FedAvg-FT.
 
 FedAvg: every selected client trains the global model E epochs; the server
-averages the full models with weights n_i. Evaluated with the global model.
-FedAvg-FT: the same training; at evaluation each client fine-tunes the global
-model E epochs on its own train data (a personalization baseline).
+averages the full models with weights n_i. Evaluation (``eval.model``):
+``global``, the global model on every client's test data.
+FedAvg-FT: the same training; evaluation ``global_finetuned``: each client
+fine-tunes the global model E epochs on its own train data (a
+personalization baseline).
 """
 
 from fedjax_pfl import aggregation
@@ -12,6 +14,7 @@ from fedjax_pfl.methods.base import Method
 
 class FedAvg(Method):
     name = "fedavg"
+    eval_models = ("global",)
 
     def init(self, key, num_clients):
         return {"variables": self.init_variables(key)}, {}
@@ -34,6 +37,7 @@ class FedAvg(Method):
 
 class FedAvgFT(FedAvg):
     name = "fedavg_ft"
+    eval_models = ("global_finetuned",)
 
     def eval_variables(self, server, client, data, key):
         variables, _ = self.train(self.supervised_objective(), server["variables"], data, key, self.setup.local_epochs)

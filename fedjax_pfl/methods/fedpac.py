@@ -41,10 +41,14 @@ prototypes through client i's head weighted by j's class prior
 (``direction='forward'``); ``direction='reverse'`` uses client i's prototypes
 through client j's head, weighted by i's prior.
 
+Evaluation (``eval.model``): ``global`` by default, the global body with the
+client's (combined) head, i.e. the model the client holds after the round in
+the authors' code; ``local`` evaluates the client's own trained body with
+its combined head.
+
 Where the spec is silent (authors' code followed, or said why): statistics
 and prototypes use the model in inference mode (BatchNorm running averages);
-evaluation uses the global body with the client's (combined) head, i.e. the
-model the client holds after the round in the authors' code; the statistics
+the statistics
 of step 1 use the model before the head epoch, the prototypes of step 4 the
 model after the body epochs.
 """
@@ -154,10 +158,6 @@ class FedPAC(SharedBodyMethod):
         C, d = self.model.num_classes, self.model.feature_dim
         server = {**server, "prototypes": jnp.zeros((C, d), jnp.float32), "present": jnp.zeros((C,), bool)}
         return server, clients
-
-    def eval_variables(self, server, client, data, key):
-        """Global body + the client's (combined) head: the model it holds after the round."""
-        return self.receive(server, client)
 
     # ---- client ------------------------------------------------------------
     def head_optimizer(self):

@@ -1,14 +1,21 @@
-"""FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss."""
+"""FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss.
+Evaluation (``eval.model``): ``global``, as FedAvg."""
 
 import dataclasses
+import math
 
 from fedjax_pfl import losses
+from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
 
 
 @dataclasses.dataclass(frozen=True)
 class FedProxConfig:
     mu: float = 0.01
+
+    def __post_init__(self):
+        if not (math.isfinite(self.mu) and self.mu >= 0):
+            raise UserError(f"method.mu must be a finite number >= 0, got {self.mu}")
 
 
 class FedProx(FedAvg):

@@ -1,6 +1,8 @@
 """FedRep (Collins et al. 2021): body averaged, head private; locally the head is
 trained first (``head_epochs``, default 1) with the body fixed, then the body for
-E epochs with the head fixed."""
+E epochs with the head fixed. Evaluation (``eval.model``): ``global`` by default
+(the received global body with the client's own head, as the authors' code),
+or ``local``."""
 
 import dataclasses
 

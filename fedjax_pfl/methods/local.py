@@ -1,4 +1,5 @@
-"""Local: each client trains its own model on its own data; no communication."""
+"""Local: each client trains its own model on its own data; no communication.
+Evaluation (``eval.model``): ``local``, each client's own model."""
 
 from fedjax_pfl.methods.base import Method, shared_init
 

@@ -8,7 +8,7 @@ Client, for R local steps, each on fresh random batches of B (plain SGD):
   with the Hessian-vector product computed exactly (forward-over-reverse)
   instead of the paper's finite-difference approximation.
 Server: weighted mean of the client models (weights n_i), as FedAvg.
-Evaluation: the global model after ``eval_steps`` (default 1) SGD steps of size
+Evaluation (``eval.model=global_adapted``): the global model after ``eval_steps`` (default 1) SGD steps of size
 alpha on random train batches of the client (the paper's "one step of
 gradient descent"; the pFedMe/pFedKD authors' code also takes a second,
 beta-sized step, which this library leaves out).
@@ -54,6 +54,7 @@ class PerFedAvgConfig:
 class PerFedAvg(StepMethod):
     name = "perfedavg"
     hparams_type = PerFedAvgConfig
+    eval_models = ("global_adapted",)
 
     def init(self, key, num_clients):
         return {"variables": self.init_variables(key)}, {}

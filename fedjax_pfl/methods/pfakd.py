@@ -36,6 +36,11 @@ parameters only, so BatchNorm running statistics stay local: set
 local round), its momentum buffer kept across rounds and its drop_last batches
 apply to every method there and are not reproduced here.
 
+Evaluation (``eval.model``): ``global`` by default, as the authors' code
+(a PFLlib fork), which evaluates after the server sends the new global body:
+each client's own head on the current global body; ``local`` evaluates the
+body the client distilled itself in its last round.
+
 This module holds no loop over clients and no device logic.
 """
 
@@ -78,9 +83,10 @@ class PFAKDATConfig(PFAKDConfig):
             raise UserError("method.at_layers must name at least one conv map index (or be left unset for all)")
 
 
-def teacher_outputs(model, teacher, x, train: bool = True):
-    """The frozen teacher's ModelOutput on ``x`` (no gradient reaches ``teacher``)."""
-    return model.apply(jax.lax.stop_gradient(teacher), x, train=train)
+def teacher_outputs(model, teacher, x, train: bool = True, mask=None):
+    """The frozen teacher's ModelOutput on ``x`` (no gradient reaches ``teacher``);
+    in train mode its BatchNorm statistics come from the rows ``mask`` marks real."""
+    return model.apply(jax.lax.stop_gradient(teacher), x, train=train, mask=mask)
 
 
 def pfakd_objective(model, teacher, beta: float = 1.0, gamma: float = 0.0, at_layers=(),
@@ -97,9 +103,9 @@ def pfakd_objective(model, teacher, beta: float = 1.0, gamma: float = 0.0, at_la
     at_layers = tuple(at_layers or ())
 
     def objective(variables, batch, key):
-        out = model.apply(variables, batch.x, train=True)
+        out = model.apply(variables, batch.x, train=True, mask=batch.mask)
         loss = losses.cross_entropy(out.logits, batch.y, batch.mask)
-        t_out = teacher_outputs(model, teacher, batch.x, train=teacher_train_mode)
+        t_out = teacher_outputs(model, teacher, batch.x, train=teacher_train_mode, mask=batch.mask)
         t_features = jax.lax.stop_gradient(t_out.features)
         loss = loss + beta * losses.feature_distillation(out.features, t_features, batch.mask)
         if at_layers:

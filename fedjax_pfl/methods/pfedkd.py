@@ -15,7 +15,7 @@ Algorithm (METHODS.md, "pFedKD-WCL"; authors' code HengruiH/pFedKD):
   paper's text) (`kd_server.client_server_gradient`);
 - server: one SGD step w <- w - server_lr * sum_i (n_i / sum_j n_j) g_i, all
   g_i taken at the same w.
-Evaluation: each client's personal model theta_i.
+Evaluation (``eval.model=local``): each client's personal model theta_i.
 
 R is ``method.local_steps`` (default: ``train.local_epochs``, read as a step
 count, as the authors' ``--local_epochs``). A straggler with e < E epochs

@@ -7,7 +7,7 @@ steps, each on one random batch D of B samples:
 - local update w_local <- w_local - eta * lamda * (w_local - theta), eta = train.lr.
 The client uploads w_local and keeps theta as its personalized model.
 Server: w <- (1 - beta) w + beta * sum_i (n_i / sum_j n_j) w_local_i.
-Evaluation: each client's last personalized model theta_i (the authors' and
+Evaluation (``eval.model=local``): each client's last personalized model theta_i (the authors' and
 PFLlib's ``personalized_params``; a client never selected still holds the
 initial model, as there).
 

@@ -8,6 +8,13 @@ methods), and uploads its body. The server averages bodies with weights n_i
 BatchNorm statistics travel with the body when ``setup.share_batch_stats`` is
 True (the default, as in FedPer/FedRep code that averages the whole body
 state dict); otherwise each client keeps its own.
+
+Evaluation (``eval.model``): ``global`` (the default) evaluates each client
+with the current global body and its own head, the model it holds right after
+receiving the body (FedRep's and PFAKD's authors and PFLlib evaluate after
+sending the new global model); ``local`` evaluates the body each client
+trained itself in its last round (a client never selected: the initial body).
+A model without body parameters (``mlr``) cannot share a body: the run stops.
 """
 
 from fedjax_pfl import aggregation, tree_ops
@@ -15,6 +22,9 @@ from fedjax_pfl.methods.base import Method, shared_init
 
 
 class SharedBodyMethod(Method):
+    eval_models = ("global", "local")
+    needs_body_head_split = True
+
     def init(self, key, num_clients):
         variables, clients = shared_init(self, key, num_clients)
         return {"body": self.shared_body(variables)}, {"variables": clients}
@@ -39,6 +49,11 @@ class SharedBodyMethod(Method):
         variables, loss, extras = self.local_phase(server, client, variables, data, key, info)
         upload = {"body": self.shared_body(variables), "loss": loss, **extras}
         return {**client, "variables": variables}, upload
+
+    def eval_variables(self, server, client, data, key):
+        if self.eval_model == "global":
+            return self.receive(server, client)
+        return client["variables"]
 
     def aggregation_weights(self, uploads, info):
         return info.sample_weights
