@@ -70,6 +70,11 @@ class ModelConfig:
 
 
 @dataclasses.dataclass
+class LogConfig:
+    tensorboard: bool = False  # TensorBoard event files in the run folder (needs tensorboardX)
+
+
+@dataclasses.dataclass
 class RunConfig:
     method_name: str = "fedas"
     method: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -77,6 +82,7 @@ class RunConfig:
     partition: PartitionConfig = dataclasses.field(default_factory=PartitionConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: int = 0
     eval_every: int = 1
     checkpoint_every: int = 0  # rounds between checkpoints of server and client state (0: never)

@@ -20,6 +20,7 @@ from fedjax_pfl import checkpoint
 from fedjax_pfl import config as config_lib
 from fedjax_pfl import run_output
 from fedjax_pfl.errors import DivergedError, UserError
+from fedjax_pfl.runs.results_writer import ResultsWriter
 
 DEFAULT_NOTE = "defaults: the FedAS paper's CIFAR-10 setting (fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)"
 
@@ -32,6 +33,7 @@ FLAGS = {
     "lr": "train.lr", "optimizer": "train.optimizer", "momentum": "train.momentum",
     "weight_decay": "train.weight_decay", "model": "model.name", "seed": "seed",
     "eval_every": "eval_every", "out": "out", "checkpoint_every": "checkpoint_every", "client_mapping": "train.client_mapping",
+    "tensorboard": "log.tensorboard",
 }
 
 
@@ -72,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, help="save server and client state every K rounds (0: never)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--tensorboard", action="store_true", default=None,
+                   help="also write TensorBoard event files into the run folder (needs tensorboardX)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. method.mu=0.01 train.lr=0.1")
     return p
 
@@ -106,6 +110,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
     if (out / "metrics.jsonl").exists() and not resume:
         raise UserError(f"{out} already holds a run (metrics.jsonl); choose another --out, remove it, "
                         "or continue it with --resume")
+    results = ResultsWriter(out, tensorboard=cfg.log.tensorboard)  # metrics.csv, clients.csv, plots/, TensorBoard
     out.mkdir(parents=True, exist_ok=True)
     run_output.write_json(out / "config.json", {"config": config_lib.to_dict(cfg), "versions": run_output.versions()})
     run_output.write_json(out / "partition.json", exp.partition_summary)
@@ -131,8 +136,11 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
             if (t + 1) % cfg.eval_every == 0 or t == rounds - 1:
                 log.write(_evaluate(exp, server, clients, eval_key, metrics, t, start))
                 bar.set_postfix(acc=f"{log.records[-1]['accuracy']:.4f}")
+                results.evaluated(log.records[-1])
             if cfg.checkpoint_every and ((t + 1) % cfg.checkpoint_every == 0 or t == rounds - 1):
                 checkpoint.save(ckpt_path, (server, clients), t)
+            if t == rounds - 1 or (cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0):
+                results.snapshot(exp.engine.evaluate(server, clients, eval_key))  # tables and figures
             bar.update(1)
         status = {"status": "finished"}
     except UserError as e:
@@ -143,7 +151,9 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
         log.close()
         summary = {**status, **run_output.final_summary(log.records)}
         run_output.write_json(out / "summary.json", summary)
-    print(f"wrote {out}/ (config.json, partition.json, metrics.jsonl, summary.json)")
+        results.close()
+    print(f"wrote {out}/ (config.json, partition.json, metrics.jsonl, metrics.csv, clients.csv, summary.json"
+          f"{', plots/' if results.draws else ''}{', TensorBoard events' if results.tensorboard else ''})")
     if "last" in summary:
         print(f"final accuracy {summary['last']['accuracy']:.4f} (mean of last 10 evals "
               f"{summary['mean_last_10']['accuracy']:.4f}; best {summary['best_optimistic']['accuracy']:.4f})")
