@@ -119,6 +119,21 @@ def test_run_without_matplotlib_finishes_with_tables_and_a_note(tmp_path, monkey
     assert len(notes) == 1 and "fedjax_pfl[plots]" in notes[0]
 
 
+def test_a_run_that_stops_early_keeps_tables_and_curves(tmp_path):
+    """No snapshot ever taken (failed in round 2, no checkpoints): close() still writes CSV and curves."""
+    run = _fake_run(tmp_path / "failed", 0, [0.3, 0.4], status=None)
+    (run / "partition.json").write_text(json.dumps({
+        "num_clients": 2, "num_classes": 3, "info": {},
+        "train": {"sizes": [5, 4], "histograms": [[5, 0, 0], [1, 1, 2]]}, "test": {"sizes": [2, 1]}}))
+    writer = ResultsWriter(run, refresh_seconds=0.0)
+    writer.evaluated(run_folder.read_records(run)[0])
+    assert (run / "metrics.csv").read_text().count("\n") == 3  # header and the two lines already in metrics.jsonl
+    writer.close()
+    for name in ("accuracy.png", "loss.png", "partition.png"):
+        _assert_png(run / "plots" / name)
+    assert not (run / "clients.csv").exists() and not (run / "plots" / "client_accuracy.png").exists()
+
+
 # ----------------------------------------------------------------- report
 
 

@@ -41,8 +41,11 @@ def _rounds_axis(ax) -> None:
 
 
 def _percent_axis(ax, label: str) -> None:
+    """Percent labels; the range follows the data but stays within 0-100%."""
     ax.set_ylabel(label)
     ax.yaxis.set_major_formatter(PercentFormatter(100, decimals=0))
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, 0), min(high, 100))
 
 
 def _column(records: list[dict], key: str) -> np.ndarray:
@@ -62,7 +65,6 @@ def accuracy_curves(records: list[dict], title: str = "") -> Figure:
     ax.plot(x, weighted, linestyle="--", color="0.25", label="all test samples pooled (weighted by client size)")
     _rounds_axis(ax)
     _percent_axis(ax, "test accuracy")
-    ax.set_ylim(0, 100)
     ax.legend(loc="lower right", fontsize="small")
     ax.set_title(title or "test accuracy of the personalized models", fontsize="medium")
     return fig

@@ -193,7 +193,8 @@ def curve_labels(rows: list[dict]) -> tuple[list[str], str]:
     for r in rows:
         label = ", ".join(str(r[c]) for c in differ if r[c] not in ("", None))
         if r["runs"] > 1:
-            label += f" (mean ± std of {r['runs']} runs)"
+            distinct_seeds = len(set(r["seeds"].split(", "))) == r["runs"]
+            label += f" (mean ± std over {r['runs']} {'seeds' if distinct_seeds else 'runs'})"
         labels.append(label)
     title = ", ".join(f"{r}" if c != "clients" else f"{r} clients" for c, r in ((c, rows[0][c]) for c in common))
     return labels, title

@@ -107,8 +107,8 @@ def describe(config: dict) -> dict:
     """The columns a reader identifies a run by: method, dataset, partition, model, clients."""
     partition = config.get("partition", {})
     return {"method": config.get("method_name"), "dataset": config.get("data", {}).get("name"),
-            "partition": partition_label(partition), "model": model_label(config.get("model", {})),
-            "clients": partition.get("num_clients")}
+            "clients": partition.get("num_clients"), "partition": partition_label(partition),
+            "model": model_label(config.get("model", {}))}
 
 
 def title(config: dict) -> str:
