@@ -60,6 +60,7 @@ class TrainConfig:
     client_mapping: str = "auto"
     chunk_size: int = 8
     share_batch_stats: bool = True
+    rounds_per_call: int = 0  # rounds fused into one compiled call; 0: auto (calls of about 2 s)
 
 
 @dataclasses.dataclass
@@ -79,6 +80,11 @@ class EvalConfig:
 
 
 @dataclasses.dataclass
+class LogConfig:
+    tensorboard: bool = False  # TensorBoard event files in the run folder (needs tensorboardX)
+
+
+@dataclasses.dataclass
 class RunConfig:
     method_name: str = "fedas"
     method: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -87,6 +93,7 @@ class RunConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: int = 0
     eval_every: int = 1
     checkpoint_every: int = 0  # rounds between checkpoints of server and client state (0: never)
@@ -260,7 +267,8 @@ def validate_values(cfg: RunConfig) -> None:
 
 # Keys a resumed run may change: where the data lives (the partition is compared
 # instead), whether it may be downloaded, and the number of rounds (extend only).
-RESUME_MAY_CHANGE = ("data.data_dir", "data.allow_download", "train.rounds", "out")
+RESUME_MAY_CHANGE = ("data.data_dir", "data.allow_download", "train.rounds", "out", "train.rounds_per_call",
+                     "log.tensorboard")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -108,7 +108,7 @@ class Engine:
             raise ValueError("clients_per_round exceeds the number of clients")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_impl)
-        self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(6, 7, 8))
+        self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(7, 8, 9))
 
     # ------------------------------------------------------------------ round
     def init(self, key):
@@ -169,11 +169,13 @@ class Engine:
         return server, clients, metrics
 
     # ------------------------------------------------------------ fused rounds
-    def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int):
-        """Rounds ``first .. first+count-1`` (clipped at ``total_rounds``) in ONE compiled call.
+    def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int,
+                   stop: int | None = None):
+        """Rounds ``first .. min(first+count, stop, total_rounds)-1`` in ONE compiled call.
 
-        A `lax.scan` over ``count`` round slots; slots past ``total_rounds`` are
-        skipped by a branch, so every call of a run reuses one program. Each
+        A `lax.scan` over ``count`` round slots; slots at or past ``stop``
+        (default ``total_rounds``) are skipped by a branch, so every call of a
+        run reuses one program (``first`` and ``stop`` are traced). Each
         round uses `round_keys` and, at evaluation rounds (`is_eval_round`), the
         clients are evaluated inside the call. Returns (server, clients,
         metrics, evaluations) as host NumPy: ``metrics`` holds the round
@@ -183,7 +185,8 @@ class Engine:
         ``server`` and ``clients``.
         """
         server, clients, metrics, evals = self._rounds(
-            server, clients, self.train, self.test, key, jnp.int32(first), count, total_rounds, eval_every)
+            server, clients, self.train, self.test, key, jnp.int32(first),
+            jnp.int32(total_rounds if stop is None else min(stop, total_rounds)), count, total_rounds, eval_every)
         metrics, evals = jax.device_get((metrics, evals))
         evaluations = {
             int(t): {k: np.asarray(v[j]) for k, v in evals["per_client"].items()}
@@ -191,7 +194,7 @@ class Engine:
         }
         return server, clients, metrics, evaluations
 
-    def _rounds_impl(self, server, clients, train, test, key, first, count, total_rounds, eval_every):
+    def _rounds_impl(self, server, clients, train, test, key, first, stop, count, total_rounds, eval_every):
         state_shape = jax.eval_shape(lambda s, c: self._round_impl(s, c, train, key, first), server, clients)
         eval_shape = jax.eval_shape(lambda s, c: self._evaluate_impl(s, c, train, test, key), server, clients)
         zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
@@ -216,8 +219,8 @@ class Engine:
             def skip():
                 return server, clients, zeros(state_shape[2]), zeros(eval_shape), False
 
-            s, c, m, per_client, done = jax.lax.cond(t < total_rounds, run, skip)
-            out = {**m, "round": t, "active": t < total_rounds}
+            s, c, m, per_client, done = jax.lax.cond(t < stop, run, skip)
+            out = {**m, "round": t, "active": t < stop}
             return (s, c), (out, {"per_client": per_client, "done": jnp.asarray(done)})
 
         (server, clients), (metrics, evals) = jax.lax.scan(one_round, (server, clients), jnp.arange(count))

@@ -28,8 +28,10 @@ import numpy as np
 
 from fedjax_pfl import checkpoint
 from fedjax_pfl import config as config_lib
+from fedjax_pfl import engine as engine_lib
 from fedjax_pfl import run_output
 from fedjax_pfl.errors import DivergedError, UserError
+from fedjax_pfl.runs.results_writer import ResultsWriter
 
 DEFAULT_NOTE = "defaults: the FedAS paper's CIFAR-10 setting (fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)"
 
@@ -43,6 +45,8 @@ FLAGS = {
     "weight_decay": "train.weight_decay", "model": "model.name", "seed": "seed",
     "eval_every": "eval_every", "out": "out", "checkpoint_every": "checkpoint_every", "client_mapping": "train.client_mapping",
     "eval_model": "eval.model",
+    "tensorboard": "log.tensorboard",
+    "rounds_per_call": "train.rounds_per_call",
 }
 # Test hook: "ROUND:SIGNAL" (e.g. "2:KILL") sends the signal to this process once that round has been
 # dispatched, before its checks, evaluation and checkpoint (as a Ctrl-C or kill arriving mid-round).
@@ -95,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, help="save server and client state every K rounds (0: never)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--tensorboard", action="store_true", default=None,
+                   help="also write TensorBoard event files into the run folder (needs tensorboardX)")
+    p.add_argument("--rounds-per-call", type=int,
+                   help="rounds fused into one compiled call (0: auto, calls of about 2 s)")
     return p
 
 
@@ -275,6 +283,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
                                run_output.read_json(out / "partition.json"))
         first, seconds_done = done + 1, float(meta.get("seconds", 0.0))
     _write_start(out, cfg, exp, saved, history)
+    results = ResultsWriter(out, tensorboard=cfg.log.tensorboard)  # metrics.csv, clients.csv, plots/, TensorBoard
     if resume:
         run_output.truncate_metrics(out / "metrics.jsonl", last_round=first - 1)
     print(exp.partition_text)
@@ -283,29 +292,40 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
     bar = _progress(rounds, progress)
     bar.update(first)
     status = {"status": "interrupted"}
-    pending: list[dict] = []  # per-round device metrics not yet checked
     start = time.perf_counter() - seconds_done
     try:
         with _StopRequest() as stop:
-            for t in range(first, rounds):
-                round_key, eval_key = jax.random.split(jax.random.fold_in(key, t))
-                server, clients, metrics = exp.engine.round(server, clients, round_key, t)
-                pending.append({**metrics, "round": t})
-                _test_signal(t)
-                stopping = stop.requested and t < rounds - 1  # Ctrl-C: stop after this round, resumable
-                evaluate = (t + 1) % cfg.eval_every == 0 or t == rounds - 1
-                save = stopping or (bool(cfg.checkpoint_every)
-                                    and ((t + 1) % cfg.checkpoint_every == 0 or t == rounds - 1))
-                if evaluate or save:
-                    checked, pending = check_rounds(pending), []
-                if evaluate:
-                    log.write(_evaluate(exp, server, clients, eval_key, checked[-1], t, start, cfg.eval.model))
+            calls = CallPlanner(cfg.train.rounds_per_call, rounds, cfg.checkpoint_every)
+            t = first
+            while t < rounds:
+                stop_at = calls.stop_after(t)
+                if calls.compiling:
+                    print(f"compiling {calls.count} round(s) per call on {jax.devices()[0].device_kind} "
+                          f"({jax.default_backend()}) ...", file=sys.stderr, flush=True)
+                began = time.perf_counter()
+                server, clients, metrics, evaluations = exp.engine.run_rounds(
+                    server, clients, key, t, calls.count, rounds, cfg.eval_every, stop=stop_at)
+                calls.done(stop_at - t, time.perf_counter() - began)
+                per_round = [{k: v[j] for k, v in metrics.items()} for j in range(stop_at - t)]
+                for r in range(t, stop_at):
+                    _test_signal(r)
+                check_rounds(per_round)
+                for r in sorted(evaluations):
+                    log.write(_record(evaluations[r], per_round[r - t], r, start, cfg.eval.model))
+                    results.evaluated(log.records[-1])
                     bar.set_postfix(acc=f"{log.records[-1]['accuracy']:.4f}")
-                if save:
-                    checkpoint.save(ckpt_path, (server, clients), t, {"seconds": time.perf_counter() - start})
-                bar.update(1)
+                last = stop_at - 1
+                stopping = stop.requested and last < rounds - 1  # Ctrl-C: stop after this call, resumable
+                if stopping or calls.checkpoint_due(last):
+                    checkpoint.save(ckpt_path, (server, clients), last, {"seconds": time.perf_counter() - start})
+                if last == rounds - 1 or calls.checkpoint_due(last):
+                    final = evaluations.get(last)
+                    results.snapshot(final if final is not None else
+                                     exp.engine.evaluate(server, clients, engine_lib.round_keys(key, last)[1]))
+                bar.update(stop_at - t)
+                t = stop_at
                 if stopping:
-                    status = {"status": "interrupted", "after_round": t}
+                    status = {"status": "interrupted", "after_round": last}
                     break
             else:
                 status = {"status": "finished"}
@@ -317,7 +337,9 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
         log.close()
         summary = {**status, **run_output.final_summary(log.records)}
         run_output.write_json(out / "summary.json", summary)
-    print(f"wrote {out}/ (config.json, partition.json, metrics.jsonl, summary.json)")
+        results.close()
+    print(f"wrote {out}/ (config.json, partition.json, metrics.jsonl, metrics.csv, clients.csv, summary.json"
+          f"{', plots/' if results.draws else ''}{', TensorBoard events' if results.tensorboard else ''})")
     if status["status"] == "interrupted":
         print(f"interrupted after round {status['after_round']}: checkpoint and summary written to {out}; "
               "continue with the same command and --resume", file=sys.stderr)
@@ -330,17 +352,60 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
     return summary
 
 
-def _evaluate(exp, server, clients, key, metrics, t, start, eval_model) -> dict:
-    """Evaluate every client; stop the run if the test loss is not finite."""
-    evaluation = exp.engine.evaluate_summary(server, clients, key)
-    train_loss = float(metrics["train_loss"])
+def _record(per_client: dict, round_metrics: dict, t: int, start: float, eval_model: str) -> dict:
+    """The metrics.jsonl record of an evaluated round; stops the run if the test loss is not finite.
+
+    ``seconds`` is the wall time when the call holding round ``t`` returned.
+    """
+    evaluation = engine_lib.summarize_evaluation(per_client)
     if not math.isfinite(evaluation["loss"]):
         raise DivergedError(
             f"round {t}: test loss is not finite ({evaluation['loss']}); "
             "lower the learning rate (--lr) or check the data normalisation"
         )
-    return {"round": t, **evaluation, "train_loss": train_loss, "eval_model": eval_model,
+    return {"round": t, **evaluation, "train_loss": float(round_metrics["train_loss"]), "eval_model": eval_model,
             "seconds": time.perf_counter() - start}
+
+
+class CallPlanner:
+    """How many rounds each compiled call runs (``train.rounds_per_call``).
+
+    A fixed K > 0 is used as given. Auto (0) runs single-round calls until one
+    has been timed without compilation, then fuses as many rounds as take about
+    ``target_seconds`` (at most 50), so small models are not dominated by
+    dispatch and the progress bar still moves. A call always ends at a
+    checkpoint round; every call of one K reuses one compiled program.
+    """
+
+    def __init__(self, rounds_per_call: int, total_rounds: int, checkpoint_every: int,
+                 target_seconds: float = 2.0, max_count: int = 50):
+        self.fixed = rounds_per_call > 0
+        self.count = rounds_per_call if self.fixed else 1
+        self.total, self.checkpoint_every = total_rounds, checkpoint_every
+        self.target, self.max_count = target_seconds, max_count
+        self.compiling = True
+        self._calls_of_count = 0
+
+    def checkpoint_due(self, t: int) -> bool:
+        ce = self.checkpoint_every
+        return bool(ce) and ((t + 1) % ce == 0 or t == self.total - 1)
+
+    def stop_after(self, t: int) -> int:
+        """Exclusive end of the call starting at round ``t``."""
+        stop = min(t + self.count, self.total)
+        if self.checkpoint_every:
+            stop = min(stop, (t // self.checkpoint_every + 1) * self.checkpoint_every)
+        return stop
+
+    def done(self, rounds_run: int, seconds: float) -> None:
+        self._calls_of_count += 1
+        self.compiling = False
+        if self.fixed or self.count > 1 or self._calls_of_count < 2:
+            return
+        per_round = seconds / max(rounds_run, 1)
+        count = int(min(self.max_count, max(1, self.target // max(per_round, 1e-6))))
+        if count > 1:
+            self.count, self.compiling, self._calls_of_count = count, True, 0
 
 
 def _progress(total: int, enabled: bool):

@@ -1,0 +1,189 @@
+"""Figures of runs, drawn with matplotlib's object-oriented API.
+
+One function per picture, each returning a `matplotlib.figure.Figure` built
+from plain data (metrics records, the partition summary, clients.csv rows);
+`save_png` writes one atomically. Figures never go through pyplot, so drawing
+in a background thread neither needs nor changes a global backend, and a
+notebook that imports this keeps its own. Accuracy is shown in percent, the x
+axis counts rounds completed (metrics ``round`` + 1). Needs the ``plots``
+extra (``pip install 'fedjax_pfl[plots]'``); importing this module without
+matplotlib raises ImportError, which callers turn into a one-line note.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+from fedjax_pfl.runs.run_folder import partition_label
+from fedjax_pfl.runs.tables import write_atomically
+
+DPI = 120
+RUN_FIGURES = ("accuracy.png", "loss.png", "client_accuracy.png", "partition.png")
+
+
+def _new(width: float = 6.4, height: float = 4.0) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _rounds_axis(ax) -> None:
+    ax.set_xlabel("rounds completed")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
+def _percent_axis(ax, label: str) -> None:
+    """Percent labels; the range follows the data but stays within 0-100%."""
+    ax.set_ylabel(label)
+    ax.yaxis.set_major_formatter(PercentFormatter(100, decimals=0))
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, 0), min(high, 100))
+
+
+def _column(records: list[dict], key: str) -> np.ndarray:
+    return np.array([r.get(key, np.nan) for r in records], float)
+
+
+def accuracy_curves(records: list[dict], title: str = "") -> Figure:
+    """Mean over clients with a +-1 std band over clients, and the sample-weighted accuracy."""
+    fig = _new()
+    ax = fig.add_subplot()
+    x = _column(records, "round") + 1
+    mean, std = 100 * _column(records, "accuracy"), 100 * _column(records, "accuracy_std")
+    weighted = 100 * _column(records, "accuracy_weighted")
+    line, = ax.plot(x, mean, marker="." if len(x) <= 30 else None, label="mean over clients")
+    ax.fill_between(x, np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100), color=line.get_color(),
+                    alpha=0.2, linewidth=0, label="± 1 std over clients")
+    ax.plot(x, weighted, linestyle="--", color="0.25", label="all test samples pooled (weighted by client size)")
+    _rounds_axis(ax)
+    _percent_axis(ax, "test accuracy")
+    ax.legend(loc="lower right", fontsize="small")
+    ax.set_title(title or "test accuracy of the personalized models", fontsize="medium")
+    return fig
+
+
+def loss_curves(records: list[dict], title: str = "") -> Figure:
+    """Test loss (per sample, all clients pooled) and the mean local training loss of the selected clients."""
+    fig = _new()
+    ax = fig.add_subplot()
+    x = _column(records, "round") + 1
+    ax.plot(x, _column(records, "loss"), label="test (per sample, all clients)")
+    if any("train_loss" in r for r in records):
+        ax.plot(x, _column(records, "train_loss"), linestyle="--", label="local training (selected clients)")
+    _rounds_axis(ax)
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    ax.set_title(title or "loss", fontsize="medium")
+    return fig
+
+
+def client_accuracy_histogram(clients: list[dict], title: str = "") -> Figure:
+    """How many clients reach each test accuracy (5-point bins), with the mean and median marked."""
+    fig = _new()
+    ax = fig.add_subplot()
+    acc = 100 * np.array([c["accuracy"] for c in clients], float)
+    acc = acc[np.isfinite(acc)]
+    ax.hist(acc, bins=np.linspace(0, 100, 21), color="tab:blue", edgecolor="white")
+    if acc.size:
+        ax.axvline(acc.mean(), color="black", label=f"mean {acc.mean():.1f}% (std {acc.std():.1f})")
+        ax.axvline(np.median(acc), color="black", linestyle=":", label=f"median {np.median(acc):.1f}%")
+        ax.legend(loc="best", fontsize="small")
+    ax.set_xlim(0, 100)
+    ax.xaxis.set_major_formatter(PercentFormatter(100, decimals=0))
+    ax.set_xlabel("test accuracy of a client's personalized model")
+    ax.set_ylabel("clients")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title or "per-client test accuracy at the latest evaluation", fontsize="medium")
+    return fig
+
+
+def partition_picture(partition: dict, title: str = "") -> Figure:
+    """Label counts per client and class (heat map) beside each client's train and test size."""
+    hist = np.asarray(partition["train"]["histograms"])
+    n_clients, n_classes = hist.shape
+    train = np.asarray(partition["train"]["sizes"])
+    test = np.asarray(partition["test"]["sizes"]) if partition.get("test") else np.zeros_like(train)
+    fig = _new(7.5, max(3.5, min(9.0, 1.5 + 0.2 * n_clients)))
+    heat, sizes = fig.subplots(1, 2, sharey=True, width_ratios=[max(2, 0.4 * n_classes), 2.5])
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # a class the client lacks stays blank
+    image = heat.imshow(np.ma.masked_equal(hist, 0), aspect="auto", cmap=cmap, interpolation="nearest",
+                        vmin=0, vmax=max(int(hist.max()), 1))
+    if n_clients * n_classes <= 400:
+        bright = hist > 0.6 * max(hist.max(), 1)
+        for (i, c), count in np.ndenumerate(hist):
+            if count:
+                heat.text(c, i, str(count), ha="center", va="center", fontsize=6,
+                          color="black" if bright[i, c] else "white")
+    fig.colorbar(image, ax=heat, label="train samples of the class", location="left", pad=0.02)
+    heat.set_xlabel("class")
+    heat.set_ylabel("client")
+    heat.xaxis.set_major_locator(MaxNLocator(integer=True))
+    heat.yaxis.set_major_locator(MaxNLocator(integer=True))
+    heat.set_title("train label counts", fontsize="medium")
+    y = np.arange(n_clients)
+    sizes.barh(y, train, color="tab:blue", label="train")
+    sizes.barh(y, test, left=train, color="tab:orange", label="test")
+    sizes.set_xlabel("samples")
+    sizes.set_title("client size", fontsize="medium")
+    sizes.legend(loc="best", fontsize="small")
+    sizes.grid(axis="x", alpha=0.3)
+    heat.set_ylim(n_clients - 0.5, -0.5)
+    info = partition.get("info") or {}
+    fig.suptitle(title or f"partition of {info.get('dataset', 'the data')}: {n_clients} clients, {n_classes} classes"
+                 + (f", {partition_label(info)}" if "scheme" in info else ""), fontsize="medium")
+    return fig
+
+
+def overlaid_accuracy(curves: list[dict], title: str = "") -> Figure:
+    """Accuracy curves of several runs or seed groups: each dict has label, rounds, mean, std (or None)."""
+    fig = _new(7.0, 4.3)
+    ax = fig.add_subplot()
+    for curve in curves:
+        x = np.asarray(curve["rounds"], float)
+        mean = 100 * np.asarray(curve["mean"], float)
+        line, = ax.plot(x, mean, label=curve["label"])
+        if curve.get("std") is not None:
+            std = 100 * np.asarray(curve["std"], float)
+            ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+    _rounds_axis(ax)
+    _percent_axis(ax, "test accuracy (mean over clients)")
+    ax.legend(fontsize="small", loc="lower right")
+    ax.set_title(title, fontsize="medium")
+    return fig
+
+
+def save_png(fig: Figure, path: Path) -> None:
+    """Write ``fig`` as PNG; readers never see a half-written file."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    write_atomically(path, lambda f: f.write(buffer.getvalue()), binary=True)
+
+
+def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clients: list[dict] | None,
+             title: str = "") -> list[Path]:
+    """The figures of one run into ``plots_dir``; those whose data is missing are left out."""
+    plots_dir = Path(plots_dir)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    todo = {}
+    if records:
+        todo["accuracy.png"] = lambda: accuracy_curves(records, f"test accuracy: {title}" if title else "")
+        todo["loss.png"] = lambda: loss_curves(records, f"loss: {title}" if title else "")
+    if clients:
+        todo["client_accuracy.png"] = lambda: client_accuracy_histogram(clients, f"per-client accuracy: {title}"
+                                                                        if title else "")
+    if partition:
+        todo["partition.png"] = lambda: partition_picture(partition)
+    written = []
+    for name, make in todo.items():
+        save_png(make(), plots_dir / name)
+        written.append(plots_dir / name)
+    return written

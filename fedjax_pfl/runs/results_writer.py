@@ -1,0 +1,105 @@
+"""What a run writes beside metrics.jsonl while it goes: CSVs, figures, TensorBoard.
+
+The training loop calls three hooks:
+- `evaluated(record)` after each evaluation: TensorBoard scalars, and at most
+  every ``refresh_seconds`` a refresh of metrics.csv and the curves, so a long
+  run without checkpoints still shows its progress;
+- `snapshot(per_client)` at each checkpoint and at the end: metrics.csv,
+  clients.csv (from ``Engine.evaluate``'s per-client arrays) and all figures;
+- `close()` when the run stops for any reason: brings metrics.csv and the
+  curves up to date (a failed or interrupted run keeps what it had) and waits
+  for the figures.
+CSV files are small and written in the calling thread. Figures are drawn in
+one background thread that only ever draws the newest snapshot, so rounds
+never wait on matplotlib. Without matplotlib the run goes on and prints one
+note saying how to draw the figures later. Tables are rebuilt from
+metrics.jsonl, so a resumed run's files cover all its rounds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fedjax_pfl.runs import run_folder, tables
+from fedjax_pfl.runs.tensorboard_log import TensorBoardLog
+
+NO_MATPLOTLIB = ("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]'; "
+                 "then python -m fedjax_pfl.report --redraw {out} draws them)")
+
+
+def matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class ResultsWriter:
+    """Tables, figures and TensorBoard scalars of the run in ``out`` (see the module docstring)."""
+
+    def __init__(self, out: Path, tensorboard: bool = False, refresh_seconds: float = 120.0):
+        self.out = Path(out)
+        self.tensorboard = TensorBoardLog(self.out) if tensorboard else None  # UserError if not installed
+        self.refresh_seconds = refresh_seconds
+        self.draws = matplotlib_available()
+        if not self.draws:
+            print(NO_MATPLOTLIB.format(out=self.out), file=sys.stderr)
+        self._drawer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedjax_pfl-figures")
+        self._jobs: list = []
+        self._generation = 0
+        self._refreshed_at = time.monotonic()
+        self._written_records = -1
+        self._clients: list[dict] | None = None
+        self._partition_drawn = False  # the partition never changes during a run: draw it once (~1 s)
+
+    def evaluated(self, record: dict) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+        if time.monotonic() - self._refreshed_at >= self.refresh_seconds:
+            self._refresh()
+
+    def snapshot(self, per_client: dict | None = None) -> None:
+        if per_client is not None:
+            partition = run_folder.read_partition(self.out)
+            self._clients = tables.client_rows(per_client, partition)
+            tables.write_clients_csv(self.out / "clients.csv", self._clients)
+        self._refresh(force=True)
+
+    def close(self) -> None:
+        try:
+            self._refresh()
+            self._drawer.shutdown(wait=True)
+            for job in self._jobs:
+                if job.exception() is not None:
+                    print(f"warning: figures in {self.out / 'plots'} not drawn: {job.exception()!r}", file=sys.stderr)
+        finally:
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+
+    def _refresh(self, force: bool = False) -> None:
+        """Rewrite metrics.csv and queue the figures, unless nothing changed since the last time."""
+        records = run_folder.read_records(self.out)
+        if len(records) == self._written_records and not force:
+            return
+        self._written_records = len(records)
+        self._refreshed_at = time.monotonic()
+        tables.write_metrics_csv(self.out / "metrics.csv", records)
+        if self.draws:
+            self._generation += 1
+            self._jobs.append(self._drawer.submit(self._draw, self._generation, records, self._clients))
+
+    def _draw(self, generation: int, records: list[dict], clients: list[dict] | None) -> None:
+        if generation != self._generation:  # a newer snapshot is queued; draw that one instead
+            return
+        from fedjax_pfl.runs import figures
+
+        if clients is None:  # resumed run: the clients.csv of its earlier part
+            clients = run_folder.read_clients(self.out)
+        partition = None if self._partition_drawn else run_folder.read_partition(self.out)
+        title = run_folder.title(run_folder.read_config(self.out))
+        figures.draw_run(self.out / "plots", records, partition, clients, title)
+        self._partition_drawn = True

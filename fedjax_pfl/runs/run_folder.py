@@ -1,0 +1,132 @@
+"""Reading a run folder written by ``python -m fedjax_pfl.train``.
+
+A run folder holds config.json, partition.json, metrics.jsonl (one line per
+evaluation), summary.json once the run stopped (finished, failed or
+interrupted), and clients.csv and plots/ from `results_writer`. The readers
+accept folders of runs that failed or were killed: a missing file reads as
+None or an empty list, a torn last line of metrics.jsonl is skipped. This
+module only reads; it never writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from fedjax_pfl.errors import UserError
+
+
+def is_run(path: Path) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
+def find_runs(paths) -> list[Path]:
+    """Run folders named by ``paths``: each a run folder or a folder holding runs (any depth)."""
+    runs: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            raise UserError(f"no such folder: {path}; pass run folders written by python -m fedjax_pfl.train")
+        found = [path] if is_run(path) else sorted(p.parent for p in path.rglob("config.json"))
+        if not found:
+            raise UserError(f"{path} holds no run (no config.json in it or below); "
+                            "pass run folders written by python -m fedjax_pfl.train")
+        runs += [p for p in found if p not in runs]
+    return runs
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def read_config(run_dir: Path) -> dict:
+    """The run's configuration (the ``config`` part of config.json)."""
+    try:
+        data = _read_json(Path(run_dir) / "config.json")
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise UserError(f"{run_dir}/config.json is missing or not written by python -m fedjax_pfl.train; "
+                        "pass run folders written by it")
+    return data["config"]
+
+
+def read_partition(run_dir: Path) -> dict | None:
+    return _read_json(Path(run_dir) / "partition.json")
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    return _read_json(Path(run_dir) / "summary.json")
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """The lines of metrics.jsonl, oldest first; a torn last line (killed mid-write) is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return records
+
+
+def read_clients(run_dir: Path) -> list[dict] | None:
+    """Rows of clients.csv with numbers as numbers, or None before the first one is written."""
+    path = Path(run_dir) / "clients.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        return [{"client": int(r["client"]), "train_size": int(r["train_size"]), "test_size": int(r["test_size"]),
+                 "accuracy": float(r["accuracy"]), "loss": float(r["loss"])} for r in csv.DictReader(f)]
+
+
+def partition_label(partition: dict) -> str:
+    """``partition`` section of a config -> e.g. 'dirichlet α=0.3', 'pathological 2/client'."""
+    scheme = partition.get("scheme", "?")
+    if scheme == "dirichlet":
+        return f"dirichlet α={partition.get('alpha')}"
+    if scheme == "pathological":
+        return f"pathological {partition.get('classes_per_client')}/client"
+    return scheme
+
+
+def model_label(model: dict) -> str:
+    hidden = model.get("hidden")
+    return f"{model.get('name')}{list(hidden)}" if hidden else str(model.get("name"))
+
+
+def describe(config: dict) -> dict:
+    """The columns a reader identifies a run by: method, dataset, partition, model, clients."""
+    partition = config.get("partition", {})
+    return {"method": config.get("method_name"), "dataset": config.get("data", {}).get("name"),
+            "clients": partition.get("num_clients"), "partition": partition_label(partition),
+            "model": model_label(config.get("model", {}))}
+
+
+def title(config: dict) -> str:
+    """One line naming the run, for figure titles."""
+    d = describe(config)
+    return f"{d['method']} on {d['dataset']}, {d['clients']} clients, {d['partition']}, {d['model']}"
+
+
+def wall_seconds(records: list[dict]) -> float | None:
+    """Seconds spent in the round loop (first compile included), summed over resumed segments.
+
+    ``seconds`` restarts at zero when a run is resumed, so each drop starts a segment.
+    """
+    if not records:
+        return None
+    total, previous = 0.0, 0.0
+    for r in records:
+        if r["seconds"] < previous:
+            total += previous
+        previous = r["seconds"]
+    return total + previous

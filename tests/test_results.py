@@ -1,0 +1,220 @@
+"""Results people look at: CSV tables, figures, TensorBoard scalars, the report across runs."""
+
+import csv
+import json
+import math
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedjax_pfl import config as config_lib
+from fedjax_pfl import train
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.runs import figures, report, run_folder
+from fedjax_pfl.runs.results_writer import ResultsWriter
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _tiny_cfg(out, **extra):
+    """6 synthetic clients, logistic regression, 3 rounds: compiles in seconds."""
+    return config_lib.build(overrides=[
+        "method_name=fedavg", "data.name=synthetic", "model.name=mlr", "partition.scheme=natural",
+        "partition.num_clients=6", "train.rounds=3", "train.local_epochs=1", "train.batch_size=32",
+        "train.lr=0.05", f"out={out}", *[f"{k}={v}" for k, v in extra.items()]])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results") / "run"
+    summary = train.run(_tiny_cfg(out, checkpoint_every=2, **{"log.tensorboard": "true"}), progress=False)
+    assert summary["status"] == "finished"
+    return out
+
+
+def _assert_png(path, min_bytes=10_000):
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, path
+    assert len(data) > min_bytes, (path, len(data))
+    with Image.open(path) as image:
+        assert image.width >= 500 and image.height >= 300, (path, image.size)
+
+
+def test_metrics_csv_equals_metrics_jsonl(run_dir):
+    records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["round"] for r in records] == [0, 1, 2]
+    assert len(rows) == len(records)
+    for row, record in zip(rows, records):
+        assert list(row) == list(record)
+        assert {k: float(v) for k, v in row.items()} == record  # exact: floats round-trip
+
+
+def test_clients_csv_is_the_final_per_client_evaluation(run_dir):
+    partition = json.loads((run_dir / "partition.json").read_text())
+    last = run_folder.read_records(run_dir)[-1]
+    clients = run_folder.read_clients(run_dir)
+    assert [c["client"] for c in clients] == list(range(6))
+    assert [c["train_size"] for c in clients] == partition["train"]["sizes"]
+    assert [c["test_size"] for c in clients] == partition["test"]["sizes"]
+    acc = np.array([c["accuracy"] for c in clients])
+    n_test = np.array([c["test_size"] for c in clients])
+    loss = np.array([c["loss"] for c in clients])
+    assert np.all((acc >= 0) & (acc <= 1)) and np.all(loss > 0)
+    # the summary numbers of the last metrics line, recomputed from the per-client rows
+    np.testing.assert_allclose(acc.mean(), last["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(acc.std(), last["accuracy_std"], rtol=1e-5)
+    np.testing.assert_allclose((acc * n_test).sum() / n_test.sum(), last["accuracy_weighted"], rtol=1e-6)
+    np.testing.assert_allclose((loss * n_test).sum() / n_test.sum(), last["loss"], rtol=1e-5)
+
+
+def test_run_writes_its_figures_as_pngs(run_dir):
+    for name in figures.RUN_FIGURES:
+        _assert_png(run_dir / "plots" / name)
+
+
+def _read_tensorboard_scalars(folder):
+    """{tag: {step: value}} from TFRecord-framed Event protos (length, crc, data, crc)."""
+    from tensorboardX.proto import event_pb2
+
+    scalars = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
+def test_tensorboard_events_hold_the_metrics(run_dir):
+    scalars = _read_tensorboard_scalars(run_dir)
+    records = run_folder.read_records(run_dir)
+    assert set(scalars) == set(records[0]) - {"round"}
+    for tag, by_step in scalars.items():
+        assert by_step == {r["round"] + 1: float(np.float32(r[tag])) for r in records}, tag
+
+
+def test_tensorboard_asked_for_but_missing_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(UserError, match=r"pip install 'fedjax_pfl\[tensorboard\]'"):
+        ResultsWriter(tmp_path, tensorboard=True)
+
+
+def test_run_without_matplotlib_finishes_with_tables_and_a_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    out = tmp_path / "run"
+    summary = train.run(_tiny_cfg(out, **{"train.rounds": 1}), progress=False)
+    assert summary["status"] == "finished"
+    assert (out / "metrics.csv").is_file() and (out / "clients.csv").is_file()
+    assert not (out / "plots").exists()
+    notes = [l for l in capsys.readouterr().err.splitlines() if "matplotlib is not installed" in l]
+    assert len(notes) == 1 and "fedjax_pfl[plots]" in notes[0]
+
+
+def test_a_run_that_stops_early_keeps_tables_and_curves(tmp_path):
+    """No snapshot ever taken (failed in round 2, no checkpoints): close() still writes CSV and curves."""
+    run = _fake_run(tmp_path / "failed", 0, [0.3, 0.4], status=None)
+    (run / "partition.json").write_text(json.dumps({
+        "num_clients": 2, "num_classes": 3, "info": {},
+        "train": {"sizes": [5, 4], "histograms": [[5, 0, 0], [1, 1, 2]]}, "test": {"sizes": [2, 1]}}))
+    writer = ResultsWriter(run, refresh_seconds=0.0)
+    writer.evaluated(run_folder.read_records(run)[0])
+    assert (run / "metrics.csv").read_text().count("\n") == 3  # header and the two lines already in metrics.jsonl
+    writer.close()
+    for name in ("accuracy.png", "loss.png", "partition.png"):
+        _assert_png(run / "plots" / name)
+    assert not (run / "clients.csv").exists() and not (run / "plots" / "client_accuracy.png").exists()
+
+
+# ----------------------------------------------------------------- report
+
+
+def _fake_run(folder, seed, accuracies, method="fedavg", status="finished", seconds=None, **overrides):
+    """A run folder as the CLI writes it, with chosen accuracies (one per evaluation)."""
+    cfg = config_lib.build(overrides=[f"method_name={method}", "data.name=fmnist", "model.name=mlp",
+                                      f"seed={seed}", f"out={folder}", *[f"{k}={v}" for k, v in overrides.items()]])
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": config_lib.to_dict(cfg), "versions": {}}))
+    seconds = seconds or [1.0 + t for t in range(len(accuracies))]
+    lines = [json.dumps({"round": t, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.1, "loss": 1.0,
+                         "train_loss": 1.0, "seconds": s}) for t, (a, s) in enumerate(zip(accuracies, seconds))]
+    (folder / "metrics.jsonl").write_text("".join(l + "\n" for l in lines))
+    if status is not None:
+        (folder / "summary.json").write_text(json.dumps({"status": status}))
+    return folder
+
+
+def test_report_groups_seeds_into_mean_and_std(tmp_path):
+    curve = np.linspace(0.1, 0.5, 12)  # 12 evaluations, then a different last value per seed
+    for seed, last in [(0, 0.50), (1, 0.60), (2, 0.70)]:
+        _fake_run(tmp_path / "runs" / f"fedavg-{seed}", seed, [*curve[:11], last], **{"train.rounds": 12})
+    _fake_run(tmp_path / "runs" / "fedprox-0", 0, [*curve[:11], 0.9], method="fedprox",
+              **{"train.rounds": 12, "method.mu": 0.01})
+    _fake_run(tmp_path / "runs" / "fedavg-lr", 0, [0.3, 0.4], status=None, **{"train.rounds": 12, "train.lr": 0.5})
+    text = report.report([tmp_path / "runs"], tmp_path / "rep")
+    with open(tmp_path / "rep" / "report.csv", newline="") as f:
+        rows = {(r["method"], r["settings"]): r for r in csv.DictReader(f)}
+    assert len(rows) == 3
+    seeds = rows[("fedavg", "train.lr=0.005")]
+    assert seeds["seeds"] == "0, 1, 2" and seeds["runs"] == "3" and seeds["status"] == "3 finished"
+    # by hand: last = 0.5, 0.6, 0.7 -> mean 0.6, population std sqrt((0.01 + 0 + 0.01) / 3)
+    assert float(seeds["last_mean"]) == pytest.approx(0.6)
+    assert float(seeds["last_std"]) == pytest.approx(math.sqrt(0.02 / 3))
+    # mean of the last 10 evaluations: curve[2:11] (shared) and the seed's own last value
+    tail = curve[2:11].sum()
+    per_seed = [(tail + last) / 10 for last in (0.5, 0.6, 0.7)]
+    assert float(seeds["mean_last_10_mean"]) == pytest.approx(np.mean(per_seed))
+    assert float(seeds["mean_last_10_std"]) == pytest.approx(np.std(per_seed))
+    assert float(seeds["best_mean"]) == pytest.approx(0.6)  # each seed's best is its last value
+    assert float(seeds["wall_seconds"]) == pytest.approx(12.0) and seeds["rounds"] == "12"
+    prox = rows[("fedprox", "method.mu=0.01 train.lr=0.005")]
+    assert prox["runs"] == "1" and float(prox["last_mean"]) == pytest.approx(0.9)
+    unfinished = rows[("fedavg", "train.lr=0.5")]
+    assert unfinished["status"] == "unfinished" and unfinished["rounds"] == "2/12"
+    assert "| 60.00 ± 8.16 |" in text and "| 90.00 |" in text
+    _assert_png(tmp_path / "rep" / "accuracy.png")
+
+
+def test_wall_time_sums_the_segments_of_a_resumed_run():
+    records = [{"seconds": s} for s in (5.0, 6.0, 7.0, 2.0, 3.0)]  # resumed after the third evaluation
+    assert run_folder.wall_seconds(records) == 10.0
+
+
+def test_report_on_failed_and_empty_runs(tmp_path):
+    _fake_run(tmp_path / "failed", 0, [0.2, float("nan")], status="failed")
+    _fake_run(tmp_path / "crashed", 1, [], status="failed")
+    text = report.report([tmp_path / "failed", tmp_path / "crashed"], tmp_path / "rep")
+    with open(tmp_path / "rep" / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["2 failed"]
+    assert float(rows[0]["last_mean"]) == pytest.approx(float("nan"), nan_ok=True)
+    assert float(rows[0]["best_mean"]) == pytest.approx(0.2)
+    assert "2 failed" in text
+
+
+def test_report_command_on_a_real_run_and_redraw(run_dir, tmp_path):
+    (run_dir / "plots" / "loss.png").unlink()
+    proc = subprocess.run([sys.executable, "-m", "fedjax_pfl.report", str(run_dir), "--out", str(tmp_path / "rep"),
+                           "--redraw"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| fedavg | synthetic | 6 | natural | mlr | 0 |" in proc.stdout
+    _assert_png(tmp_path / "rep" / "accuracy.png")
+    _assert_png(run_dir / "plots" / "loss.png")
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda tmp: tmp / "nosuch", "no such folder"),
+    (lambda tmp: tmp, "holds no run"),
+])
+def test_report_bad_input_is_one_line_exit_2(tmp_path, capsys, make, needle):
+    assert report.main([str(make(tmp_path)), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and "\n" not in err
