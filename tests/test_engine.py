@@ -17,7 +17,7 @@ import optax
 import pytest
 
 from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import local_training, losses, tree_ops
+from fedjax_pfl import client_mapping, local_training, losses, tree_ops
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
@@ -27,13 +27,13 @@ SIZES = [7, 23, 1, 16, 12]
 B, E, S = 5, 2, 3
 
 
-def _data(input_shape, seed=0):
+def _data(input_shape, seed=0, sizes=SIZES):
     rng = np.random.default_rng(seed)
-    total = sum(SIZES)
+    total = sum(sizes)
     x = rng.integers(0, 256, size=(total, *input_shape), dtype=np.uint8)
     y = rng.integers(0, 4, size=total).astype(np.int32)
     idx, start = [], 0
-    for n in SIZES:
+    for n in sizes:
         idx.append(np.arange(start, start + n))
         start += n
     return x, y, idx
@@ -48,11 +48,10 @@ def _setup(model):
                       normalize=_normalize)
 
 
-def _reference_client(model, variables, x, y, key, part_epochs):
+def _reference_client(model, variables, x, y, key, part_epochs, n_max=max(SIZES)):
     """Per-client loop over real batches. part_epochs: list of (part, epochs, key)."""
     opt = optax.sgd(0.1, momentum=0.9)
     n = x.shape[0]
-    n_max = max(SIZES)
 
     @functools.partial(jax.jit, static_argnums=4)
     def grad_step(params, variables, xb, yb, part):
@@ -88,27 +87,27 @@ def _assert_close(a, b, tol=1e-5):
         np.testing.assert_allclose(np.asarray(la, np.float64), np.asarray(lb, np.float64), rtol=tol, atol=tol)
 
 
-def _run_engine(method_name, model, mapping, rounds, key):
-    x, y, idx = _data(model.input_shape)
+def _run_engine(method_name, model, mapping, rounds, key, sizes=SIZES):
+    x, y, idx = _data(model.input_shape, sizes=sizes)
     train = stack_clients(x, y, idx)
     method = get_method(method_name)(_setup(model))
     eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=2))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     for t in range(rounds):
-        server, clients, _ = eng.round(server, clients, jax.random.fold_in(key, t), t)
+        server, clients, _ = eng.round(server, clients, engine_lib.round_keys(key, t)[0], t)
     return server, clients
 
 
-def _reference(method_name, model, rounds, key):
-    x, y, idx = _data(model.input_shape)
+def _reference(method_name, model, rounds, key, sizes=SIZES):
+    x, y, idx = _data(model.input_shape, sizes=sizes)
     init_key, key = jax.random.split(key)
     v0 = model.init(init_key)
     server = v0
-    personal = [v0] * len(SIZES)
+    personal = [v0] * len(sizes)
     for t in range(rounds):
-        k_sel, _, k_clients = jax.random.split(jax.random.fold_in(key, t), 3)
-        selected = np.asarray(engine_lib.select_clients(k_sel, len(SIZES), S))
+        k_sel, _, k_clients = jax.random.split(engine_lib.round_keys(key, t)[0], 3)
+        selected = np.asarray(engine_lib.select_clients(k_sel, len(sizes), S))
         keys = jax.random.split(k_clients, S)
         trained = []
         for j, c in enumerate(selected):
@@ -119,8 +118,8 @@ def _reference(method_name, model, rounds, key):
                 start = tree_ops.with_part(personal[c], "body", tree_ops.part_of(server, "body"))
                 plan = [("all", E, E, keys[j])] if method_name == "fedper" else \
                     [("head", 1, 1, jax.random.split(keys[j])[0]), ("body", E, E, jax.random.split(keys[j])[1])]
-            trained.append(_reference_client(model, start, x[idx[c]], y[idx[c]], keys[j], plan))
-        weights = [SIZES[c] for c in selected]
+            trained.append(_reference_client(model, start, x[idx[c]], y[idx[c]], keys[j], plan, max(sizes)))
+        weights = [sizes[c] for c in selected]
         if method_name == "fedavg":
             server = _weighted_mean64(trained, weights)
         else:
@@ -197,3 +196,89 @@ def test_stragglers_and_dropped_uploads():
     before = jax.tree.map(np.asarray, server)
     server, clients, _ = eng.round(server, clients, jax.random.key(1), 0)
     _assert_close(server, before, tol=0)
+
+
+SKEWED = [1, 500, 37, 3, 120, 9]
+
+
+@pytest.mark.parametrize("method_name", ["fedavg", "fedper"])
+def test_engine_equals_per_client_loop_strongly_skewed(method_name):
+    """Client sizes 1..500 (B=5: 1 to 100 steps per epoch): every mapping runs each
+    client's own steps and equals the unpadded per-client loop."""
+    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+    key = jax.random.key(11)
+    ref_server, ref_personal = _reference(method_name, model, 2, key, sizes=SKEWED)
+    for mapping in ("vmap", "map", "chunked"):
+        server, clients = _run_engine(method_name, model, mapping, 2, key, sizes=SKEWED)
+        if method_name == "fedavg":
+            _assert_close(server["variables"], ref_server, tol=2e-5)
+        else:
+            _assert_close(server["body"], tree_ops.part_of(ref_server, "body"), tol=2e-5)
+            for c in range(len(SKEWED)):
+                _assert_close(tree_ops.gather(clients["variables"], c), ref_personal[c], tol=2e-5)
+
+
+def _skewed_engine(method_name, mapping, sizes=SKEWED, chunk_size=2):
+    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+    x, y, idx = _data(model.input_shape, sizes=sizes)
+    train = stack_clients(x, y, idx)
+    method = get_method(method_name)(_setup(model))
+    return engine_lib.Engine(method, train, train, engine_lib.EngineConfig(
+        4, client_mapping=mapping, chunk_size=chunk_size))
+
+
+@pytest.mark.parametrize("mapping", ["map", "chunked"])
+def test_fused_rounds_equal_single_rounds(mapping):
+    """K rounds in one call (two calls of K=3 over 5 rounds, the last slot skipped) equal
+    5 single-round calls, evaluations at the same rounds included."""
+    eng = _skewed_engine("fedper", mapping)
+    key = jax.random.key(2)
+    server, clients = eng.init(key)
+    single_evals = {}
+    for t in range(5):
+        round_key, eval_key = engine_lib.round_keys(key, t)
+        server, clients, _ = eng.round(server, clients, round_key, t)
+        if engine_lib.is_eval_round(t, 5, 2):
+            single_evals[t] = eng.evaluate(server, clients, eval_key)
+    fused_server, fused_clients = eng.init(key)
+    fused_evals, active = {}, []
+    for first in (0, 3):
+        fused_server, fused_clients, metrics, evals = eng.run_rounds(fused_server, fused_clients, key, first, 3, 5, 2)
+        fused_evals.update(evals)
+        active += list(metrics["active"])
+    assert active == [True] * 5 + [False]
+    assert sorted(fused_evals) == sorted(single_evals) == [1, 3, 4]
+    _assert_close(fused_server, server, tol=1e-6)
+    _assert_close(fused_clients, clients, tol=1e-6)
+    for t in single_evals:
+        _assert_close(fused_evals[t], single_evals[t], tol=1e-6)
+
+
+def test_padding_efficiency_by_mapping():
+    """map executes exactly the real client-steps; sorted chunks waste less than one vmap."""
+    effs = {}
+    for mapping in ("map", "vmap", "chunked"):
+        eng = _skewed_engine("fedavg", mapping)
+        server, clients = eng.init(jax.random.key(0))
+        _, _, metrics, _ = eng.run_rounds(server, clients, jax.random.key(1), 0, 4, 4, 4)
+        effs[mapping] = metrics["real_steps"].sum() / metrics["executed_steps"].sum()
+    assert effs["map"] == 1.0
+    assert effs["vmap"] < effs["chunked"] < 1.0, effs
+
+
+def test_executed_steps_counts_chunks_to_their_own_maximum():
+    steps = jnp.array([10, 9, 4, 4, 1])
+    assert int(client_mapping.executed_steps(steps, "map")) == 28
+    assert int(client_mapping.executed_steps(steps, "vmap")) == 50
+    assert int(client_mapping.executed_steps(steps, "chunked", 2)) == 2 * 10 + 2 * 4 + 1
+
+
+def test_sum_batches_skips_padding_batches():
+    """sum_batches calls fn only on batches holding real rows (counted by a host-visible
+    counter in the result) and equals the float64 sum over real rows."""
+    from fedjax_pfl.data.client_data import ClientData
+    x = jnp.arange(40, dtype=jnp.float32).reshape(40, 1)
+    data = ClientData(x, jnp.zeros(40, jnp.int32), jnp.int32(13))
+    out = local_training.sum_batches(lambda b: (jnp.sum(b.x[:, 0] * b.mask), jnp.int32(1)), data, 4, lambda a: a)
+    assert float(out[0]) == float(np.arange(13, dtype=np.float64).sum())
+    assert int(out[1]) == 4  # ceil(13 / 4) batches, not ceil(40 / 4)
