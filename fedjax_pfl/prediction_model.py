@@ -17,6 +17,7 @@ unnecessary; the engine is not this module's to change.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 from fedjax_pfl.models import Model, ModelOutput
@@ -44,3 +45,12 @@ class PredictionModel(Model):
 def model_variables(variables: dict) -> dict:
     """``variables`` without the ``'prediction'`` collection (what the base model takes)."""
     return {k: v for k, v in variables.items() if k != PREDICTION}
+
+
+class OwnPrediction:
+    """Mixin for a Method (listed before it in the bases) that predicts with its own
+    ``predict(variables, x) -> ModelOutput``: its ``model`` is the wrapped setup model."""
+
+    @functools.cached_property
+    def model(self) -> PredictionModel:
+        return PredictionModel.wrap(self.setup.model, self.predict)

@@ -44,14 +44,13 @@ CIFAR-10), sensitivity ('update' default, or 'gradient').
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, critical_params, losses, tree_ops
-from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.base import Method
+from fedjax_pfl.option_checks import check_choice, check_finite, check_interval
 
 SENSITIVITIES = ("update", "gradient")
 
@@ -63,12 +62,9 @@ class FedCACConfig:
     sensitivity: str = "update"
 
     def __post_init__(self):
-        if not 0.0 <= self.tau <= 1.0:
-            raise UserError(f"method.tau must be in [0, 1], got {self.tau}")
-        if not (self.beta > 0 and math.isfinite(self.beta)):
-            raise UserError(f"method.beta must be a finite number > 0, got {self.beta}")
-        if self.sensitivity not in SENSITIVITIES:
-            raise UserError(f"method.sensitivity must be one of {', '.join(SENSITIVITIES)}, got {self.sensitivity!r}")
+        check_interval("tau", self.tau, 0.0, 1.0)
+        check_finite("beta", self.beta, 0.0, strict=True)
+        check_choice("sensitivity", self.sensitivity, SENSITIVITIES)
 
 
 class FedCAC(Method):

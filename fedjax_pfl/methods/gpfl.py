@@ -43,19 +43,18 @@ Options (``method.<name>=value``): lamda, mu, magnitude ('code' | 'paper').
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses, tree_ops
 from fedjax_pfl.conditional_valve import ConditionalValve, conditional_inputs, label_prior
-from fedjax_pfl.errors import UserError
 from fedjax_pfl.global_guidance import REDUCTIONS, angle_level_guidance, magnitude_level_guidance
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 from fedjax_pfl.models import ModelOutput
-from fedjax_pfl.prediction_model import PREDICTION, PredictionModel, model_variables
+from fedjax_pfl.option_checks import check_choice, check_finite
+from fedjax_pfl.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 GUIDANCE = ("gce", "cov")  # trained beside body and head, under variables['params']
 
@@ -67,26 +66,18 @@ class GPFLConfig:
     magnitude: str = "code"
 
     def __post_init__(self):
-        for name in ("lamda", "mu"):
-            v = getattr(self, name)
-            if not (v >= 0 and math.isfinite(v)):
-                raise UserError(f"method.{name} must be a finite number >= 0, got {v}")
-        if self.magnitude not in REDUCTIONS:
-            raise UserError(f"method.magnitude must be one of {', '.join(REDUCTIONS)}, got {self.magnitude!r}")
+        check_finite("lamda", self.lamda)
+        check_finite("mu", self.mu)
+        check_choice("magnitude", self.magnitude, REDUCTIONS)
 
 
-class GPFL(SharedBodyMethod):
+class GPFL(OwnPrediction, SharedBodyMethod):
     name = "gpfl"
     hparams_type = GPFLConfig
 
     def __init__(self, setup, hparams=None):
         super().__init__(setup, hparams)
         self.valve = ConditionalValve(setup.model.feature_dim)
-        self._model = PredictionModel.wrap(setup.model, self.predict)
-
-    @property
-    def model(self):
-        return self._model
 
     # ---- state -------------------------------------------------------------
     def init(self, key, num_clients):

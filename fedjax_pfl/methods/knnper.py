@@ -36,15 +36,14 @@ Options (``method.<name>=value``):
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 
 from fedjax_pfl import knn
-from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
 from fedjax_pfl.models import ModelOutput
-from fedjax_pfl.prediction_model import PREDICTION, PredictionModel, model_variables
+from fedjax_pfl.option_checks import check_choice, check_finite, check_interval
+from fedjax_pfl.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 INTERPOLATIONS = ("probabilities", "logits")
 
@@ -57,27 +56,15 @@ class KNNPerConfig:
     interpolate: str = "probabilities"
 
     def __post_init__(self):
-        if self.k < 1:
-            raise UserError(f"method.k must be >= 1, got {self.k}")
-        if not 0.0 <= self.lamda <= 1.0:
-            raise UserError(f"method.lamda must be in [0, 1], got {self.lamda}")
-        if not (self.length_scale > 0 and math.isfinite(self.length_scale)):
-            raise UserError(f"method.length_scale must be a finite number > 0, got {self.length_scale}")
-        if self.interpolate not in INTERPOLATIONS:
-            raise UserError(f"method.interpolate must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolate!r}")
+        check_finite("k", self.k, 1)
+        check_interval("lamda", self.lamda, 0.0, 1.0)
+        check_finite("length_scale", self.length_scale, 0.0, strict=True)
+        check_choice("interpolate", self.interpolate, INTERPOLATIONS)
 
 
-class KNNPer(FedAvg):
+class KNNPer(OwnPrediction, FedAvg):
     name = "knnper"
     hparams_type = KNNPerConfig
-
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        self._model = PredictionModel.wrap(setup.model, self.predict)
-
-    @property
-    def model(self):
-        return self._model
 
     def memory(self, variables, data):
         """The client's datastore: train features [n_max, d], labels [n_max], valid [n_max]."""
