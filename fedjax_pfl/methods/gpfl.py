@@ -1,0 +1,159 @@
+"""GPFL (Zhang et al., ICCV 2023): global category embeddings (GCE) and a
+conditional valve (CoV) that splits the feature into a global and a
+personalized route.
+
+Model: the body f (shared, averaged with weights n_i), the CoV
+(fedjax_pfl/conditional_valve.py; shared, averaged), the GCE embeddings
+E [C, d] (shared, averaged) and the head h (private). Per batch, with the
+client's conditional inputs z_G, z_P (below):
+
+    f_P = CoV(f(x), z_P)    logits = h(f_P)
+    f_G = CoV(f(x), z_G)
+    loss = CE(logits, y) + angle(f_G, y; E) + lamda * magnitude(f_G, E_frozen[y])
+           + (mu / 2) (||E||^2 + ||CoV||^2)
+
+(global_guidance.py; E_frozen = the global GCE received this round, no
+gradient). Body, head, CoV and E are trained together for E epochs from the
+received global body, CoV and GCE and the client's own head; the client
+uploads body, CoV and E; the server averages each over the uploads with
+weights n_i.
+
+Conditional inputs (the authors' ``set_GCE``): z_G = mean_c E_src[c],
+z_P = sum_c pi_c E_src[c] with pi the client's train label prior, where
+E_src is the GCE the client held when the last round ended: its own trained
+E if it trained in that round, otherwise the global GCE it had received one
+round earlier (the initial one before round 1). In round 0 both are zero.
+
+Evaluation protocol: the client's model as it holds it after the server
+step, as in the authors' code (which evaluates after sending the global
+modules to every client): received global body and CoV, its own head, and
+h(CoV(f(x), z_P)) with z_P as above.
+
+Where this library follows the authors' code (TsingZ0/GPFL, clientgp.py,
+also PFLlib) over the paper: the magnitude-level term is the Frobenius norm
+of (f_G - E_frozen[y]) over the batch (``method.magnitude=paper``: the mean
+per-sample L2 norm); mu is the weight decay of the CoV and GCE optimizers
+only (here mu/2 ||.||^2 in the loss, which is the same for SGD and for
+PyTorch's Adam); the GCE is initialised N(0, 1) as torch's nn.Embedding.
+Defaults lamda = 0.01, mu = 0.1: the authors' run_me.sh for CNNs and MLPs.
+
+Options (``method.<name>=value``): lamda, mu, magnitude ('code' | 'paper').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_pfl import aggregation, losses, tree_ops
+from fedjax_pfl.conditional_valve import ConditionalValve, conditional_inputs, label_prior
+from fedjax_pfl.global_guidance import REDUCTIONS, angle_level_guidance, magnitude_level_guidance
+from fedjax_pfl.methods.base import shared_init
+from fedjax_pfl.methods.shared_body import SharedBodyMethod
+from fedjax_pfl.models import ModelOutput
+from fedjax_pfl.option_checks import check_choice, check_finite
+from fedjax_pfl.prediction_model import PREDICTION, OwnPrediction, model_variables
+
+GUIDANCE = ("gce", "cov")  # trained beside body and head, under variables['params']
+
+
+@dataclasses.dataclass(frozen=True)
+class GPFLConfig:
+    lamda: float = 0.01
+    mu: float = 0.1
+    magnitude: str = "code"
+
+    def __post_init__(self):
+        check_finite("lamda", self.lamda)
+        check_finite("mu", self.mu)
+        check_choice("magnitude", self.magnitude, REDUCTIONS)
+
+
+class GPFL(OwnPrediction, SharedBodyMethod):
+    name = "gpfl"
+    hparams_type = GPFLConfig
+
+    def __init__(self, setup, hparams=None):
+        super().__init__(setup, hparams)
+        self.valve = ConditionalValve(setup.model.feature_dim)
+
+    # ---- state -------------------------------------------------------------
+    def init(self, key, num_clients):
+        return jax.jit(self._init, static_argnums=1)(key, num_clients)
+
+    def _init(self, key, num_clients):
+        k_model, k_gce, k_cov = jax.random.split(key, 3)
+        variables, clients = shared_init(self, k_model, num_clients)
+        d, c = self.setup.model.feature_dim, self.setup.model.num_classes
+        gce = jax.random.normal(k_gce, (c, d), jnp.float32)
+        cov = self.valve.init(k_cov, jnp.zeros((1, d)), jnp.zeros((d,)))["params"]
+        server = {"body": self.shared_body(variables), "gce": gce, "cov": cov, "gce_before": jnp.copy(gce),
+                  "rounds": jnp.zeros((), jnp.int32)}
+        clients = {"variables": clients, "gce": jnp.tile(gce, (num_clients, 1, 1)),
+                   "trained_round": jnp.full((num_clients,), -1, jnp.int32)}
+        return server, clients
+
+    def conditionals(self, server, client, data, round_index):
+        """(z_G, z_P) of the client in round ``round_index`` (module docstring); zeros in round 0."""
+        fresh = client["trained_round"] == round_index - 1
+        source = jnp.where(fresh, client["gce"], server["gce_before"])
+        prior = label_prior(data.y, data.n, self.setup.model.num_classes)
+        z_g, z_p = conditional_inputs(source, prior)
+        started = round_index > 0
+        return jnp.where(started, z_g, 0.0), jnp.where(started, z_p, 0.0)
+
+    # ---- client ------------------------------------------------------------
+    def objective(self, server, z_generic, z_personal):
+        hp, base = self.hparams, self.setup.model
+        frozen = server["gce"]
+
+        def loss_fn(variables, batch, key):
+            params = variables["params"]
+            model_vars = {**variables, "params": {"body": params["body"], "head": params["head"]}}
+            out = base.apply(model_vars, batch.x, train=True)
+            cov = {"params": params["cov"]}
+            f_p = self.valve.apply(cov, out.features, z_personal)
+            f_g = self.valve.apply(cov, out.features, z_generic)
+            loss = losses.cross_entropy(base.apply_head(model_vars, f_p), batch.y, batch.mask)
+            loss += angle_level_guidance(f_g, batch.y, params["gce"], batch.mask)
+            loss += hp.lamda * magnitude_level_guidance(f_g, frozen[batch.y], batch.mask, hp.magnitude)
+            loss += hp.mu * 0.5 * tree_ops.squared_norm({k: params[k] for k in GUIDANCE})
+            return loss, out.batch_stats
+
+        return loss_fn
+
+    def local_phase(self, server, client, variables, data, key, info):
+        z_g, z_p = self.conditionals(server, client, data, info.round)
+        start = {**variables, "params": {**variables["params"], "gce": server["gce"], "cov": server["cov"]}}
+        trained, loss = self.train(self.objective(server, z_g, z_p), start, data, key, info.epochs)
+        params = trained["params"]
+        model_vars = {**trained, "params": {"body": params["body"], "head": params["head"]}}
+        return model_vars, loss, {k: params[k] for k in GUIDANCE}
+
+    def client_update(self, server, client, data, key, info):
+        client, upload = super().client_update(server, client, data, key, info)
+        return {**client, "gce": upload["gce"], "trained_round": info.round}, upload
+
+    # ---- server ------------------------------------------------------------
+    def server_update(self, server, clients, uploads, info):
+        new, clients = super().server_update(server, clients, uploads, info)
+        weights = self.aggregation_weights(uploads, info)
+        for k in GUIDANCE:
+            new[k] = aggregation.weighted_mean_or(uploads[k], weights, server[k])
+        new["gce_before"] = server["gce"]
+        new["rounds"] = info.round + 1
+        return new, clients
+
+    # ---- evaluation --------------------------------------------------------
+    def eval_variables(self, server, client, data, key):
+        _, z_p = self.conditionals(server, client, data, server["rounds"])
+        return {**self.receive(server, client), PREDICTION: {"cov": server["cov"], "conditional": z_p}}
+
+    def predict(self, variables, x) -> ModelOutput:
+        """h(CoV(f(x), z_P)) with the valve and z_P carried in ``variables['prediction']``."""
+        extra, model_vars = variables[PREDICTION], model_variables(variables)
+        out = self.setup.model.apply(model_vars, x, train=False)
+        f_p = self.valve.apply({"params": extra["cov"]}, out.features, extra["conditional"])
+        return out._replace(logits=self.setup.model.apply_head(model_vars, f_p), features=f_p)
