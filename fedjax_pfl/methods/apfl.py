@@ -37,16 +37,15 @@ v and w use the run's optimizer (the code: SGD for both).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_pfl import losses, tree_ops
-from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods.options import require_choice, require_number
 
 MIXES = ("output", "params")
 ALPHA_SCHEDULES = ("round_start", "every_step")
@@ -62,17 +61,12 @@ class APFLConfig:
     mix: str = "output"
 
     def __post_init__(self):
-        if not 0.0 <= self.alpha <= 1.0:
-            raise UserError(f"method.alpha must be in [0, 1], got {self.alpha}")
-        if self.alpha_lr is not None and not (self.alpha_lr > 0 and math.isfinite(self.alpha_lr)):
-            raise UserError(f"method.alpha_lr must be a finite number > 0 (or empty for train.lr), got {self.alpha_lr}")
-        if not (self.alpha_decay >= 0 and math.isfinite(self.alpha_decay)):
-            raise UserError(f"method.alpha_decay must be a finite number >= 0, got {self.alpha_decay}")
-        if self.alpha_schedule not in ALPHA_SCHEDULES:
-            raise UserError(f"method.alpha_schedule must be one of {', '.join(ALPHA_SCHEDULES)}, "
-                            f"got {self.alpha_schedule!r}")
-        if self.mix not in MIXES:
-            raise UserError(f"method.mix must be one of {', '.join(MIXES)}, got {self.mix!r}")
+        require_number("alpha", self.alpha, 0.0, high=1.0)
+        if self.alpha_lr is not None:  # None: train.lr
+            require_number("alpha_lr", self.alpha_lr, 0.0, strict=True)
+        require_number("alpha_decay", self.alpha_decay)
+        require_choice("alpha_schedule", self.alpha_schedule, ALPHA_SCHEDULES)
+        require_choice("mix", self.mix, MIXES)
 
 
 def projected_alpha_sgd(lr: float, decay: float, every_step: bool) -> optax.GradientTransformation:

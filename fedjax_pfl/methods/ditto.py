@@ -25,12 +25,11 @@ on validation data) is not implemented.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from fedjax_pfl import losses
-from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods.options import require_number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +37,7 @@ class DittoConfig:
     lamda: float = 1.0
 
     def __post_init__(self):
-        if not (self.lamda >= 0 and math.isfinite(self.lamda)):
-            raise UserError(f"method.lamda must be a finite number >= 0, got {self.lamda}")
+        require_number("lamda", self.lamda)
 
 
 class Ditto(FedAvg):

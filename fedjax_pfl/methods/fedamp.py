@@ -43,18 +43,12 @@ scale sigma with the squared distances of your model.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from fedjax_pfl import attentive_mixing
-from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
+from fedjax_pfl.methods.options import require_choice, require_number
 
 STARTS = ("anchor", "own")
-
-
-def _positive(name, value):
-    if not (value > 0 and math.isfinite(value)):
-        raise UserError(f"method.{name} must be a finite number > 0, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +59,10 @@ class FedAMPConfig:
     start: str = "anchor"
 
     def __post_init__(self):
-        _positive("alpha_k", self.alpha_k)
-        _positive("sigma", self.sigma)
-        if not (self.lamda >= 0 and math.isfinite(self.lamda)):
-            raise UserError(f"method.lamda must be a finite number >= 0, got {self.lamda}")
-        if self.start not in STARTS:
-            raise UserError(f"method.start must be one of {', '.join(STARTS)}, got {self.start!r}")
+        require_number("alpha_k", self.alpha_k, strict=True)
+        require_number("sigma", self.sigma, strict=True)
+        require_number("lamda", self.lamda)
+        require_choice("start", self.start, STARTS)
 
 
 class FedAMP(AnchoredPersonalMethod):

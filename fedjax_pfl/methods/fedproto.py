@@ -34,14 +34,13 @@ PFLlib). The code drops the last partial batch; here it is kept.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses, prototypes
-from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods.options import require_choice, require_number
 
 PROTO_WEIGHTS = ("clients", "counts")
 EVAL_BY = ("head", "prototype")
@@ -54,13 +53,9 @@ class FedProtoConfig:
     eval_by: str = "head"
 
     def __post_init__(self):
-        if not (self.lam >= 0 and math.isfinite(self.lam)):
-            raise UserError(f"method.lam must be a finite number >= 0, got {self.lam}")
-        if self.proto_weights not in PROTO_WEIGHTS:
-            raise UserError(f"method.proto_weights must be one of {', '.join(PROTO_WEIGHTS)}, "
-                            f"got {self.proto_weights!r}")
-        if self.eval_by not in EVAL_BY:
-            raise UserError(f"method.eval_by must be one of {', '.join(EVAL_BY)}, got {self.eval_by!r}")
+        require_number("lam", self.lam)
+        require_choice("proto_weights", self.proto_weights, PROTO_WEIGHTS)
+        require_choice("eval_by", self.eval_by, EVAL_BY)
 
 
 def prototype_weights(counts, uploaded, mode: str):
