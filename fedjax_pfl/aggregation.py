@@ -77,3 +77,7 @@ from fedjax_pfl.simplex_qp import (  # noqa: E402,F401
     solve_simplex_qp,
     solve_simplex_qp_batch,
 )
+
+# FedAMP's attentive message passing: attention weights from pairwise squared
+# distances and the personalized cloud models U = Xi @ W (fedjax_pfl/attentive_mixing.py).
+from fedjax_pfl.attentive_mixing import attention_weights, personalized_cloud_models  # noqa: E402,F401

@@ -245,7 +245,7 @@ class Engine:
             variables = method.eval_variables(server, client, ClientData(*train_i), key_i)
 
             def batch_metrics(batch):
-                logits = method.model.apply(variables, batch.x, train=False).logits
+                logits = method.eval_logits(variables, batch.x)
                 correct, count = losses.accuracy_counts(logits, batch.y, batch.mask)
                 nll = losses.cross_entropy(logits, batch.y, batch.mask) * count
                 return correct, count, nll

@@ -100,6 +100,16 @@ def proximal(params, anchor):
     return 0.5 * tree_ops.squared_norm(tree_ops.sub(params, jax.lax.stop_gradient(anchor)))
 
 
+def output_mixture_cross_entropy(personal_logits, global_logits, alpha, labels, mask=None):
+    """APFL's mixed-model loss as the authors' code computes it: CE of
+    alpha * personal_logits + (1 - alpha) * global_logits. [B, C] each, alpha a scalar.
+
+    Gradients flow into all three; stop the global side outside where it is fixed.
+    """
+    mixed = alpha * personal_logits.astype(jnp.float32) + (1.0 - alpha) * global_logits.astype(jnp.float32)
+    return cross_entropy(mixed, labels, mask)
+
+
 def attention_map(feature_map):
     """Attention transfer map: sum over channels of A^2, flattened, unit L2 norm.
 

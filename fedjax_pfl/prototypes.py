@@ -19,6 +19,8 @@ and adds them up; everything else is a function of those sums:
     prior-weighted within-class variance):
         V_i = (1/n) * sum_k pi_k * ( E_k||f||^2 - ||mu_k||^2 ).
   Absent classes contribute nothing.
+* `nearest_prototype_logits`: classification by the nearest class prototype
+  (FedProto's prototype-based inference), as logits -||f - c^k||^2.
 """
 
 from __future__ import annotations
@@ -93,3 +95,19 @@ def feature_statistics(sums: ClassSums, variance: str = "code"):
     v = jnp.sum(jnp.where(present, per_class, 0.0)) / n
     h = prior[:, None] * mu
     return v, h
+
+
+ABSENT_LOGIT = -1e30  # a class without a prototype is never the nearest (finite: the loss stays finite)
+
+
+def nearest_prototype_logits(features, protos, present):
+    """-||f - c^k||^2 for every class k: features [B, d], protos [C, d], present [C] bool -> [B, C].
+
+    The argmax is the nearest present prototype; a class without a prototype
+    gets `ABSENT_LOGIT`.
+    """
+    features = jnp.asarray(features, jnp.float32)
+    protos = jnp.asarray(protos, jnp.float32)
+    cross = jnp.matmul(features, protos.T, precision=jax.lax.Precision.HIGHEST)
+    sq = jnp.sum(features ** 2, axis=-1)[:, None] - 2.0 * cross + jnp.sum(protos ** 2, axis=-1)[None, :]
+    return jnp.where(present[None, :], -jnp.maximum(sq, 0.0), ABSENT_LOGIT)

@@ -45,6 +45,11 @@ def scale(tree, s):
     return jax.tree.map(lambda a: a * s, tree)
 
 
+def interpolate(a, b, weight_a):
+    """``weight_a * a + (1 - weight_a) * b`` leafwise (APFL's mixed model)."""
+    return jax.tree.map(lambda x, y: weight_a * x + (1.0 - weight_a) * y, a, b)
+
+
 def squared_norm(tree):
     """Sum of squares over all leaves (a scalar)."""
     return sum(jnp.vdot(a, a).real for a in jax.tree.leaves(tree))

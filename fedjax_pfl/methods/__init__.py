@@ -12,7 +12,7 @@ import pkgutil
 from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.base import Method
 
-_INFRASTRUCTURE = {"base", "shared_body"}
+_INFRASTRUCTURE = {"anchored", "base", "options", "shared_body"}
 
 
 def _discover() -> dict[str, type[Method]]:

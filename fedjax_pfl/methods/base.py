@@ -104,6 +104,15 @@ class Method:
         """The personalized model variables of one client, for evaluation (``eval_model``)."""
         return client["variables"]
 
+    def eval_logits(self, variables, x):
+        """Logits of the personalized model on a normalised batch ``x`` (inference mode).
+
+        ``variables`` is what `eval_variables` returned; a method whose
+        prediction is not one model's output (APFL's output mixture, FedProto's
+        nearest prototype) overrides this and returns what it needs from there.
+        """
+        return self.model.apply(variables, x, train=False).logits
+
     # ---- helpers shared by methods ----------------------------------------
     @property
     def model(self) -> Model:

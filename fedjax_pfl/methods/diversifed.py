@@ -14,7 +14,8 @@ trains from its OWN w_i for E epochs on CE(w) + (lambda/2) ||w - u_i||^2 and
 uploads w_i; `server_update` stores the uploads (a dropped upload leaves the
 stored copy as it was, while the client keeps its trained model). Evaluation
 (``eval.model``): ``local``, each client's own model. All clients start from the same initial model,
-so D = 0 and u_i = w_i until models differ.
+so D = 0 and u_i = w_i until models differ. (The storage, client and server
+steps are the shape shared with FedAMP: methods/anchored.py.)
 
 Distances cover all trainable parameters (``params``; BatchNorm statistics,
 if any, stay private). The loss L and the server step eta follow METHODS.md
@@ -49,12 +50,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
-
-from fedjax_pfl import losses, model_distance
+from fedjax_pfl import model_distance
 from fedjax_pfl.errors import UserError
-from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,17 +74,12 @@ class DiversiFedConfig:
                             f"got {self.normalization!r}")
 
 
-class DiversiFed(Method):
+class DiversiFed(AnchoredPersonalMethod):
     name = "diversifed"
     hparams_type = DiversiFedConfig
 
-    def init(self, key, num_clients):
-        return jax.jit(self._init, static_argnums=1)(key, num_clients)  # one compile, not one per op
-
-    def _init(self, key, num_clients):
-        _, clients = shared_init(self, key, num_clients)
-        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # distinct buffers: the engine donates state
-        return {"params": copy(clients["params"])}, {"variables": clients, "anchor": copy(clients["params"])}
+    def proximal_weight(self):
+        return self.hparams.lamda
 
     def anchors(self, server, selected):
         """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
@@ -94,24 +87,3 @@ class DiversiFed(Method):
         u, xi, _ = model_distance.mix_models(server["params"], hp.tau, hp.eta,
                                              normalization=hp.normalization, rows=selected)
         return u, xi
-
-    def prepare(self, server, clients, selected):
-        u, _ = self.anchors(server, selected)
-        return {**clients, "anchor": u}
-
-    def client_update(self, server, client, data, key, info):
-        lamda, anchor = self.hparams.lamda, client["anchor"]
-        objective = self.supervised_objective(lambda v, batch, out, k: lamda * losses.proximal(v["params"], anchor))
-        variables, loss = self.train(objective, client["variables"], data, key, info.epochs)
-        return {**client, "variables": variables}, {"params": variables["params"], "loss": loss}
-
-    def server_update(self, server, clients, uploads, info):
-        stored = server["params"]
-        keep = info.uploaded
-
-        def store(all_rows, new_rows):
-            old = all_rows[info.selected]
-            mask = keep.reshape((-1,) + (1,) * (new_rows.ndim - 1))
-            return all_rows.at[info.selected].set(jnp.where(mask, new_rows, old))
-
-        return {**server, "params": jax.tree.map(store, stored, uploads["params"])}, clients

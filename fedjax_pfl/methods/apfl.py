@@ -1,0 +1,181 @@
+"""APFL (Deng, Kamani & Mahdavi 2020): adaptive personalized federated learning.
+
+Each client keeps a personal model v_i and a mixing weight alpha_i (both
+persistent); the server keeps a FedAvg global model w. Round t, each selected
+client i, on every local batch (E epochs, `local_training.train` over the
+joint tree (w, v_i, alpha_i) with one objective):
+- its local copy of the global model takes a step on CE(w) (FedAvg's step);
+- v_i takes a step on the loss of the mixed model with w held fixed;
+- alpha_i takes a projected SGD step alpha <- clip(alpha - alpha_lr * (dL/dalpha
+  + alpha_decay * alpha), 0, 1) on the same mixed loss.
+The client uploads w; the server averages with weights n_i (FedAvg).
+Evaluation protocol: the mixed model of v_i and the client's own local copy
+w_i after its last local training (the authors' and PFLlib's personalized
+model; a never-selected client holds the initial models and alpha).
+
+The authors' code (MLOPTPSU/FedTorch, comms/trainings/federated/apfl.py,
+``inference_personal``, ``alpha_update``) differs from the paper's text; the
+defaults follow the code (METHODS.md rule), the paper's reading is behind flags:
+- ``mix='output'`` (code): the mixed model's prediction is
+  alpha v(x) + (1 - alpha) w(x), a mixture of the two models' logits
+  (`losses.output_mixture_cross_entropy`); ``mix='params'`` (paper): the model
+  with parameters alpha v + (1 - alpha) w (`tree_ops.interpolate`);
+- ``alpha_schedule='round_start'`` (code: alpha is updated at the first local
+  step of each round only); ``'every_step'`` (paper's Algorithm 1);
+- ``alpha_decay=0.02`` (code: ``grad_alpha += 0.02 * alpha``); the paper has 0;
+- ``alpha=0.5`` initial value (code's ``--fed_personal_alpha`` default);
+  ``adapt_alpha=False`` keeps it fixed (the code's default; the paper's
+  adaptive variant, which the issue asks for, is our default);
+- alpha_lr defaults to train.lr (the code steps alpha with the local lr).
+Where we deviate from the code: dL/dalpha is the exact derivative of the mixed
+loss (the code uses the first-order surrogate
+<v - w, alpha grad_v + (1 - alpha) grad_w>); the mixed loss of a step uses w
+before that step's update (the paper's order; the code uses w after it);
+v and w use the run's optimizer (the code: SGD for both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pfl import losses, tree_ops
+from fedjax_pfl.methods.base import shared_init
+from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods.options import require_choice, require_number
+
+MIXES = ("output", "params")
+ALPHA_SCHEDULES = ("round_start", "every_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class APFLConfig:
+    alpha: float = 0.5  # initial mixing weight of the personal model
+    adapt_alpha: bool = True
+    alpha_lr: float | None = None  # None: train.lr
+    alpha_decay: float = 0.02
+    alpha_schedule: str = "round_start"
+    mix: str = "output"
+
+    def __post_init__(self):
+        require_number("alpha", self.alpha, 0.0, high=1.0)
+        if self.alpha_lr is not None:  # None: train.lr
+            require_number("alpha_lr", self.alpha_lr, 0.0, strict=True)
+        require_number("alpha_decay", self.alpha_decay)
+        require_choice("alpha_schedule", self.alpha_schedule, ALPHA_SCHEDULES)
+        require_choice("mix", self.mix, MIXES)
+
+
+def projected_alpha_sgd(lr: float, decay: float, every_step: bool) -> optax.GradientTransformation:
+    """alpha <- clip(alpha - lr * (g + decay * alpha), 0, 1), at every step or at the first step only."""
+
+    def init(params):
+        return jnp.zeros((), jnp.int32)
+
+    def update(grads, count, params):
+        active = jnp.logical_or(every_step, count == 0)
+
+        def step(g, a):
+            new = jnp.clip(a - lr * (g + decay * a), 0.0, 1.0)
+            return jnp.where(active, new - a, jnp.zeros_like(a))
+
+        return jax.tree.map(step, grads, params), count + 1
+
+    return optax.GradientTransformation(init, update)
+
+
+class APFL(FedAvg):
+    name = "apfl"
+    hparams_type = APFLConfig
+
+    def __init__(self, setup, hparams=None):
+        super().__init__(setup, hparams)
+        hp = self.hparams
+        lr = hp.alpha_lr if hp.alpha_lr is not None else setup.learning_rate
+        if hp.adapt_alpha and lr is None:
+            raise ValueError("apfl adapts alpha with train.lr: set LocalSetup.learning_rate or method.alpha_lr")
+        self.alpha_lr = lr
+
+    # ---- state -------------------------------------------------------------
+    def init(self, key, num_clients):
+        variables, personal = shared_init(self, key, num_clients)
+        _, local = shared_init(self, key, num_clients)
+        alpha = jnp.full((num_clients,), self.hparams.alpha, jnp.float32)
+        return {"variables": variables}, {"variables": personal, "local": local, "alpha": alpha}
+
+    # ---- the mixed model -----------------------------------------------------
+    def mixed_logits(self, personal, local, alpha, x, train: bool):
+        """(logits of the mixed model, v's new batch stats); ``local`` (w) enters as given."""
+        if self.hparams.mix == "output":
+            out_v = self.model.apply(personal, x, train=train)
+            out_w = self.model.apply(local, x, train=False)
+            return alpha * out_v.logits + (1.0 - alpha) * out_w.logits, out_v.batch_stats
+        mixed = {**personal, "params": tree_ops.interpolate(personal["params"], local["params"], alpha)}
+        out = self.model.apply(mixed, x, train=train)
+        return out.logits, out.batch_stats
+
+    def joint_objective(self):
+        """CE(w) + the mixed model's loss with w fixed, over the joint tree {w, v, alpha}."""
+
+        def split(joint):
+            p, stats = joint["params"], joint.get("batch_stats")
+            part = lambda k: {"params": p[k], **({"batch_stats": stats[k]} if stats is not None else {})}
+            return part("w"), part("v"), p["alpha"]
+
+        def objective(joint, batch, key):
+            w, v, alpha = split(joint)
+            out_w = self.model.apply(w, batch.x, train=True)
+            loss_w = losses.cross_entropy(out_w.logits, batch.y, batch.mask)
+            fixed_w = jax.lax.stop_gradient(w)
+            if self.hparams.mix == "output":
+                out_v = self.model.apply(v, batch.x, train=True)
+                loss_mix = losses.output_mixture_cross_entropy(
+                    out_v.logits, jax.lax.stop_gradient(out_w.logits), alpha, batch.y, batch.mask)
+                stats_v = out_v.batch_stats
+            else:
+                logits, stats_v = self.mixed_logits(v, fixed_w, alpha, batch.x, train=True)
+                loss_mix = losses.cross_entropy(logits, batch.y, batch.mask)
+            stats = {"w": out_w.batch_stats, "v": stats_v} if "batch_stats" in joint else {}
+            return loss_w + loss_mix, stats
+
+        return objective
+
+    def joint_optimizer(self):
+        hp = self.hparams
+        if hp.adapt_alpha:
+            alpha_tx = projected_alpha_sgd(self.alpha_lr, hp.alpha_decay, hp.alpha_schedule == "every_step")
+        else:
+            alpha_tx = optax.set_to_zero()
+
+        def labels(params):
+            model_labels = lambda tree: jax.tree.map(lambda _: "model", tree)
+            return {"w": model_labels(params["w"]), "v": model_labels(params["v"]), "alpha": "alpha"}
+
+        return optax.multi_transform({"model": self.setup.optimizer, "alpha": alpha_tx}, labels)
+
+    # ---- round ---------------------------------------------------------------
+    def client_update(self, server, client, data, key, info):
+        w, v = server["variables"], client["variables"]
+        joint = {"params": {"w": w["params"], "v": v["params"], "alpha": client["alpha"]}}
+        if "batch_stats" in w:
+            joint["batch_stats"] = {"w": w["batch_stats"], "v": v["batch_stats"]}
+        joint, loss = self.train(self.joint_objective(), joint, data, key, info.epochs,
+                                 optimizer=self.joint_optimizer())
+
+        def part(k):
+            stats = joint.get("batch_stats")
+            return {"params": joint["params"][k], **({"batch_stats": stats[k]} if stats is not None else {})}
+
+        local = part("w")
+        client = {"variables": part("v"), "local": local, "alpha": joint["params"]["alpha"]}
+        return client, {"variables": local, "loss": loss}
+
+    def eval_variables(self, server, client, data, key):
+        return client
+
+    def eval_logits(self, variables, x):
+        logits, _ = self.mixed_logits(variables["variables"], variables["local"], variables["alpha"], x, train=False)
+        return logits
