@@ -68,9 +68,9 @@ def relationship_penalty(p, p0, coef):
 
 
 def onto_simplex() -> optax.GradientTransformation:
-    """An optax step that ends on the probability simplex: u -> proj(p + u) - p."""
+    """An optax step that ends on the probability simplex: u -> proj(p + u) - p (per leaf)."""
 
     def update(updates, state, params):
-        return project_simplex(params + updates) - params, state
+        return jax.tree.map(lambda u, p: project_simplex(p + u) - p, updates, params), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)

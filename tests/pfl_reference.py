@@ -7,6 +7,7 @@ draw their random batches (`pfedkd.random_batch_index`). Training runs over
 real samples only (no padding, no masks), one jitted gradient per batch.
 """
 
+import functools
 import math
 
 import jax
@@ -52,13 +53,21 @@ def round_keys(key, t):
     return selected, jax.random.split(k_clients, S)
 
 
-def train_epochs(loss_fn, optimizer, params, x, y, key, epochs=E, n_max=None):
-    """E epochs of minibatch steps over the n real samples, in the library's shuffle order."""
+@functools.lru_cache(maxsize=None)
+def _jitted_grad(loss_fn):
+    return jax.jit(jax.grad(loss_fn))
+
+
+def train_epochs(loss_fn, optimizer, params, x, y, key, epochs=E, n_max=None, extra=()):
+    """E epochs of minibatch steps over the n real samples, in the library's shuffle order.
+
+    ``loss_fn(params, x_batch, y_batch, *extra)``; its jitted gradient is cached per function.
+    """
     n = x.shape[0]
     n_max = max(SIZES) if n_max is None else n_max
     sched_key, _ = jax.random.split(key)
     epoch_keys = jax.random.split(sched_key, epochs)
-    grad = jax.jit(jax.grad(loss_fn))
+    grad = lambda p, xb, yb: _jitted_grad(loss_fn)(p, xb, yb, *extra)
     state = optimizer.init(params)
     for e in range(epochs):
         order = np.asarray(local_training.epoch_order(epoch_keys[e], n, n_max))[:n]
@@ -69,11 +78,11 @@ def train_epochs(loss_fn, optimizer, params, x, y, key, epochs=E, n_max=None):
     return params
 
 
-def train_random_batches(loss_fn, optimizer, params, x, y, key, steps, n_max=None):
+def train_random_batches(loss_fn, optimizer, params, x, y, key, steps, n_max=None, extra=()):
     """``steps`` steps, each on B distinct random samples (the step-counted methods' contract)."""
     n = x.shape[0]
     n_max = max(SIZES) if n_max is None else n_max
-    grad = jax.jit(jax.grad(loss_fn))
+    grad = lambda p, xb, yb: _jitted_grad(loss_fn)(p, xb, yb, *extra)
     state = optimizer.init(params)
     for k in jax.random.split(key, steps):
         _, k_batch = jax.random.split(k)

@@ -1,0 +1,160 @@
+"""pFedHN (methods/pfedhn.py, hypernetwork.py): the hypernetwork update against the
+finite-difference directional derivative of the paper's objective (float64), the
+server step, the engine against a per-client loop, learning on FMNIST."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import pfl_reference as ref
+from fedjax_pfl import config as config_lib
+from fedjax_pfl import engine as engine_lib
+from fedjax_pfl import hypernetwork as hn
+from fedjax_pfl import losses, tree_ops
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.methods.base import LocalSetup, ServerRound
+from fedjax_pfl.methods.pfedhn import PFedHN, PFedHNConfig
+from fedjax_pfl.models import build_model
+
+
+def _setup(lr=0.1):
+    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=ref.B, local_epochs=1,
+                      normalize=ref.normalize, learning_rate=lr)
+
+
+def _dot(a, b):
+    return sum(float(jnp.vdot(x, y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_update_equals_finite_difference_of_the_objective():
+    """<vjp of Delta theta, d> = d/de sum_i w_i 1/2 ||h(phi + e d; v_i) - theta~_i||^2 at e = 0 (float64)."""
+    with jax.enable_x64(True):
+        target = {"w": jax.ShapeDtypeStruct((3, 2), jnp.float64), "b": jax.ShapeDtypeStruct((2,), jnp.float64)}
+        phi = hn.init_hypernetwork(jax.random.key(0), 4, target, embed_dim=3, hidden=5, n_hidden=2)
+        phi = jax.tree.map(lambda a: a.astype(jnp.float64), phi)
+        rng = np.random.default_rng(0)
+        indices = jnp.array([2, 0])
+        deltas = {"w": jnp.asarray(rng.normal(size=(2, 3, 2))), "b": jnp.asarray(rng.normal(size=(2, 2)))}
+        weights = jnp.array([0.7, 0.3])
+        trained = tree_ops.sub(hn.generate_many(phi, indices, target), deltas)  # theta~ = theta - Delta
+        direction = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape)), phi)
+
+        grad = hn.hypernetwork_gradient(phi, indices, deltas, weights, target)
+        objective = jax.jit(lambda p: hn.surrogate_objective(p, indices, trained, weights, target))
+        f = lambda p: float(objective(p))
+        eps = 1e-6
+        fd = (f(tree_ops.add(phi, tree_ops.scale(direction, eps)))
+              - f(tree_ops.sub(phi, tree_ops.scale(direction, eps)))) / (2 * eps)
+        assert _dot(grad, direction) == pytest.approx(fd, rel=1e-7)
+        # the embeddings of clients not in the round get no gradient
+        np.testing.assert_array_equal(grad["embeddings"][np.array([1, 3])], 0.0)
+        assert float(jnp.abs(grad["embeddings"][2]).max()) > 0
+
+
+def test_server_step_is_clipped_sgd_on_the_vjp():
+    method = PFedHN(_setup(), PFedHNConfig(server_lr=0.5, server_momentum=0.0, server_wd=0.0, hidden=6,
+                                           n_hidden=1))
+    server, clients = method.init(jax.random.key(0), 5)
+    selected = jnp.array([3, 1])
+    target = method.target
+    server_update = jax.jit(method.server_update)
+    gradient = jax.jit(lambda h, d, w: hn.hypernetwork_gradient(h, selected, d, w, target))
+    for scale, arrived in [(1e-3, [True, True]), (1e3, [True, True]), (1e-3, [False, True])]:
+        deltas = jax.tree.map(lambda a: scale * jnp.ones((2,) + a.shape, a.dtype), target)
+        info = ServerRound(jnp.int32(0), selected, jnp.ones(2), jnp.array(arrived))
+        new, _ = server_update(server, tree_ops.gather(clients, selected), {"delta": deltas}, info)
+        g = gradient(server["hnet"], deltas, jnp.asarray(arrived, jnp.float32))
+        norm = math.sqrt(_dot(g, g))
+        step = tree_ops.scale(g, 0.5 * min(1.0, 50.0 / norm))
+        ref.assert_close(new["hnet"], tree_ops.sub(server["hnet"], step), tol=1e-5)
+    info = ServerRound(jnp.int32(0), selected, jnp.ones(2), jnp.array([False, False]))
+    new, _ = server_update(server, tree_ops.gather(clients, selected), {"delta": deltas}, info)
+    ref.assert_close(new, server, tol=0)  # nothing arrived: no step
+
+
+def test_generated_model_is_evaluated_and_shaped_like_the_client_model():
+    method = PFedHN(_setup(), PFedHNConfig(hidden=6, n_hidden=1))
+    server, clients = method.init(jax.random.key(0), 5)
+    assert server["hnet"]["embeddings"].shape == (5, 2)  # 1 + N/4
+    v = method.eval_variables(server, tree_ops.gather(clients, 2), None, None)
+    like = method.model.init(jax.random.key(1))
+    assert jax.tree.structure(v) == jax.tree.structure(like)
+    for a, b in zip(jax.tree.leaves(v), jax.tree.leaves(like)):
+        assert a.shape == b.shape
+    other = method.eval_variables(server, tree_ops.gather(clients, 3), None, None)
+    assert not np.allclose(jax.tree.leaves(v)[0], jax.tree.leaves(other)[0])
+
+
+@pytest.mark.parametrize("options", [{"local_steps": 0}, {"server_lr": 0.0}, {"embed_dim": 0},
+                                     {"n_hidden": -1}, {"aggregate": "median"}, {"server_wd": -1.0}])
+def test_bad_options_raise_user_error(options):
+    with pytest.raises(UserError):
+        config_lib.method_options(PFedHNConfig, options)
+
+
+# ------------------------------------------------------- engine = per-client loop
+def _ce(params, xb, yb, *, model):
+    return losses.cross_entropy(model.apply({"params": params}, xb).logits, yb)
+
+
+def _reference(method, rounds, key):
+    import functools
+    hp, target = method.hparams, method.target
+    xs, ys = ref.client_arrays(method.model.input_shape)
+    init_key, key = jax.random.split(key)
+    phi = hn.init_hypernetwork(init_key, len(ref.SIZES), target, 2, hp.hidden, hp.n_hidden)
+    trace = jax.tree.map(jnp.zeros_like, phi)
+    ce = functools.partial(_ce, model=method.model)
+    inner = optax.chain(optax.clip_by_global_norm(50.0), optax.sgd(0.1))
+    for t in range(rounds):
+        selected, keys = ref.round_keys(key, t)
+        grad = jax.tree.map(jnp.zeros_like, phi)
+        for j, c in enumerate(selected):
+            theta, pullback = jax.vjp(lambda p: hn.generate(p, c, target), phi)
+            trained = ref.train_random_batches(ce, inner, theta, xs[c], ys[c], keys[j], hp.local_steps)
+            grad = tree_ops.add(grad, pullback(tree_ops.sub(theta, trained))[0])  # aggregate = sum
+        norm = math.sqrt(_dot(grad, grad))
+        grad = tree_ops.scale(grad, min(1.0, 50.0 / norm))
+        grad = tree_ops.add(grad, tree_ops.scale(phi, hp.server_wd))
+        trace = tree_ops.add(grad, tree_ops.scale(trace, hp.server_momentum))
+        phi = tree_ops.sub(phi, tree_ops.scale(trace, hp.server_lr))
+    return phi
+
+
+def test_engine_equals_per_client_loop():
+    method = PFedHN(_setup(), PFedHNConfig(local_steps=3, hidden=6, n_hidden=1))
+    key = jax.random.key(6)
+    ref_phi = _reference(method, 2, key)
+    xs, ys = ref.client_arrays(method.model.input_shape)
+    data = ref.stacked(xs, ys)
+    eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
+    init_key, key = jax.random.split(key)
+    server, clients = eng.init(init_key)
+    before = jax.tree.map(np.asarray, server["hnet"])
+    server, clients, _ = eng.run(server, clients, key, 2)
+    ref.assert_close(server["hnet"], ref_phi, tol=2e-5)
+    assert not np.allclose(before["embeddings"], server["hnet"]["embeddings"])
+
+
+# ------------------------------------------------------------------ learning
+def test_pfedhn_learns_on_fmnist(data_dir):
+    from fedjax_pfl.experiment import build_experiment
+
+    overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
+                 "partition.num_clients=6", "partition.classes_per_client=2", "partition.train_per_client=100",
+                 "partition.test_per_client=50", "partition.test_from=split", "model.name=mlp", "model.hidden=[32]",
+                 "train.optimizer=adam", "train.lr=0.003", "train.batch_size=25", "train.local_epochs=2",
+                 "train.join_ratio=1.0", "method_name=pfedhn", "method.local_steps=20", "method.server_lr=0.05"]
+    eng = build_experiment(config_lib.build(None, overrides)).engine
+    init_key, key = jax.random.split(jax.random.key(0))
+    server, clients = eng.init(init_key)
+    first = eng.evaluate_summary(server, clients, key)["accuracy"]
+    server, clients, metrics = eng.run(server, clients, key, 4)
+    last = eng.evaluate_summary(server, clients, key)
+    assert math.isfinite(float(metrics["train_loss"]))
+    assert first < 0.4 and last["accuracy"] > 0.7, (first, last)
