@@ -16,29 +16,36 @@ paper's surrogate objective sum_i w_i (1/2) ||h(phi; v_i) - stop(theta~_i)||^2
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
 import jax.numpy as jnp
 
 
-def _linear_init(key, fan_in: int, fan_out: int):
-    bound = 1.0 / math.sqrt(fan_in)
-    kw, kb = jax.random.split(key)
-    return {"w": jax.random.uniform(kw, (fan_in, fan_out), jnp.float32, -bound, bound),
-            "b": jax.random.uniform(kb, (fan_out,), jnp.float32, -bound, bound)}
+def _linear(fan_in: int, fan_out: int):
+    """(shape, fan_in) of a Linear layer's weight and bias."""
+    return {"w": ((fan_in, fan_out), fan_in), "b": ((fan_out,), fan_in)}
 
 
 def init_hypernetwork(key, num_clients: int, target, embed_dim: int, hidden: int = 100, n_hidden: int = 3):
     """phi for a target parameter tree ``target`` (arrays or ShapeDtypeStructs)."""
-    k_embed, k_mlp, k_heads = jax.random.split(key, 3)
     widths = [embed_dim] + [hidden] * (n_hidden + 1)
-    mlp = [_linear_init(k, a, b) for k, a, b in zip(jax.random.split(k_mlp, n_hidden + 1), widths[:-1], widths[1:])]
-    leaves, treedef = jax.tree.flatten(target)
-    keys = jax.random.split(k_heads, len(leaves))
-    heads = jax.tree.unflatten(treedef, [_linear_init(k, hidden, math.prod(a.shape)) for k, a in zip(keys, leaves)])
-    return {"embeddings": jax.random.normal(k_embed, (num_clients, embed_dim), jnp.float32),
-            "mlp": mlp, "heads": heads}
+    layout = {"mlp": [_linear(a, b) for a, b in zip(widths[:-1], widths[1:])],
+              "heads": jax.tree.map(lambda a: _linear(hidden, math.prod(a.shape)), target)}
+    is_entry = lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], int)
+    entries, treedef = jax.tree.flatten(layout, is_leaf=is_entry)
+    sizes = [math.prod(shape) for shape, _ in entries]
+    # one uniform draw for every Linear (one random kernel to compile, not one per leaf),
+    # scaled per leaf to U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    k_embed, k_linear = jax.random.split(key)
+    flat = jax.random.uniform(k_linear, (sum(sizes),), jnp.float32, -1.0, 1.0)
+    offsets = itertools.accumulate(sizes, initial=0)
+    params = [flat[o:o + n].reshape(shape) / math.sqrt(fan_in)
+              for o, n, (shape, fan_in) in zip(offsets, sizes, entries)]
+    phi = jax.tree.unflatten(treedef, params)
+    phi["embeddings"] = jax.random.normal(k_embed, (num_clients, embed_dim), jnp.float32)
+    return phi
 
 
 def generate(phi, index, target):
@@ -65,7 +72,7 @@ def hypernetwork_gradient(phi, indices, deltas, weights, target):
     deltas: stacked tree [S, ...] of theta_s - theta~_s; weights [S].
     """
     _, pullback = jax.vjp(lambda p: generate_many(p, indices, target), phi)
-    w = jnp.asarray(weights, jnp.float32)
+    w = jnp.asarray(weights)
     cotangent = jax.tree.map(lambda d: d * w.reshape((-1,) + (1,) * (d.ndim - 1)).astype(d.dtype), deltas)
     return pullback(cotangent)[0]
 

@@ -177,18 +177,6 @@ def test_engine_equals_per_client_loop():
 
 # ------------------------------------------------------------------ learning
 def test_apple_learns_on_fmnist(data_dir):
-    from fedjax_pfl.experiment import build_experiment
-
-    overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
-                 "partition.num_clients=6", "partition.classes_per_client=2", "partition.train_per_client=100",
-                 "partition.test_per_client=50", "partition.test_from=split", "model.name=mlp", "model.hidden=[32]",
-                 "train.optimizer=adam", "train.lr=0.003", "train.batch_size=25", "train.local_epochs=2",
-                 "train.join_ratio=1.0", "method_name=apple", "method.reg_rounds=2"]
-    eng = build_experiment(config_lib.build(None, overrides)).engine
-    init_key, key = jax.random.split(jax.random.key(0))
-    server, clients = eng.init(init_key)
-    first = eng.evaluate_summary(server, clients, key)["accuracy"]
-    server, clients, metrics = eng.run(server, clients, key, 3)
-    last = eng.evaluate_summary(server, clients, key)
+    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "apple", 3, ("method.reg_rounds=2",))
     assert math.isfinite(float(metrics["train_loss"]))
     assert first < 0.4 and last["accuracy"] > 0.85, (first, last)

@@ -179,6 +179,7 @@ def _reference(model, rounds, key):
         return losses.cross_entropy(model.apply({"params": params}, xb).logits, yb)
 
     apply = jax.jit(lambda v, x: model.apply(v, ref.normalize(x)).logits)
+    sgd = optax.sgd(0.1)
     select = jax.jit(fw.egreedy_select, static_argnums=3)
 
     def val_loss(v, x, y):
@@ -221,7 +222,7 @@ def _reference(model, rounds, key):
                 if good:
                     affinity[c] = affinity[c].copy()
                     affinity[c][i] += r
-            params = ref.train_epochs(ce, optax.sgd(0.1), start["params"], xt, yt, k_train, epochs=1)
+            params = ref.train_epochs(ce, sgd, start["params"], xt, yt, k_train, epochs=1)
             first[c], own[c] = start, {"params": params}
             new_stored[c] = own[c]
         stored = new_stored
@@ -248,19 +249,7 @@ def test_engine_equals_per_client_loop():
 
 # ------------------------------------------------------------------ learning
 def test_fedfomo_learns_on_fmnist(data_dir):
-    from fedjax_pfl.experiment import build_experiment
-
-    overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
-                 "partition.num_clients=6", "partition.classes_per_client=2", "partition.train_per_client=100",
-                 "partition.test_per_client=50", "partition.test_from=split", "model.name=mlp", "model.hidden=[32]",
-                 "train.optimizer=adam", "train.lr=0.003", "train.batch_size=25", "train.local_epochs=2",
-                 "train.join_ratio=1.0", "method_name=fedfomo"]
-    eng = build_experiment(config_lib.build(None, overrides)).engine
-    init_key, key = jax.random.split(jax.random.key(0))
-    server, clients = eng.init(init_key)
-    first = eng.evaluate_summary(server, clients, key)["accuracy"]
-    server, clients, metrics = eng.run(server, clients, key, 3)
-    last = eng.evaluate_summary(server, clients, key)
+    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "fedfomo", 3, ())
     assert math.isfinite(float(metrics["train_loss"]))
     assert first < 0.4 and last["accuracy"] > 0.85, (first, last)
     assert np.asarray(server["available"]).all()

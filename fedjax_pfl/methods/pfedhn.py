@@ -101,6 +101,9 @@ class PFedHN(StepMethod):
         return self.hparams.embed_dim if self.hparams.embed_dim > 0 else int(1 + num_clients / 4)
 
     def init(self, key, num_clients):
+        return jax.jit(self._init, static_argnums=1)(key, num_clients)  # one compile, not one per op
+
+    def _init(self, key, num_clients):
         hp = self.hparams
         phi = hypernetwork.init_hypernetwork(key, num_clients, self.target, self.embed_dim(num_clients),
                                              hp.hidden, hp.n_hidden)
