@@ -56,20 +56,22 @@ def test_proximal_schedule():
 
 
 # ---------------------------------------------------------------- mechanism
-def _one_client_round(method, round_index, seed=0):
+def _one_client_round(method, round_indices, seed=0):
+    """Client 1's update from the initial state, once per round index (one compile per method)."""
     xs, ys = ref.client_arrays((6, 6, 1), seed=seed)
     data = ref.stacked(xs, ys)
     server, clients = method.init(jax.random.key(0), len(ref.SIZES))
     client = tree_ops.gather(clients, 1)
     d1 = jax.tree.map(lambda a: a[1], data)
-    info = ClientRound(jnp.int32(round_index), jnp.int32(method.setup.local_epochs))
-    out, upload = jax.jit(method.client_update)(server, client, d1, jax.random.key(2), info)
-    return server, client, out, upload
+    update = jax.jit(method.client_update)
+    outs = [update(server, client, d1, jax.random.key(2), ClientRound(jnp.int32(r), jnp.int32(method.setup.local_epochs)))
+            for r in round_indices]
+    return server, clients, outs
 
 
 def test_p_starts_as_a_valid_mix_and_the_proximal_term_keeps_it_there():
     method = APPLE(_setup(epochs=3), APPLEConfig(mu=1.0, p_lr=0.2, reg_rounds=4))
-    server, clients = method.init(jax.random.key(0), 5)
+    server, clients, ((held, _), (free, _)) = _one_client_round(method, (0, 4))  # coef(0) = mu; coef(4) = 0
     np.testing.assert_allclose(clients["p"], np.full((5, 5), 0.2))
     # the initial personalized model is the p^0 mix of the (distinct) initial cores
     mix = jax.tree.map(lambda c: c.mean(axis=0), server["cores"])
@@ -78,7 +80,6 @@ def test_p_starts_as_a_valid_mix_and_the_proximal_term_keeps_it_there():
     assert float(jnp.abs(kernel[0] - kernel[1]).max()) > 0
 
     drift = lambda out: float(jnp.abs(out["p"] - 0.2).max())
-    held, free = (_one_client_round(method, r)[2] for r in (0, 4))  # coef(0) = mu; coef(4) = 0
     assert drift(free) > 1e-2
     assert drift(held) < 0.2 * drift(free)  # the proximal term keeps p near p^0 (a valid mix)
     p = np.asarray(free["p"])
@@ -87,7 +88,7 @@ def test_p_starts_as_a_valid_mix_and_the_proximal_term_keeps_it_there():
 
 def test_simplex_option_and_what_is_trained_and_uploaded():
     method = APPLE(_setup(epochs=3), APPLEConfig(mu=0.0, p_lr=1.0, simplex=True))
-    server, client, out, upload = _one_client_round(method, 0)
+    server, _, ((out, upload),) = _one_client_round(method, (0,))
     p = np.asarray(out["p"])
     assert p.min() >= 0 and abs(p.sum() - 1) < 1e-5
     assert np.abs(p - 0.2).max() > 1e-2  # it did learn

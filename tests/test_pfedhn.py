@@ -59,30 +59,29 @@ def test_update_equals_finite_difference_of_the_objective():
         assert float(jnp.abs(grad["embeddings"][2]).max()) > 0
 
 
-def test_server_step_is_clipped_sgd_on_the_vjp():
+def test_server_step_is_clipped_sgd_on_the_vjp_and_generates_the_client_model():
     method = PFedHN(_setup(), PFedHNConfig(server_lr=0.5, server_momentum=0.0, server_wd=0.0, hidden=6,
                                            n_hidden=1))
     server, clients = method.init(jax.random.key(0), 5)
     selected = jnp.array([3, 1])
     target = method.target
-    server_update = jax.jit(method.server_update)
-    gradient = jax.jit(lambda h, d, w: hn.hypernetwork_gradient(h, selected, d, w, target))
+
+    @jax.jit
+    def step_and_gradient(server, deltas, arrived):
+        info = ServerRound(jnp.int32(0), selected, jnp.ones(2), arrived)
+        new, _ = method.server_update(server, tree_ops.gather(clients, selected), {"delta": deltas}, info)
+        return new, hn.hypernetwork_gradient(server["hnet"], selected, deltas, arrived.astype(jnp.float32), target)
+
     for scale, arrived in [(1e-3, [True, True]), (1e3, [True, True]), (1e-3, [False, True])]:
         deltas = jax.tree.map(lambda a: scale * jnp.ones((2,) + a.shape, a.dtype), target)
-        info = ServerRound(jnp.int32(0), selected, jnp.ones(2), jnp.array(arrived))
-        new, _ = server_update(server, tree_ops.gather(clients, selected), {"delta": deltas}, info)
-        g = gradient(server["hnet"], deltas, jnp.asarray(arrived, jnp.float32))
+        new, g = step_and_gradient(server, deltas, jnp.array(arrived))
         norm = math.sqrt(_dot(g, g))
         step = tree_ops.scale(g, 0.5 * min(1.0, 50.0 / norm))
         ref.assert_close(new["hnet"], tree_ops.sub(server["hnet"], step), tol=1e-5)
-    info = ServerRound(jnp.int32(0), selected, jnp.ones(2), jnp.array([False, False]))
-    new, _ = server_update(server, tree_ops.gather(clients, selected), {"delta": deltas}, info)
+    new, _ = step_and_gradient(server, deltas, jnp.array([False, False]))
     ref.assert_close(new, server, tol=0)  # nothing arrived: no step
 
-
-def test_generated_model_is_evaluated_and_shaped_like_the_client_model():
-    method = PFedHN(_setup(), PFedHNConfig(hidden=6, n_hidden=1))
-    server, clients = method.init(jax.random.key(0), 5)
+    # the evaluated model is h(phi; v_i), shaped like the client model, different per client
     assert server["hnet"]["embeddings"].shape == (5, 2)  # 1 + N/4
     v = method.eval_variables(server, tree_ops.gather(clients, 2), None, None)
     like = method.model.init(jax.random.key(1))
