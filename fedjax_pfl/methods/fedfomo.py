@@ -32,8 +32,11 @@ published numbers), where the paper is silent or differs:
   - candidates are last round's uploaders (the server's ``uploaded_clients``);
   - the distance covers trainable parameters; the update moves all variables
     (BatchNorm statistics too, as the authors' state_dict update).
-Not implemented: the hierarchical sub-federation models (clustering), off in
-the README commands' use of the flat FedFomo update.
+Not implemented (a known gap to the published numbers): the authors' server
+also offers every client the average of last round's uploads and the
+averages of 5 "sub-federations" (spectral clustering of the symmetrised
+affinity matrix, ``-nf 5`` in the README commands) as extra candidates; this
+module is the paper's flat update over client models only.
 
 Evaluation protocol: each client's own model after its local training (the
 authors evaluate ``client.model``); a client never selected keeps the initial model.
