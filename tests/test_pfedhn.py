@@ -70,7 +70,8 @@ def test_server_step_is_clipped_sgd_on_the_vjp_and_generates_the_client_model():
     def step_and_gradient(server, deltas, arrived):
         info = ServerRound(jnp.int32(0), selected, jnp.ones(2), arrived)
         new, _ = method.server_update(server, tree_ops.gather(clients, selected), {"delta": deltas}, info)
-        return new, hn.hypernetwork_gradient(server["hnet"], selected, deltas, arrived.astype(jnp.float32), target)
+        mean = arrived.astype(jnp.float32) / jnp.maximum(arrived.sum(), 1)  # aggregate=mean (default)
+        return new, hn.hypernetwork_gradient(server["hnet"], selected, deltas, mean, target)
 
     for scale, arrived in [(1e-3, [True, True]), (1e3, [True, True]), (1e-3, [False, True])]:
         deltas = jax.tree.map(lambda a: scale * jnp.ones((2,) + a.shape, a.dtype), target)
@@ -126,7 +127,9 @@ def _reference(method, rounds, key):
         for j, c in enumerate(selected):
             theta = generate(phi, c)
             trained = ref.train_random_batches(ce, inner, theta, xs[c], ys[c], keys[j], hp.local_steps)
-            grad = tree_ops.add(grad, pullback(phi, c, tree_ops.sub(theta, trained)))  # aggregate = sum
+            grad = tree_ops.add(grad, pullback(phi, c, tree_ops.sub(theta, trained)))
+        if hp.aggregate == "mean":
+            grad = tree_ops.scale(grad, 1.0 / len(selected))
         norm = math.sqrt(_dot(grad, grad))
         grad = tree_ops.scale(grad, min(1.0, 50.0 / norm))
         grad = tree_ops.add(grad, tree_ops.scale(phi, hp.server_wd))
@@ -136,7 +139,7 @@ def _reference(method, rounds, key):
 
 
 def test_engine_equals_per_client_loop():
-    method = PFedHN(_setup(), PFedHNConfig(local_steps=3, hidden=6, n_hidden=1))
+    method = PFedHN(_setup(), PFedHNConfig(local_steps=3, hidden=6, n_hidden=1))  # aggregate=mean
     key = jax.random.key(6)
     ref_phi = _reference(method, 2, key)
     xs, ys = ref.client_arrays(method.model.input_shape)
@@ -152,7 +155,9 @@ def test_engine_equals_per_client_loop():
 
 # ------------------------------------------------------------------ learning
 def test_pfedhn_learns_on_fmnist(data_dir):
-    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "pfedhn", 6, ("method.local_steps=20", "method.server_lr=0.03",
-                                                                          "train.lr=0.001"))
+    # 6 clients and 6 server steps: the summed update (aggregate=sum) learns within the test's
+    # budget (0.64 measured; the default mean reaches ~0.46 here, 0.77 on the 40-client preset)
+    options = ("method.aggregate=sum", "method.local_steps=20", "method.server_lr=0.03", "train.lr=0.001")
+    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "pfedhn", 6, options)
     assert math.isfinite(float(metrics["train_loss"]))
-    assert first < 0.4 and last["accuracy"] > 0.55, (first, last)  # 0.64 measured; slow
+    assert first < 0.4 and last["accuracy"] > 0.55, (first, last)

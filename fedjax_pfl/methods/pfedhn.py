@@ -19,12 +19,14 @@ From the authors' code (AvivSham/pFedHN, experiments/pfedhn/trainer.py):
 k = 50 inner steps, hidden width 100, 3 hidden layers, embedding dimension
 1 + N/4, SGD lr 1e-2 momentum 0.9 weight decay 1e-3 for phi (embeddings at the
 same rate), both clips at 50. They update phi after each single client; here
-one server step per round takes the SUM of the S arrived clients' products
-(``aggregate=sum``, default: to first order S of their sequential
-single-client steps; measured on FMNIST pathological, 10 clients, 8 rounds:
-72% vs 43% with the mean) or their mean (``aggregate=mean``); both equal the
-authors' step for S = 1 (``train.join_ratio`` = 1/N). Their inner optimizer
-(SGD lr 5e-3, momentum 0.9, weight decay 5e-5, batch 64) is set through train.*.
+one server step per round takes the MEAN of the S arrived clients' products
+(``aggregate=mean``, default) or their SUM (``aggregate=sum``: to first order
+S of their sequential single-client steps); both equal the authors' step for
+S = 1 (``train.join_ratio`` = 1/N). Measured on the FMNIST pathological preset
+(40 clients, all per round, 50 rounds): mean 77.0% at round 50 and rising;
+sum diverges (losses ~1e9, 64.7%); with 10 clients and 8 rounds sum learned
+faster (72% vs 43%). Their inner optimizer (SGD lr 5e-3, momentum 0.9,
+weight decay 5e-5, batch 64) is set through train.*.
 Models with BatchNorm are not supported (as the authors' target CNN).
 
 Evaluation protocol: each client's generated model h(phi; v_i), no fine-tuning
@@ -61,7 +63,7 @@ class PFedHNConfig:
     embed_dim: int = -1
     hidden: int = 100
     n_hidden: int = 3
-    aggregate: str = "sum"  # | mean
+    aggregate: str = "mean"  # | sum
 
     def __post_init__(self):
         for name in ("local_steps", "hidden"):
