@@ -19,6 +19,8 @@ Round 0 has nothing to download (as the authors' first round: local training onl
 Validation split: ``val_fraction`` (default 0.2, the authors' ``--train_split
 0.8``) of each client's OWN train samples, deterministic and evenly spaced
 (`validation_split`); it is never trained on. Test data is never touched.
+A client with fewer than 1 / val_fraction samples has no validation sample:
+all its weights are 0 and every round it trains again from theta_b.
 
 Choices from the authors' code (NVlabs/FedFomo, the README commands behind the
 published numbers), where the paper is silent or differs:
