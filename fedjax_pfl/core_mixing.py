@@ -1,0 +1,76 @@
+"""APPLE's kernel (Luo & Wu, IJCAI 2022): personalized models as learnable mixes of core models.
+
+Client i's personalized model is w_p,i = sum_j p_ij w_c,j over ALL clients'
+core models (`mix_cores`): its own core w_c,i (trainable) and the downloaded
+cores of the others (fixed). For Dense and Conv layers this equals the authors'
+``superBlock`` (sum_j p_j layer_j(x)), which is linear in the weights.
+The directed-relationship (DR) vector p_i starts at p^0 (`initial_relationships`)
+and is pulled back to it by coef(r) * ||p_i - p^0||^2 (`relationship_penalty`,
+the authors' ``reg_loss``: no 1/2) with a coefficient that decays to 0 after
+``reg_rounds`` rounds (`proximal_coefficient`). Pure, jit-able.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pfl.simplex_qp import project_simplex
+
+SCHEDULES = ("exponential", "cosine")
+EXPONENTIAL_FLOOR = 1e-3  # the authors' epsilon: coef falls from mu to mu * 1e-3 over reg_rounds
+
+
+def mix_cores(p, cores, own_index, own_core):
+    """sum_{j != own} p_j cores_j + p_own * own_core.
+
+    p [N]; ``cores`` a stacked tree [N, ...] of all clients' cores (row
+    ``own_index`` is ignored and replaced by ``own_core``, a single tree).
+    """
+    others = jnp.where(jnp.arange(p.shape[0]) == own_index, 0.0, p)
+
+    def leaf(stacked, own):
+        mixed = jnp.tensordot(others.astype(jnp.float32), stacked.astype(jnp.float32), axes=1)
+        return (mixed + p[own_index] * own).astype(own.dtype)
+
+    return jax.tree.map(leaf, cores, own_core)
+
+
+def initial_relationships(num_clients: int, sizes=None):
+    """p^0: n_j / sum n (the authors' ``init_pss``), or 1/N without sizes."""
+    if sizes is None:
+        return jnp.full((num_clients,), 1.0 / num_clients, jnp.float32)
+    sizes = jnp.asarray(sizes, jnp.float32)
+    return sizes / jnp.sum(sizes)
+
+
+def proximal_coefficient(round_index, mu: float, reg_rounds: int, schedule: str = "exponential"):
+    """coef(r): mu * 1e-3^(r / L) ('exponential', the authors' default) or
+    mu * (cos(pi r / L) + 1) / 2 ('cosine'), for r < L = reg_rounds; 0 after."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if mu == 0 or reg_rounds <= 0:
+        return jnp.zeros((), jnp.float32)
+    r = jnp.asarray(round_index, jnp.float32)
+    if schedule == "cosine":
+        value = (jnp.cos(math.pi * r / reg_rounds) + 1.0) / 2.0 * mu
+    else:
+        value = EXPONENTIAL_FLOOR ** (r / reg_rounds) * mu
+    return jnp.where(r < reg_rounds, value, 0.0)
+
+
+def relationship_penalty(p, p0, coef):
+    """coef * ||p - p^0||^2 (p^0 carries no gradient)."""
+    return coef * jnp.sum(jnp.square(p - jax.lax.stop_gradient(p0)))
+
+
+def onto_simplex() -> optax.GradientTransformation:
+    """An optax step that ends on the probability simplex: u -> proj(p + u) - p (per leaf)."""
+
+    def update(updates, state, params):
+        return jax.tree.map(lambda u, p: project_simplex(p + u) - p, updates, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)

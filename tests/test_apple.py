@@ -1,0 +1,183 @@
+"""APPLE (methods/apple.py, core_mixing.py): the core mix against float64 NumPy, the
+decaying proximal schedule, p_i a valid mix where required, the engine against a
+per-client loop, learning on FMNIST."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import pfl_reference as ref
+from fedjax_pfl import config as config_lib
+from fedjax_pfl import core_mixing, losses, tree_ops
+from fedjax_pfl import engine as engine_lib
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.methods.apple import APPLE, APPLEConfig
+from fedjax_pfl.methods.base import ClientRound, LocalSetup
+from fedjax_pfl.models import build_model
+
+
+def _setup(epochs=1, lr=0.1, model_name="mlp"):
+    kwargs = {"hidden": (8,)} if model_name == "mlp" else {}
+    model = build_model(model_name, (6, 6, 1) if model_name == "mlp" else (8, 8, 3), 4, **kwargs)
+    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=ref.B, local_epochs=epochs,
+                      normalize=ref.normalize)
+
+
+# ------------------------------------------------------------------- kernel
+def test_mix_cores_equals_float64_loop():
+    rng = np.random.default_rng(0)
+    n = 5
+    cores = {"w": rng.normal(size=(n, 3, 2)), "b": rng.normal(size=(n, 2))}
+    own = {"w": rng.normal(size=(3, 2)), "b": rng.normal(size=(2,))}
+    p = rng.normal(size=n)
+    got = core_mixing.mix_cores(jnp.asarray(p, jnp.float32), jax.tree.map(jnp.float32, cores), 2,
+                                jax.tree.map(jnp.float32, own))
+    for k in cores:
+        want = sum(p[j] * (own[k] if j == 2 else cores[k][j]) for j in range(n))
+        np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-5)
+
+
+def test_proximal_schedule():
+    mu, L = 0.1, 10
+    for r in [0, 3, 9, 10, 25]:
+        exp = float(core_mixing.proximal_coefficient(r, mu, L, "exponential"))
+        cos = float(core_mixing.proximal_coefficient(r, mu, L, "cosine"))
+        assert exp == pytest.approx(mu * 1e-3 ** (r / L) if r < L else 0.0, rel=1e-5)
+        assert cos == pytest.approx(mu * (math.cos(math.pi * r / L) + 1) / 2 if r < L else 0.0, rel=1e-5, abs=1e-9)
+    assert float(core_mixing.proximal_coefficient(0, 0.0, L)) == 0.0
+    p0 = core_mixing.initial_relationships(4, sizes=[1, 1, 2, 4])
+    np.testing.assert_allclose(p0, [0.125, 0.125, 0.25, 0.5])
+    assert float(core_mixing.relationship_penalty(jnp.ones(4), p0, 2.0)) == pytest.approx(2 * float(jnp.sum((1 - p0) ** 2)))
+
+
+# ---------------------------------------------------------------- mechanism
+def _one_client_round(method, round_indices, seed=0):
+    """Client 1's update from the initial state, once per round index (one compile per method)."""
+    xs, ys = ref.client_arrays((6, 6, 1), seed=seed)
+    data = ref.stacked(xs, ys)
+    server, clients = method.init(jax.random.key(0), len(ref.SIZES))
+    client = tree_ops.gather(clients, 1)
+    d1 = jax.tree.map(lambda a: a[1], data)
+    update = jax.jit(method.client_update)
+    outs = [update(server, client, d1, jax.random.key(2), ClientRound(jnp.int32(r), jnp.int32(method.setup.local_epochs)))
+            for r in round_indices]
+    return server, clients, outs
+
+
+def test_p_starts_as_a_valid_mix_and_the_proximal_term_keeps_it_there():
+    method = APPLE(_setup(epochs=3), APPLEConfig(mu=1.0, p_lr=0.2, reg_rounds=4))
+    server, clients, ((held, _), (free, _)) = _one_client_round(method, (0, 4))  # coef(0) = mu; coef(4) = 0
+    np.testing.assert_allclose(clients["p"], np.full((5, 5), 0.2))
+    # the initial personalized model is the p^0 mix of the (distinct) initial cores
+    mix = jax.tree.map(lambda c: c.mean(axis=0), server["cores"])
+    ref.assert_close(tree_ops.gather(clients["variables"], 3), mix, tol=1e-6)
+    kernel = server["cores"]["params"]["head"]["logits"]["kernel"]
+    assert float(jnp.abs(kernel[0] - kernel[1]).max()) > 0
+
+    drift = lambda out: float(jnp.abs(out["p"] - 0.2).max())
+    assert drift(free) > 1e-2
+    assert drift(held) < 0.2 * drift(free)  # the proximal term keeps p near p^0 (a valid mix)
+    p = np.asarray(free["p"])
+    assert p.min() < 0 or abs(p.sum() - 1) > 1e-3  # once it is off, p is unconstrained (authors' code)
+
+
+def test_simplex_option_and_what_is_trained_and_uploaded():
+    method = APPLE(_setup(epochs=3), APPLEConfig(mu=0.0, p_lr=1.0, simplex=True))
+    server, _, ((out, upload),) = _one_client_round(method, (0,))
+    p = np.asarray(out["p"])
+    assert p.min() >= 0 and abs(p.sum() - 1) < 1e-5
+    assert np.abs(p - 0.2).max() > 1e-2  # it did learn
+    # only the own core trains and is uploaded; the personalized model is the p-mix with
+    # the others' cores as received
+    cores = server["cores"]
+    ref.assert_close(upload["core"], out["core"], tol=0)
+    assert not np.allclose(tree_ops.flatten_stacked(jax.tree.map(lambda a: a[None], out["core"])),
+                           tree_ops.flatten_stacked(jax.tree.map(lambda a: a[1:2], cores)))
+    mix = core_mixing.mix_cores(out["p"], cores["params"], 1, out["core"]["params"])
+    ref.assert_close(out["variables"]["params"], mix, tol=1e-6)
+
+
+@pytest.mark.parametrize("options", [{"mu": -1.0}, {"reg_rounds": -1}, {"schedule": "linear"}, {"p_lr": 0.0}])
+def test_bad_options_raise_user_error(options):
+    with pytest.raises(UserError):
+        config_lib.method_options(APPLEConfig, options)
+
+
+def test_batchnorm_model_is_refused():
+    model = build_model("resnet8", (8, 8, 3), 4)
+    setup = LocalSetup(model=model, optimizer=optax.sgd(0.1), batch_size=4, local_epochs=1, normalize=ref.normalize)
+    with pytest.raises(UserError, match="BatchNorm"):
+        APPLE(setup).init(jax.random.key(0), 3)
+
+
+# ------------------------------------------------------- engine = per-client loop
+def _apple_mix(params, cores, others):
+    """p_c * own core + sum over the other clients j of p_j * core_j (a plain Python sum)."""
+    n = others.shape[0]
+    own_weight = jnp.sum(params["p"] * (1.0 - others))
+    return jax.tree.map(lambda o, stacked: own_weight * o + sum(params["p"][j] * others[j] * stacked[j]
+                                                                for j in range(n)), params["core"], cores)
+
+
+def _apple_loss(params, xb, yb, cores, others, coef, *, model):
+    logits = model.apply({"params": _apple_mix(params, cores, others)}, xb).logits
+    n = others.shape[0]
+    return losses.cross_entropy(logits, yb) + coef * jnp.sum((params["p"] - 1.0 / n) ** 2)
+
+
+def _reference(method, rounds, key):
+    model, hp = method.model, method.hparams
+    xs, ys = ref.client_arrays(model.input_shape)
+    n = len(ref.SIZES)
+    init_key, key = jax.random.split(key)
+    cores = [model.init(k)["params"] for k in jax.random.split(init_key, n)]
+    own, p = list(cores), [np.full(n, 1.0 / n)] * n
+    personal = [None] * n
+    loss = functools.partial(_apple_loss, model=model)
+    opt = optax.multi_transform({"core": optax.sgd(0.1), "p": optax.sgd(hp.p_lr, momentum=0.9)},
+                                {"core": "core", "p": "p"})
+    for t in range(rounds):
+        selected, keys = ref.round_keys(key, t)
+        coef = hp.mu * 1e-3 ** (t / hp.reg_rounds) if t < hp.reg_rounds else 0.0
+        snapshot = jax.tree.map(lambda *a: jnp.stack(a), *cores)
+        for j, c in enumerate(selected):
+            others = jnp.asarray(np.arange(n) != c, jnp.float32)
+            start = {"core": own[c], "p": jnp.asarray(p[c], jnp.float32)}
+            trained = ref.train_epochs(loss, opt, start, xs[c], ys[c], keys[j], epochs=1,
+                                       extra=(snapshot, others, jnp.float32(coef)))
+            own[c], p[c] = trained["core"], np.asarray(trained["p"])
+            personal[c] = _apple_mix(trained, snapshot, others)
+        for c in selected:
+            cores[c] = own[c]
+    return own, p, personal, cores
+
+
+def test_engine_equals_per_client_loop():
+    method = APPLE(_setup(), APPLEConfig(mu=0.5, reg_rounds=4, p_lr=0.05))
+    key = jax.random.key(4)
+    ref_own, ref_p, ref_personal, ref_cores = _reference(method, 2, key)
+    xs, ys = ref.client_arrays(method.model.input_shape)
+    data = ref.stacked(xs, ys)
+    eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
+    init_key, key = jax.random.split(key)
+    server, clients = eng.init(init_key)
+    server, clients, _ = eng.run(server, clients, key, 2)
+    for c in range(len(ref.SIZES)):
+        ref.assert_close(tree_ops.gather(clients["core"]["params"], c), ref_own[c])
+        ref.assert_close(tree_ops.gather(server["cores"]["params"], c), ref_cores[c])
+        np.testing.assert_allclose(clients["p"][c], ref_p[c], rtol=1e-5, atol=1e-6)
+        if ref_personal[c] is not None:
+            ref.assert_close(tree_ops.gather(clients["variables"]["params"], c), ref_personal[c])
+    assert np.abs(np.asarray(clients["p"]) - 0.2).max() > 1e-4
+
+
+# ------------------------------------------------------------------ learning
+def test_apple_learns_on_fmnist(data_dir):
+    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "apple", 3, ("method.reg_rounds=2",))
+    assert math.isfinite(float(metrics["train_loss"]))
+    assert first < 0.4 and last["accuracy"] > 0.85, (first, last)

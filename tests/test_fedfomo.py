@@ -1,0 +1,258 @@
+"""FedFomo (methods/fedfomo.py, fomo_weights.py, validation_split.py): the first-order
+weights against float64 NumPy, the never-toward-worse property, epsilon-greedy
+selection, the validation split, the engine against a per-client loop, learning on FMNIST."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import pfl_reference as ref
+from fedjax_pfl import config as config_lib
+from fedjax_pfl import engine as engine_lib
+from fedjax_pfl import fomo_weights as fw
+from fedjax_pfl import losses, tree_ops
+from fedjax_pfl.data.client_data import ClientData
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods.base import LocalSetup
+from fedjax_pfl.methods.fedfomo import FedFomo, FedFomoConfig
+from fedjax_pfl.models import build_model
+from fedjax_pfl.validation_split import split_train_validation, validation_mask
+
+
+def _tree(rng, scale=1.0):
+    return {"a": jnp.asarray(scale * rng.normal(size=(3, 4)), jnp.float32),
+            "b": jnp.asarray(scale * rng.normal(size=(5,)), jnp.float32)}
+
+
+def _flat64(tree):
+    return np.concatenate([np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(tree)])
+
+
+# ------------------------------------------------------------------- kernel
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_weights_and_update_equal_float64_reference(norm):
+    rng = np.random.default_rng(0)
+    base = _tree(rng)
+    models = [_tree(rng) for _ in range(5)]
+    models[3] = base  # identical to the baseline: distance 0, weight 0
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *models)
+    base_loss = 1.0
+    val = np.array([0.7, 1.3, 0.2, 0.5, 0.9])
+    valid = np.array([True, True, True, True, False])
+
+    dist = jax.vmap(lambda m: fw.parameter_distance(m, base, norm))(stacked)
+    raw = fw.raw_weights(jnp.float32(base_loss), jnp.asarray(val, jnp.float32), dist, jnp.asarray(valid))
+    w = fw.positive_weights(raw)
+    new = fw.apply_weights(base, stacked, w)
+
+    b64 = _flat64(base)
+    d_ref, raw_ref = [], []
+    for m, loss, ok in zip(models, val, valid):
+        diff = _flat64(m) - b64
+        d = np.abs(diff).sum() if norm == "l1" else np.sqrt((diff ** 2).sum())
+        d_ref.append(d)
+        raw_ref.append((base_loss - loss) / d if (ok and d > 0) else 0.0)
+    raw_ref = np.array(raw_ref)
+    pos = np.maximum(raw_ref, 0)
+    w_ref = pos / pos.sum()
+    new_ref = b64 + sum(wi * (_flat64(m) - b64) for wi, m in zip(w_ref, models))
+    np.testing.assert_allclose(dist, d_ref, rtol=1e-5)
+    np.testing.assert_allclose(raw, raw_ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(_flat64(new), new_ref, rtol=1e-5, atol=1e-5)
+    assert w[1] == 0 and w[3] == 0 and w[4] == 0  # worse, identical, not received
+    np.testing.assert_allclose(fw.affinity_increment(raw), raw_ref / abs(raw_ref.sum()), rtol=1e-5, atol=1e-7)
+
+
+def test_no_better_model_keeps_the_baseline():
+    rng = np.random.default_rng(1)
+    base = _tree(rng)
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *[_tree(rng) for _ in range(3)])
+    raw = fw.raw_weights(jnp.float32(0.5), jnp.array([0.6, 0.9, 0.5]), jnp.ones(3))
+    w = fw.positive_weights(raw)
+    assert np.all(np.asarray(w) == 0)
+    jax.tree.map(np.testing.assert_array_equal, fw.apply_weights(base, stacked, w), base)
+
+
+def _setup(epochs=1, hidden=(8,), lr=0.1):
+    model = build_model("mlp", (6, 6, 1), 4, hidden=hidden)
+    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=ref.B, local_epochs=epochs,
+                      normalize=ref.normalize)
+
+
+def test_client_never_moves_toward_a_worse_model():
+    """Own model better than the baseline, random received models (worse): the start of local
+    training is a convex combination of the baseline and the better models only."""
+    method = FedFomo(_setup(), FedFomoConfig(num_received=2, epsilon=0.0))
+    xs, ys = ref.client_arrays((6, 6, 1), seed=3)
+    data = ref.stacked(xs, ys)
+    server, clients = method.init(jax.random.key(0), len(ref.SIZES))
+    client = tree_ops.gather(clients, 1)
+    d1 = jax.tree.map(lambda a: a[1], data)
+    _, validation = split_train_validation(d1, 0.2)
+    val_loss = jax.jit(method.validation_loss)
+    # the client's own latest model: a descent step on its validation loss from the baseline (better)
+    descent = jax.jit(lambda v: tree_ops.sub(v, tree_ops.scale(jax.grad(method.validation_loss)(v, validation), 2.0)))
+    client = {**client, "variables": descent(client["variables"])}
+    rng = np.random.default_rng(2)
+    noisy = jax.tree.map(lambda a: a + jnp.asarray(rng.normal(size=a.shape), a.dtype), server["models"])
+    server = {"models": noisy, "available": jnp.array([True, False, True, True, False])}
+    federated_start = jax.jit(method.federated_start)
+    start, _ = federated_start(server, client, validation, jax.random.key(4), jnp.int32(3))
+
+    loss = lambda v: float(val_loss(v, validation))
+    base, own = client["first"], client["variables"]
+    received = [tree_ops.gather(noisy, j) for j in (0, 2, 3)]
+    assert loss(own) < loss(base)
+    assert sum(loss(m) > loss(base) for m in received) >= 2  # random models are worse here
+    # start - base is a non-negative combination of (better - base) only
+    better = [own] + [m for m in received if loss(m) < loss(base)]
+    step = _flat64(start) - _flat64(base)
+    basis = np.stack([_flat64(m) - _flat64(base) for m in better], axis=1)
+    coef, *_ = np.linalg.lstsq(basis, step, rcond=None)
+    np.testing.assert_allclose(basis @ coef, step, atol=1e-5)
+    assert np.all(coef >= -1e-6) and abs(coef.sum() - 1.0) < 1e-5
+    # every received model worse and the own model equal to the baseline: no move at all
+    assert all(loss(m) > loss(base) for m in received)
+    client_same = {**client, "variables": base}
+    start2, _ = federated_start(server, client_same, validation, jax.random.key(4), jnp.int32(3))
+    jax.tree.map(np.testing.assert_array_equal, start2, base)
+
+
+def test_egreedy_selection():
+    select = jax.jit(fw.egreedy_select, static_argnums=3)
+    affinity = jnp.array([0.5, 0.1, 0.9, -0.3, 0.7, 0.2])
+    available = jnp.array([True, True, True, True, False, True])
+    idx, valid = select(jax.random.key(0), affinity, available, 3, 0.0)
+    assert set(np.asarray(idx)) == {0, 2, 5} and np.all(valid)  # top-3 available by affinity
+    for seed in range(20):
+        idx, valid = select(jax.random.key(seed), affinity, available, 3, 1.0)
+        idx = np.asarray(idx)
+        assert len(set(idx)) == 3 and np.all(valid) and 4 not in idx
+    few = jnp.array([False, True, False, False, False, True])
+    idx, valid = select(jax.random.key(1), affinity, few, 3, 0.5)
+    assert set(np.asarray(idx)[np.asarray(valid)]) == {1, 5} and valid.sum() == 2
+    assert float(fw.exploration_rate(2, 0.3, 0.05)) == pytest.approx(0.2)
+    assert float(fw.exploration_rate(10, 0.3, 0.05)) == 0.0
+
+
+def test_validation_split_is_deterministic_disjoint_and_from_train_only():
+    n_max, n = 12, 10
+    x = jnp.arange(n_max, dtype=jnp.int32)[:, None] + 100
+    y = jnp.arange(n_max, dtype=jnp.int32)
+    data = ClientData(x, y, jnp.int32(n))
+    train, val = split_train_validation(data, 0.2)
+    assert int(val.n) == 2 and int(train.n) == 8
+    got_val = set(np.asarray(val.y)[:int(val.n)])
+    got_train = set(np.asarray(train.y)[:int(train.n)])
+    assert got_val == {4, 9} and not got_val & got_train and got_val | got_train == set(range(n))
+    np.testing.assert_array_equal(validation_mask(n, n_max, 0.2), validation_mask(n, n_max, 0.2))
+
+
+@pytest.mark.parametrize("options", [{"num_received": 0}, {"epsilon": 1.5}, {"val_fraction": 0.0},
+                                     {"val_fraction": 1.0}, {"norm": "l3"}])
+def test_bad_options_raise_user_error(options):
+    with pytest.raises(UserError):
+        config_lib.method_options(FedFomoConfig, options)
+
+
+# ------------------------------------------------------- engine = per-client loop
+def _val_positions(n, fraction=0.2):
+    p = np.arange(n)
+    return np.floor((p + 1) * fraction) > np.floor(p * fraction)
+
+
+def _reference(model, rounds, key):
+    xs, ys = ref.client_arrays(model.input_shape)
+    n_clients = len(ref.SIZES)
+    init_key, key = jax.random.split(key)
+    v0 = model.init(init_key)
+    own, first = [v0] * n_clients, [v0] * n_clients
+    affinity = [0.1 * np.eye(n_clients)[c] for c in range(n_clients)]
+    stored, available = [v0] * n_clients, np.zeros(n_clients, bool)
+
+    def ce(params, xb, yb):
+        return losses.cross_entropy(model.apply({"params": params}, xb).logits, yb)
+
+    apply = jax.jit(lambda v, x: model.apply(v, ref.normalize(x)).logits)
+    sgd = optax.sgd(0.1)
+    select = jax.jit(fw.egreedy_select, static_argnums=3)
+
+    def val_loss(v, x, y):  # x, y: the client's samples with the non-validation ones masked out below
+        if len(y) == 0:
+            return 0.0
+        padded = np.zeros((max(ref.SIZES),) + x.shape[1:], x.dtype)  # one compiled shape for all clients
+        padded[:len(x)] = x
+        logits = np.asarray(apply(v, padded), np.float64)[:len(x)]
+        logp = logits - logits.max(1, keepdims=True)
+        logp = logp - np.log(np.exp(logp).sum(1, keepdims=True))
+        return -logp[np.arange(len(y)), y].mean()
+
+    for t in range(rounds):
+        selected, keys = ref.round_keys(key, t)
+        new_stored = list(stored)
+        for j, c in enumerate(selected):
+            k_select, k_train = jax.random.split(keys[j])
+            is_val = _val_positions(ref.SIZES[c])
+            xv, yv, xt, yt = xs[c][is_val], ys[c][is_val], xs[c][~is_val], ys[c][~is_val]
+            avail = available.copy()
+            avail[c] = False
+            eps = max(0.3 - 0.05 * t, 0.0)
+            others, valid = select(k_select, jnp.asarray(affinity[c], jnp.float32), jnp.asarray(avail),
+                                              4, eps)
+            ids = [c] + list(np.asarray(others))
+            ok = [True] + list(np.asarray(valid))
+            models = [own[c]] + [stored[i] for i in ids[1:]]
+            base = first[c]
+            lb = val_loss(base, xv, yv)
+            raw = []
+            for m, good in zip(models, ok):
+                d = np.abs(_flat64(m["params"]) - _flat64(base["params"])).sum()
+                raw.append((lb - val_loss(m, xv, yv)) / d if good and d > 0 else 0.0)
+            raw = np.array(raw)
+            pos = np.maximum(raw, 0)
+            w = pos / pos.sum() if pos.sum() > 0 else pos
+            start = jax.tree.map(lambda b, *ms: np.asarray(b, np.float64)
+                                 + sum(wi * (np.asarray(mi, np.float64) - np.asarray(b, np.float64))
+                                       for wi, mi in zip(w, ms)), base, *models)
+            start = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), start)
+            for i, good, r in zip(ids, ok, raw / max(abs(raw.sum()), 1e-9)):
+                if good:
+                    affinity[c] = affinity[c].copy()
+                    affinity[c][i] += r
+            params = ref.train_epochs(ce, sgd, start["params"], xt, yt, k_train, epochs=1)
+            first[c], own[c] = start, {"params": params}
+            new_stored[c] = own[c]
+        stored = new_stored
+        available = np.isin(np.arange(n_clients), selected)
+    return own, affinity
+
+
+def test_engine_equals_per_client_loop():
+    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+    key = jax.random.key(3)
+    ref_own, ref_affinity = _reference(model, 2, key)
+    xs, ys = ref.client_arrays(model.input_shape)
+    data = ref.stacked(xs, ys)
+    method = get_method("fedfomo")(_setup())
+    eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
+    init_key, key = jax.random.split(key)
+    server, clients = eng.init(init_key)
+    server, clients, _ = eng.run(server, clients, key, 2)
+    for c in range(len(ref.SIZES)):
+        ref.assert_close(tree_ops.gather(clients["variables"], c), ref_own[c])
+        np.testing.assert_allclose(clients["affinity"][c], ref_affinity[c], rtol=1e-4, atol=1e-6)
+    assert np.abs(np.asarray(clients["affinity"]) - 0.1 * np.eye(5)).max() > 0  # the affinity moved
+
+
+# ------------------------------------------------------------------ learning
+def test_fedfomo_learns_on_fmnist(data_dir):
+    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "fedfomo", 3, ())
+    assert math.isfinite(float(metrics["train_loss"]))
+    assert first < 0.4 and last["accuracy"] > 0.85, (first, last)
+    assert np.asarray(server["available"]).all()
