@@ -107,14 +107,14 @@ class APFL(FedAvg):
         return {"variables": variables}, {"variables": personal, "local": local, "alpha": alpha}
 
     # ---- the mixed model -----------------------------------------------------
-    def mixed_logits(self, personal, local, alpha, x, train: bool):
+    def mixed_logits(self, personal, local, alpha, x, train: bool, mask=None):
         """(logits of the mixed model, v's new batch stats); ``local`` (w) enters as given."""
         if self.hparams.mix == "output":
-            out_v = self.model.apply(personal, x, train=train)
+            out_v = self.model.apply(personal, x, train=train, mask=mask)
             out_w = self.model.apply(local, x, train=False)
             return alpha * out_v.logits + (1.0 - alpha) * out_w.logits, out_v.batch_stats
         mixed = {**personal, "params": tree_ops.interpolate(personal["params"], local["params"], alpha)}
-        out = self.model.apply(mixed, x, train=train)
+        out = self.model.apply(mixed, x, train=train, mask=mask)
         return out.logits, out.batch_stats
 
     def joint_objective(self):
@@ -127,16 +127,16 @@ class APFL(FedAvg):
 
         def objective(joint, batch, key):
             w, v, alpha = split(joint)
-            out_w = self.model.apply(w, batch.x, train=True)
+            out_w = self.model.apply(w, batch.x, train=True, mask=batch.mask)
             loss_w = losses.cross_entropy(out_w.logits, batch.y, batch.mask)
             fixed_w = jax.lax.stop_gradient(w)
             if self.hparams.mix == "output":
-                out_v = self.model.apply(v, batch.x, train=True)
+                out_v = self.model.apply(v, batch.x, train=True, mask=batch.mask)
                 loss_mix = losses.output_mixture_cross_entropy(
                     out_v.logits, jax.lax.stop_gradient(out_w.logits), alpha, batch.y, batch.mask)
                 stats_v = out_v.batch_stats
             else:
-                logits, stats_v = self.mixed_logits(v, fixed_w, alpha, batch.x, train=True)
+                logits, stats_v = self.mixed_logits(v, fixed_w, alpha, batch.x, train=True, mask=batch.mask)
                 loss_mix = losses.cross_entropy(logits, batch.y, batch.mask)
             stats = {"w": out_w.batch_stats, "v": stats_v} if "batch_stats" in joint else {}
             return loss_w + loss_mix, stats

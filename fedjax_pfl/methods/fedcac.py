@@ -116,7 +116,7 @@ class FedCAC(Method):
 
             return jax.grad(loss)(variables["params"])
 
-        summed = jax.tree.map(lambda a: a.sum(axis=0), self.map_batches(batch_gradient, data))
+        summed = self.sum_batches(batch_gradient, data)
         return tree_ops.scale(summed, 1.0 / jnp.maximum(data.n, 1))
 
     def client_update(self, server, client, data, key, info):

@@ -73,6 +73,7 @@ class GPFLConfig:
 
 class GPFL(OwnPrediction, SharedBodyMethod):
     name = "gpfl"
+    eval_models = ("global",)  # received global body and valve with the client's own head
     hparams_type = GPFLConfig
 
     def __init__(self, setup, hparams=None):
@@ -112,7 +113,7 @@ class GPFL(OwnPrediction, SharedBodyMethod):
         def loss_fn(variables, batch, key):
             params = variables["params"]
             model_vars = {**variables, "params": {"body": params["body"], "head": params["head"]}}
-            out = base.apply(model_vars, batch.x, train=True)
+            out = base.apply(model_vars, batch.x, train=True, mask=batch.mask)
             cov = {"params": params["cov"]}
             f_p = self.valve.apply(cov, out.features, z_personal)
             f_g = self.valve.apply(cov, out.features, z_generic)

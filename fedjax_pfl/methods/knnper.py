@@ -64,6 +64,7 @@ class KNNPerConfig:
 
 class KNNPer(OwnPrediction, FedAvg):
     name = "knnper"
+    eval_models = ("global_knn",)  # the global model mixed with the client's own kNN memory
     hparams_type = KNNPerConfig
 
     def memory(self, variables, data):
