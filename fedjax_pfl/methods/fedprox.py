@@ -1,13 +1,17 @@
-"""FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss."""
+"""FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss.
+
+Evaluation protocol: the global model, optionally fine-tuned per client
+(``method.finetune_epochs``, FedProx-FT; methods/finetune.py)."""
 
 import dataclasses
 
 from fedjax_pfl import losses
 from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods.finetune import FineTuneConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class FedProxConfig:
+class FedProxConfig(FineTuneConfig):
     mu: float = 0.01
 
 
