@@ -416,7 +416,7 @@ def test_engine_equals_per_client_loop(name):
     """Two rounds, ragged clients (sizes 1..23, B=5), SGD with momentum, chunked vmap (S=3, chunks of 2)."""
     model = _model()
     key = jax.random.key(3)
-    hp = FedALAConfig(max_start_epochs=4, num_pre_loss=2, threshold=0.02) if name == "fedala" else None
+    hp = FedALAConfig(max_start_epochs=3, num_pre_loss=2, threshold=0.02) if name == "fedala" else None
     glob, local, personal = _reference_rounds(name, model, 2, key, hp)
     x, y, idx = _raw()
     train = stack_clients(x, y, idx)
@@ -450,12 +450,12 @@ def fmnist_small(data_dir):
 
 @pytest.mark.parametrize("name", ["lgfedavg", "fedbabu", "fedrod", "fedala"])
 def test_learns_on_fashion_mnist(name, fmnist_small):
-    """6 FMNIST clients with 2 classes each (100 train / 50 test), MLP 64, Adam 3e-3, B=20,
+    """4 FMNIST clients with 2 classes each (100 train / 50 test), MLP 64, Adam 3e-3, B=20,
     E=2, all clients, 3 rounds. Chance is 10% for the untrained model, 50% within a client."""
     from fedjax_pfl.experiment import build_experiment
 
     cfg = config_lib.build(None, [
-        f"method_name={name}", "data.name=fmnist", "partition.scheme=pathological", "partition.num_clients=6",
+        f"method_name={name}", "data.name=fmnist", "partition.scheme=pathological", "partition.num_clients=4",
         "partition.classes_per_client=2", "partition.train_per_client=100", "partition.test_per_client=50",
         "partition.test_from=split", "model.name=mlp", "model.hidden=[64]", "train.optimizer=adam",
         "train.lr=0.003", "train.batch_size=20", "train.local_epochs=2", "train.join_ratio=1.0", "train.rounds=3"])
@@ -467,4 +467,5 @@ def test_learns_on_fashion_mnist(name, fmnist_small):
     server, clients, metrics = eng.run(server, clients, key, cfg.train.rounds)
     last = eng.evaluate_summary(server, clients, key)
     assert math.isfinite(float(metrics["train_loss"])) and math.isfinite(last["loss"])
-    assert last["accuracy"] > max(0.7, first["accuracy"] + 0.3), (first, last)
+    # FedBABU's first evaluation already fine-tunes a head on the random body (~0.7)
+    assert last["accuracy"] > 0.7 and last["accuracy"] > first["accuracy"] + 0.2, (first, last)
