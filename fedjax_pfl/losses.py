@@ -32,6 +32,24 @@ def cross_entropy(logits, labels, mask=None):
     return masked_mean(nll, mask)
 
 
+def class_counts(labels, num_classes: int, mask=None):
+    """Number of real samples of each class: labels [B] -> float32 [C]."""
+    m = _mask(mask, labels.shape[0])
+    return jax.nn.one_hot(labels, num_classes, dtype=jnp.float32).T @ m
+
+
+def balanced_softmax_cross_entropy(logits, labels, counts, mask=None):
+    """Balanced softmax (Ren et al. 2020; FedRoD's generic loss): cross-entropy of
+    ``logits + log(counts)``, counts [C] the client's train samples per class.
+
+    A class the client lacks (count 0) gets a shift of -1e30 instead of -inf, so
+    its probability is exactly 0 and padded rows stay finite.
+    """
+    counts = jnp.asarray(counts, jnp.float32)
+    shift = jnp.where(counts > 0, jnp.log(jnp.maximum(counts, 1.0)), -1e30)
+    return cross_entropy(logits.astype(jnp.float32) + shift, labels, mask)
+
+
 def accuracy_counts(logits, labels, mask=None):
     """(number correct, number of real samples) for a batch."""
     m = _mask(mask, labels.shape[0])

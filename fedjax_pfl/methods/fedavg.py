@@ -1,20 +1,21 @@
-"""FedAvg (McMahan et al. 2017) and FedAvg-FT.
+"""FedAvg (McMahan et al. 2017), optionally fine-tuned at evaluation (FedAvg-FT).
 
-FedAvg: every selected client trains the global model E epochs; the server
-averages the full models with weights n_i. Evaluation (``eval.model``):
-``global``, the global model on every client's test data.
-FedAvg-FT: the same training; evaluation ``global_finetuned``: each client
-fine-tunes the global model E epochs on its own train data (a
-personalization baseline).
+Every selected client trains the global model E epochs; the server averages
+the full models with weights n_i. Evaluation (``eval.model``): ``global``, the global model, or,
+with ``method.finetune_epochs=k`` (methods/finetune.py), the global model
+fine-tuned k epochs on each client's train data (FedAvg-FT; METHODS.md uses
+k = E). The fine-tuned copy is not stored.
 """
 
 from fedjax_pfl import aggregation
 from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods.finetune import FineTuneConfig, finetuned
 
 
 class FedAvg(Method):
     name = "fedavg"
     eval_models = ("global",)
+    hparams_type = FineTuneConfig
 
     def init(self, key, num_clients):
         return {"variables": self.init_variables(key)}, {}
@@ -32,13 +33,4 @@ class FedAvg(Method):
         return {"variables": new}, clients
 
     def eval_variables(self, server, client, data, key):
-        return server["variables"]
-
-
-class FedAvgFT(FedAvg):
-    name = "fedavg_ft"
-    eval_models = ("global_finetuned",)
-
-    def eval_variables(self, server, client, data, key):
-        variables, _ = self.train(self.supervised_objective(), server["variables"], data, key, self.setup.local_epochs)
-        return variables
+        return finetuned(self, server["variables"], data, key, self.hparams)

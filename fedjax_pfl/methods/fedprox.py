@@ -1,5 +1,7 @@
 """FedProx (Li et al. 2020): FedAvg plus (mu/2)||w - w_global||^2 in the local loss.
-Evaluation (``eval.model``): ``global``, as FedAvg."""
+
+Evaluation (``eval.model``): ``global``, as FedAvg: the global model, optionally fine-tuned per client
+(``method.finetune_epochs``, FedProx-FT; methods/finetune.py)."""
 
 import dataclasses
 import math
@@ -7,10 +9,11 @@ import math
 from fedjax_pfl import losses
 from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods.finetune import FineTuneConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class FedProxConfig:
+class FedProxConfig(FineTuneConfig):
     mu: float = 0.01
 
     def __post_init__(self):

@@ -1,12 +1,14 @@
-"""The common shape of body-sharing methods (FedPer, FedRep, FedAS, PFAKD, FedPAC).
+"""The common shape of part-sharing methods (FedPer, FedRep, FedAS, PFAKD, FedPAC,
+FedBABU, FedRoD; LG-FedAvg shares the head instead).
 
 Each client keeps its full model; at the start of its round it takes the
-received global body, trains locally (`local_phase`, what differs between
-methods), and uploads its body. The server averages bodies with weights n_i
-(`aggregate_bodies`, overridden by FedAS). Heads stay private.
+received global part (``shared_part``: the body unless a method says 'head'),
+trains locally (`local_phase`, what differs between methods), and uploads that
+part. The server averages it with weights n_i (`aggregation_weights`, overridden
+by FedAS). The other part stays private; it lives in ``server[shared_part]``.
 
-BatchNorm statistics travel with the body when ``setup.share_batch_stats`` is
-True (the default, as in FedPer/FedRep code that averages the whole body
+BatchNorm statistics travel with a shared body when ``setup.share_batch_stats``
+is True (the default, as in FedPer/FedRep code that averages the whole body
 state dict); otherwise each client keeps its own.
 
 Evaluation (``eval.model``): ``global`` (the default) evaluates each client
@@ -24,30 +26,32 @@ from fedjax_pfl.methods.base import Method, shared_init
 class SharedBodyMethod(Method):
     eval_models = ("global", "local")
     needs_body_head_split = True
+    shared_part = "body"
 
     def init(self, key, num_clients):
         variables, clients = shared_init(self, key, num_clients)
-        return {"body": self.shared_body(variables)}, {"variables": clients}
+        return {self.shared_part: self.shared_body(variables)}, {"variables": clients}
 
     def shared_body(self, variables):
-        body = tree_ops.part_of(variables, "body")
+        """The part of ``variables`` that is uploaded and averaged."""
+        shared = tree_ops.part_of(variables, self.shared_part)
         if not getattr(self.setup, "share_batch_stats", True):
-            body = {k: v for k, v in body.items() if k == "params"}
-        return body
+            shared = {k: v for k, v in shared.items() if k == "params"}
+        return shared
 
     def receive(self, server, client):
-        """The client's variables with the global body in place."""
-        return tree_ops.with_part(client["variables"], "body", server["body"])
+        """The client's variables with the global part in place."""
+        return tree_ops.with_part(client["variables"], self.shared_part, server[self.shared_part])
 
     def local_phase(self, server, client, variables, data, key, info):
-        """Local training from ``variables`` (global body + own head) -> (variables, loss, extras)."""
+        """Local training from ``variables`` (global part + own part) -> (variables, loss, extras)."""
         variables, loss = self.train(self.supervised_objective(), variables, data, key, info.epochs)
         return variables, loss, {}
 
     def client_update(self, server, client, data, key, info):
         variables = self.receive(server, client)
         variables, loss, extras = self.local_phase(server, client, variables, data, key, info)
-        upload = {"body": self.shared_body(variables), "loss": loss, **extras}
+        upload = {self.shared_part: self.shared_body(variables), "loss": loss, **extras}
         return {**client, "variables": variables}, upload
 
     def eval_variables(self, server, client, data, key):
@@ -60,5 +64,6 @@ class SharedBodyMethod(Method):
 
     def server_update(self, server, clients, uploads, info):
         weights = self.aggregation_weights(uploads, info)
-        body = aggregation.weighted_mean_or(uploads["body"], weights, server["body"])
-        return {**server, "body": body}, clients
+        part = self.shared_part
+        shared = aggregation.weighted_mean_or(uploads[part], weights, server[part])
+        return {**server, part: shared}, clients

@@ -1,0 +1,185 @@
+"""FedALA (Zhang et al., AAAI 2023, "FedALA: Adaptive Local Aggregation for
+Personalized Federated Learning").
+
+Server: FedAvg on full models (weights n_i). Client i, before local training,
+initialises its model by adaptive local aggregation (ALA) of its old local
+model l and the received global model g:
+  * every layer below the top ``layers`` takes the global values;
+  * the top layers become l + (g - l) * W element-wise, with W in [0, 1]
+    learned on a random contiguous ``rand_percent``% slice of its train data:
+    per batch, W <- clip(W - eta * dL/dW, 0, 1) (dL/dW = grad_theta * (g - l));
+    the first time a client runs ALA it trains W until the std of its last
+    ``num_pre_loss`` epoch losses falls below ``threshold`` (capped at
+    ``max_start_epochs``), later one epoch; W persists on the client (starts 1).
+ALA is skipped while the local model equals the global one (the authors' test
+for the first round). Then E epochs of CE on the whole model.
+Evaluation protocol: the client's local model after its last local training.
+
+Followed from the authors' code (TsingZ0/FedALA): eta=1, s=80%, threshold 0.1,
+10 losses for the convergence test, the data slice contiguous from a random
+start, W updated per batch and clipped. Chosen here: ``layers`` counts layers
+(a Dense/Conv/BatchNorm module with all its parameters; default 1 = the head's
+logits layer, the authors' default of the last weight and bias tensors) in
+forward order; batches of the slice are shuffled like every local epoch here;
+an epoch's loss for the convergence test is its mean batch loss; BatchNorm
+statistics are taken from the global model when ``train.share_batch_stats``;
+the start phase is capped (the authors' loop is unbounded); evaluation uses
+the trained local model, whereas the authors test the ALA-initialised model at
+the start of the next round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import traverse_util
+
+from fedjax_pfl import losses, tree_ops
+from fedjax_pfl.data.client_data import ClientData
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.methods.fedavg import FedAvg
+
+
+@dataclasses.dataclass(frozen=True)
+class FedALAConfig:
+    eta: float = 1.0
+    rand_percent: float = 80.0
+    layers: int = 1
+    threshold: float = 0.1
+    num_pre_loss: int = 10
+    max_start_epochs: int = 50
+
+    def __post_init__(self):
+        if not 0 < self.rand_percent <= 100:
+            raise UserError(f"method.rand_percent must be in (0, 100], got {self.rand_percent}")
+        if self.layers < 1:
+            raise UserError(f"method.layers must be >= 1, got {self.layers}")
+        if self.eta <= 0:
+            raise UserError(f"method.eta must be > 0, got {self.eta}")
+        if self.num_pre_loss < 1 or self.max_start_epochs < 1:
+            raise UserError("method.num_pre_loss and method.max_start_epochs must be >= 1")
+
+
+def layer_paths(params) -> list[tuple]:
+    """Paths of the modules that hold parameter arrays, in the dict's (creation) order."""
+    paths = []
+    for path in traverse_util.flatten_dict(params):
+        if path[:-1] not in paths:
+            paths.append(path[:-1])
+    return paths
+
+
+def top_of(params, modules) -> dict:
+    """{'a/b/kernel': array} of the parameters inside ``modules``."""
+    flat = traverse_util.flatten_dict(params)
+    return {"/".join(p): a for p, a in flat.items() if p[:-1] in modules}
+
+
+def with_top(params, top: dict):
+    flat = traverse_util.flatten_dict(params)
+    flat.update({tuple(k.split("/")): v for k, v in top.items()})
+    return traverse_util.unflatten_dict(flat)
+
+
+def mix(local, global_, weights):
+    """l + (g - l) * W, leafwise."""
+    return jax.tree.map(lambda l, g, w: l + (g - l) * w, local, global_, weights)
+
+
+def clipped_sgd(eta: float) -> optax.GradientTransformation:
+    """W <- clip(W - eta * grad, 0, 1), as an optax update."""
+
+    def update(grads, state, params):
+        return jax.tree.map(lambda g, w: jnp.clip(w - eta * g, 0.0, 1.0) - w, grads, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def random_slice(data: ClientData, key, fraction: float) -> ClientData:
+    """int(fraction * n) consecutive samples from a random start, moved to the front."""
+    n_max = data.y.shape[0]
+    size = (fraction * data.n).astype(jnp.int32)
+    start = jax.random.randint(key, (), 0, data.n - size + 1)
+    index = jnp.minimum(start + jnp.arange(n_max), n_max - 1)
+    return ClientData(data.x[index], data.y[index], size)
+
+
+class FedALA(FedAvg):
+    name = "fedala"
+    hparams_type = FedALAConfig
+
+    def __init__(self, setup, hparams=None):
+        super().__init__(setup, hparams)
+        layers = layer_paths(self.model.init(jax.random.key(0))["params"])
+        if self.hparams.layers > len(layers):
+            raise UserError(f"method.layers={self.hparams.layers} exceeds the {len(layers)} layers of {self.model.name}")
+        self.top_layers = layers[-self.hparams.layers:]
+
+    def init(self, key, num_clients):
+        variables = self.init_variables(key)
+        weights = jax.tree.map(jnp.ones_like, top_of(variables["params"], self.top_layers))
+        client = {"variables": variables, "weights": weights, "started": jnp.zeros((), bool)}
+        return {"variables": variables}, tree_ops.broadcast(client, num_clients)
+
+    def ala_objective(self, base, local_top, global_top):
+        """CE of the model whose top layers are mix(local, global, W); W is the trained variable."""
+
+        def objective(v, batch, key):
+            params = with_top(base["params"], mix(local_top, global_top, v["params"]))
+            out = self.model.apply({**base, "params": params}, batch.x, train=True)
+            return losses.cross_entropy(out.logits, batch.y, batch.mask), None
+
+        return objective
+
+    def learn_weights(self, objective, weights, data, key, started, skip):
+        """One epoch of W updates, or (start phase) epochs until the losses settle; none if ``skip``."""
+        hp = self.hparams
+        optimizer = clipped_sgd(hp.eta)
+        limit = jnp.where(skip, 0, jnp.where(started, 1, hp.max_start_epochs))
+
+        def epoch(carry):
+            w, e, history, _ = carry
+            v, loss = self.train(objective, {"params": w}, data, jax.random.fold_in(key, e), 1,
+                                 optimizer=optimizer, max_epochs=1)
+            history = history.at[e].set(loss)
+            recent = jax.lax.dynamic_slice(history, (jnp.maximum(e + 1 - hp.num_pre_loss, 0),), (hp.num_pre_loss,))
+            settled = (e + 1 > hp.num_pre_loss) & (jnp.std(recent) < hp.threshold)
+            return v["params"], e + 1, history, settled
+
+        def more(carry):
+            _, e, _, settled = carry
+            return (e < limit) & ~settled
+
+        history = jnp.zeros((hp.max_start_epochs,), jnp.float32)
+        w, *_ = jax.lax.while_loop(more, epoch, (weights, jnp.int32(0), history, jnp.bool_(False)))
+        return w
+
+    def adaptive_local_aggregation(self, global_vars, client, data, key):
+        """-> (initial local variables, W, started) for this round."""
+        local = client["variables"]
+        k_slice, k_epochs = jax.random.split(key)
+        base = dict(global_vars)
+        if "batch_stats" in local and not self.setup.share_batch_stats:
+            base["batch_stats"] = local["batch_stats"]
+        local_top = top_of(local["params"], self.top_layers)
+        global_top = top_of(global_vars["params"], self.top_layers)
+        subset = random_slice(data, k_slice, self.hparams.rand_percent / 100.0)
+        same = jnp.all(jnp.stack([jnp.array_equal(a, b) for a, b in
+                                  zip(jax.tree.leaves(local["params"]), jax.tree.leaves(global_vars["params"]))]))
+        objective = self.ala_objective(base, local_top, global_top)
+        weights = self.learn_weights(objective, client["weights"], subset, k_epochs, client["started"], same)
+        mixed = {**base, "params": with_top(base["params"], mix(local_top, global_top, weights))}
+        return tree_ops.select(same, local, mixed), weights, client["started"] | ~same
+
+    def client_update(self, server, client, data, key, info):
+        k_ala, k_train = jax.random.split(key)
+        variables, weights, started = self.adaptive_local_aggregation(server["variables"], client, data, k_ala)
+        variables, loss = self.train(self.supervised_objective(), variables, data, k_train, info.epochs)
+        client = {"variables": variables, "weights": weights, "started": started}
+        return client, {"variables": variables, "loss": loss}
+
+    def eval_variables(self, server, client, data, key):
+        return client["variables"]

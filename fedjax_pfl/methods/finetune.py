@@ -1,0 +1,43 @@
+"""Fine-tuning at evaluation: one option for every method that evaluates a global model.
+
+FedAvg-FT / FedProx-FT (the FedAS paper's FedAvg-P / FedProx-P) and FedBABU's
+personalization step are the same operation: before testing, each client
+trains a copy of the model it is evaluated with for ``finetune_epochs`` epochs
+of cross-entropy on its own train data, on ``finetune_part`` ('all', 'head' or
+'body'), with the run's optimizer started fresh. The copy is thrown away after
+the test: the stored server and client state never changes. A method opts in
+by deriving its options from `FineTuneConfig` and passing the variables it
+evaluates through `finetuned` in ``eval_variables``.
+
+Command line: ``--method fedavg method.finetune_epochs=5`` (FedAvg-FT with E=5),
+``method.finetune_part=head`` to tune the head only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.tree_ops import PARTS
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuneConfig:
+    finetune_epochs: int = 0  # 0: test the model as it is
+    finetune_part: str = "all"  # all | head | body
+
+    def __post_init__(self):
+        if self.finetune_epochs < 0:
+            raise UserError(f"method.finetune_epochs must be >= 0, got {self.finetune_epochs}")
+        if self.finetune_part not in PARTS:
+            raise UserError(f"method.finetune_part must be one of {', '.join(PARTS)}, got {self.finetune_part!r}")
+
+
+def finetuned(method, variables, data, key, options: FineTuneConfig):
+    """``variables`` after the evaluation-time fine-tuning of ``options`` on ``data`` (one client)."""
+    epochs = options.finetune_epochs
+    if epochs == 0:
+        return variables
+    tuned, _ = method.train(method.supervised_objective(), variables, data, key, epochs,
+                            part=options.finetune_part, max_epochs=epochs)
+    return tuned
