@@ -50,7 +50,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, critical_params, losses, tree_ops
 from fedjax_pfl.methods.base import Method
-from fedjax_pfl.option_checks import check_choice, check_finite, check_interval
+from fedjax_pfl.methods.options import require_choice, require_number
 
 SENSITIVITIES = ("update", "gradient")
 
@@ -62,9 +62,9 @@ class FedCACConfig:
     sensitivity: str = "update"
 
     def __post_init__(self):
-        check_interval("tau", self.tau, 0.0, 1.0)
-        check_finite("beta", self.beta, 0.0, strict=True)
-        check_choice("sensitivity", self.sensitivity, SENSITIVITIES)
+        require_number("tau", self.tau, 0.0, high=1.0)
+        require_number("beta", self.beta, 0.0, strict=True)
+        require_choice("sensitivity", self.sensitivity, SENSITIVITIES)
 
 
 class FedCAC(Method):

@@ -53,7 +53,7 @@ from fedjax_pfl.global_guidance import REDUCTIONS, angle_level_guidance, magnitu
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 from fedjax_pfl.models import ModelOutput
-from fedjax_pfl.option_checks import check_choice, check_finite
+from fedjax_pfl.methods.options import require_choice, require_number
 from fedjax_pfl.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 GUIDANCE = ("gce", "cov")  # trained beside body and head, under variables['params']
@@ -66,9 +66,9 @@ class GPFLConfig:
     magnitude: str = "code"
 
     def __post_init__(self):
-        check_finite("lamda", self.lamda)
-        check_finite("mu", self.mu)
-        check_choice("magnitude", self.magnitude, REDUCTIONS)
+        require_number("lamda", self.lamda)
+        require_number("mu", self.mu)
+        require_choice("magnitude", self.magnitude, REDUCTIONS)
 
 
 class GPFL(OwnPrediction, SharedBodyMethod):

@@ -42,7 +42,7 @@ import jax
 from fedjax_pfl import knn
 from fedjax_pfl.methods.fedavg import FedAvg
 from fedjax_pfl.models import ModelOutput
-from fedjax_pfl.option_checks import check_choice, check_finite, check_interval
+from fedjax_pfl.methods.options import require_choice, require_number
 from fedjax_pfl.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 INTERPOLATIONS = ("probabilities", "logits")
@@ -56,10 +56,10 @@ class KNNPerConfig:
     interpolate: str = "probabilities"
 
     def __post_init__(self):
-        check_finite("k", self.k, 1)
-        check_interval("lamda", self.lamda, 0.0, 1.0)
-        check_finite("length_scale", self.length_scale, 0.0, strict=True)
-        check_choice("interpolate", self.interpolate, INTERPOLATIONS)
+        require_number("k", self.k, 1)
+        require_number("lamda", self.lamda, 0.0, high=1.0)
+        require_number("length_scale", self.length_scale, 0.0, strict=True)
+        require_choice("interpolate", self.interpolate, INTERPOLATIONS)
 
 
 class KNNPer(OwnPrediction, FedAvg):
