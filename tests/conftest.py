@@ -7,6 +7,11 @@ import pytest
 
 _DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / 'shared' / 'data'
 
+# A relative FEDJAX_PFL_DATA_DIR (the README's ../shared/data) is made absolute
+# once, so tests that change folder or start subprocesses elsewhere still find it.
+if os.environ.get('FEDJAX_PFL_DATA_DIR'):
+    os.environ['FEDJAX_PFL_DATA_DIR'] = str(Path(os.environ['FEDJAX_PFL_DATA_DIR']).resolve())
+
 
 @pytest.fixture(scope='session')
 def data_dir() -> Path:
