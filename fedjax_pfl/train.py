@@ -301,7 +301,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
                 stop_at = calls.stop_after(t)
                 if calls.compiling:
                     print(f"compiling {calls.count} round(s) per call on {jax.devices()[0].device_kind} "
-                          f"({jax.default_backend()}) ...", file=sys.stderr, flush=True)
+                          f"({jax.default_backend()}) ...", flush=True)
                 began = time.perf_counter()
                 server, clients, metrics, evaluations = exp.engine.run_rounds(
                     server, clients, key, t, calls.count, rounds, cfg.eval_every, stop=stop_at)

@@ -48,7 +48,7 @@ def normalize(x):
 
 def round_keys(key, t):
     """(selected client indices, per-client keys) of round t, as the engine derives them."""
-    k_sel, _, k_clients = jax.random.split(jax.random.fold_in(key, t), 3)
+    k_sel, _, k_clients = jax.random.split(engine_lib.round_keys(key, t)[0], 3)
     selected = np.asarray(engine_lib.select_clients(k_sel, len(SIZES), S))
     return selected, jax.random.split(k_clients, S)
 

@@ -2,6 +2,7 @@
 and leaves what an earlier run wrote untouched. Add a row to BAD_INPUTS for each new check."""
 
 import hashlib
+import shutil
 import json
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def _assert_one_line_error(code, err, needle):
 
 
 def _tree_digest(folder: Path) -> dict:
-    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +53,7 @@ def _setup(tmp_path: Path, finished_run: Path) -> dict:
     runs = {}
     for name, damage in (("truncated", lambda b: b[: len(b) // 2]), ("corrupted", lambda b: b"\0" * 64 + b[64:])):
         copy = tmp_path / name
-        copy.mkdir()
-        for f in finished_run.iterdir():
-            (copy / f.name).write_bytes(f.read_bytes())
+        shutil.copytree(finished_run, copy)
         ckpt = copy / "checkpoint.npz"
         ckpt.write_bytes(damage(ckpt.read_bytes()))
         runs[name] = copy

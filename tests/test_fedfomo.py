@@ -246,7 +246,8 @@ def test_engine_equals_per_client_loop():
     server, clients, _ = eng.run(server, clients, key, 2)
     for c in range(len(ref.SIZES)):
         ref.assert_close(tree_ops.gather(clients["variables"], c), ref_own[c])
-        np.testing.assert_allclose(clients["affinity"][c], ref_affinity[c], rtol=1e-4, atol=1e-6)
+        # affinity sums ratios of float32 loss differences (cancellation): 1e-3 relative
+        np.testing.assert_allclose(clients["affinity"][c], ref_affinity[c], rtol=1e-3, atol=1e-5)
     assert np.abs(np.asarray(clients["affinity"]) - 0.1 * np.eye(5)).max() > 0  # the affinity moved
 
 

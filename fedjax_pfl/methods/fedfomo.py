@@ -113,8 +113,8 @@ class FedFomo(Method):
             count = jnp.sum(batch.mask.astype(jnp.float32))
             return losses.cross_entropy(logits, batch.y, batch.mask) * count, count
 
-        nll, count = self.sum_batches(batch_sums, data)
-        return nll / jnp.maximum(count, 1.0)
+        nll, count = self.map_batches(batch_sums, data)  # fixed length: differentiable (tests take its gradient)
+        return jnp.sum(nll) / jnp.maximum(jnp.sum(count), 1.0)
 
     def federated_start(self, server, client, validation, key, round_index):
         """Steps 1-3: the model to train from this round and the new affinity row."""

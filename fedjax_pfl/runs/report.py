@@ -66,7 +66,7 @@ def load_run(path: Path) -> RunResult:
         rounds_done=records[-1]["round"] + 1 if records else 0,
         last=stats["last"]["accuracy"] if stats else nan,
         mean_last_10=stats["mean_last_10"]["accuracy"] if stats else nan,
-        best=stats["best_optimistic"]["accuracy"] if stats else nan,
+        best=stats["best_optimistic"]["by_accuracy"]["accuracy"] if stats else nan,
         wall_seconds=run_folder.wall_seconds(records),
         rounds=np.array([r["round"] + 1 for r in records], int),
         accuracy=np.array([r["accuracy"] for r in records], float),
