@@ -285,12 +285,15 @@ def main(argv=None) -> int:
     jobs = [("jax", dict(base, method=m, clients=int(c), mapping=mp, conv=cv))
             for m, c, mp, cv in itertools.product(args.methods.split(","), args.clients.split(","),
                                                   args.mappings.split(","), args.convs.split(","))]
-    try:
-        import torch  # noqa: F401
-        has_torch = not args.no_torch
-    except ImportError:
-        has_torch = False
-        report["torch_note"] = "torch is not installed (pip install 'fedjax_pfl[bench]'): no PyTorch rows"
+    has_torch = False
+    if args.no_torch:
+        report["torch_note"] = "--no-torch given: no PyTorch rows"
+    else:
+        try:
+            import torch  # noqa: F401
+            has_torch = True
+        except ImportError:
+            report["torch_note"] = "torch is not installed (pip install 'fedjax_pfl[bench]'): no PyTorch rows"
     if has_torch and "fedavg" in args.methods.split(","):
         jobs += [("torch", dict(base, method="fedavg", clients=int(c), mapping="loop", conv="native"))
                  for c in args.clients.split(",")]

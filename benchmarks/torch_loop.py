@@ -134,7 +134,9 @@ class Simulator:
                 right += float((logits.argmax(1) == y).sum())
                 seen += len(y)
                 nll += float(self.loss(logits, y)) * len(y)
-            correct.append(right), count.append(seen), loss_sum.append(nll)
+            correct.append(right)
+            count.append(seen)
+            loss_sum.append(nll)
         return {"correct": np.array(correct), "count": np.array(count), "loss_sum": np.array(loss_sum)}
 
     def warm_up(self) -> None:

@@ -61,7 +61,8 @@ def test_vs_pytorch_tiny_reports_both_sides_or_says_why_not():
 
 def test_gpu_suite_quick_writes_markdown_and_json(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "gpu_suite.py"), "--quick", "--methods", "fedavg",
-                           "--mappings", "map", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                           "--mappings", "map", "--no-torch", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "suite.json").read_text())
     assert report["device"] and {p["dtype"] for p in report["matmul_peak"]} == {"bf16", "fp32"}
@@ -70,11 +71,6 @@ def test_gpu_suite_quick_writes_markdown_and_json(tmp_path):
     assert len(jax_rows) == 1 and "error" not in jax_rows[0], jax_rows
     _finite_positive(jax_rows[0], ["rounds_per_s", "s_per_round", "compile_s", "peak_memory_bytes",
                                    "padding_efficiency", "samples_per_s", "flops_per_step", "achieved_flops_per_s"])
-    torch_rows = [r for r in report["records"] if r["side"] == "torch"]
-    if "torch_note" in report:
-        assert not torch_rows
-    else:
-        assert len(torch_rows) == 1 and "error" not in torch_rows[0], torch_rows
-        _finite_positive(torch_rows[0], ["rounds_per_s", "s_per_round", "eval_s"])
+    assert not [r for r in report["records"] if r["side"] == "torch"]  # --no-torch (vs_pytorch's test runs the loop)
     table = (tmp_path / "suite.md").read_text()
     assert report["device"] in table and "| jax | fedavg | 4 | map | im2col |" in table
