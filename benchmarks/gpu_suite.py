@@ -20,7 +20,7 @@ What it measures, in order:
    ``--rounds`` timed rounds: rounds/s, compile s, peak device memory (the
    child's), padding efficiency (real / executed client-steps), samples/s and
    achieved FLOP/s as a fraction of the fp32 peak. FLOPs are counted as
-   (XLA cost_analysis FLOPs of ONE compiled SGD step of the model on a batch
+   (XLA cost_analysis FLOPs of ONE lowered SGD step of the model on a batch
    of B) x (real client-steps of the round): the round's own cost_analysis
    cannot be used since it counts a while loop's body once. FedAS's extra
    passes (Fisher, class means, alignment) are not counted, so its fraction is
@@ -82,7 +82,11 @@ def build(spec: dict):
 
 
 def step_flops(model, batch: int, lr: float) -> float | None:
-    """XLA's FLOP count of one SGD step (forward, backward, update) on a batch, or None."""
+    """XLA's FLOP count of one SGD step (forward, backward, update) on a batch, or None.
+
+    The HLO cost analysis of the lowered (not compiled) step: backend-independent
+    and costs no compile (within 0.4% of the compiled CPU count for FedAvgCNN).
+    """
     import jax
     import jax.numpy as jnp
 
@@ -96,7 +100,7 @@ def step_flops(model, batch: int, lr: float) -> float | None:
     x = jnp.zeros((batch, *model.input_shape), jnp.float32)
     y = jnp.zeros((batch,), jnp.int32)
     try:
-        cost = jax.jit(step).lower(params, x, y).compile().cost_analysis()
+        cost = jax.jit(step).lower(params, x, y).cost_analysis()
     except Exception:  # noqa: BLE001 (some backends have no cost model)
         return None
     if isinstance(cost, (list, tuple)):
@@ -260,7 +264,7 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.clients, args.train_samples, args.test_samples = "4", 96, 32
-        args.epochs, args.rounds, args.matmul_size = 1, 1, 256
+        args.epochs, args.rounds, args.matmul_size = 1, 1, 128
         if args.convs == p.get_default("convs"):
             args.convs = "im2col"
         if args.mappings == p.get_default("mappings"):

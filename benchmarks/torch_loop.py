@@ -27,8 +27,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def set_threads() -> int:
-    """torch.set_num_threads(cores of this machine); returns the count."""
-    n = os.cpu_count() or 1
+    """torch.set_num_threads(cores of this machine, or $TORCH_BENCH_THREADS); returns the count.
+
+    On a machine loaded by other work, more threads than free cores make PyTorch's
+    steps several times slower (measured: 4x at 2 threads on 2 busy cores):
+    time on a quiet machine, and read the load average in the record.
+    """
+    n = int(os.environ.get("TORCH_BENCH_THREADS") or os.cpu_count() or 1)
     torch.set_num_threads(n)
     return n
 
