@@ -520,7 +520,7 @@ def test_tfds_source_converts_to_dataset(monkeypatch):
 
 def test_registry_names_and_errors():
     assert registry.dataset_names() == ('mnist', 'fmnist', 'cifar10', 'cifar10_jpeg',
-                                        'cifar100', 'pathmnist', 'synthetic')
+                                        'cifar100', 'pathmnist', 'synthetic', 'pfllib')
     assert registry.canonical_name('fashion_mnist') == 'fmnist'
     with pytest.raises(UserError) as err:
         registry.load_dataset('imagenet')

@@ -1,7 +1,8 @@
 """The `Dataset` record every loader returns: train/test arrays plus metadata.
 
 Images are uint8, channel-last [n, H, W, C]; feature datasets (Synthetic) are
-float32 [n, D]. Labels are int32 [n]. This file holds only the container, its
+float32 [n, D]; images that arrive already normalised (PFLlib folders) are
+float32 [n, H, W, C] and normalise like features. Labels are int32 [n]. This file holds only the container, its
 validation and normalisation helpers; it reads no files and does no partitioning.
 """
 
@@ -16,8 +17,8 @@ import numpy as np
 class Dataset:
     """A centralised dataset (train and test split) with normalisation statistics.
 
-    `mean`/`std` are per-channel: images normalise as (x / 255 - mean) / std,
-    feature data as (x - mean) / std. `client_ids_*` (int32 [n]) are set only
+    `mean`/`std` are per-channel: uint8 images normalise as (x / 255 - mean) / std,
+    float32 data (features, or already normalised images) as (x - mean) / std. `client_ids_*` (int32 [n]) are set only
     for naturally federated data such as Synthetic(alpha, beta).
     """
 
@@ -40,11 +41,11 @@ class Dataset:
             if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
                 raise TypeError(f'{name}: x_{split} and y_{split} must be numpy arrays')
             image_ok = x.dtype == np.uint8 and x.ndim == 4
-            feature_ok = x.dtype == np.float32 and x.ndim == 2
-            if not (image_ok or feature_ok):
+            float_ok = x.dtype == np.float32 and x.ndim in (2, 4)
+            if not (image_ok or float_ok):
                 raise ValueError(
                     f'{name}: x_{split} must be uint8 [n, H, W, C] or float32 '
-                    f'[n, D], got {x.dtype} {x.shape}')
+                    f'[n, D] / [n, H, W, C], got {x.dtype} {x.shape}')
             if y.dtype != np.int32 or y.shape != (x.shape[0],):
                 raise ValueError(
                     f'{name}: y_{split} must be int32 [{x.shape[0]}], '
@@ -75,7 +76,7 @@ class Dataset:
 
     @property
     def is_image(self) -> bool:
-        """True for uint8 [n, H, W, C] images, False for float32 feature vectors."""
+        """True for uint8 [n, H, W, C] images (scaled by 1/255), False for float32 data."""
         return self.x_train.dtype == np.uint8
 
     @property

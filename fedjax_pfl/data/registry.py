@@ -2,7 +2,8 @@
 
 Names: mnist, fmnist (alias fashion_mnist), cifar10 (official pickles),
 cifar10_jpeg (the lossy project copy: never report it as cifar10), cifar100,
-pathmnist, synthetic. source='tfds' serves mnist, fmnist, cifar10, cifar100.
+pathmnist, synthetic, pfllib (a folder PFLlib wrote: --data-dir PATH, naturally
+partitioned, see pfllib.py). source='tfds' serves mnist, fmnist, cifar10, cifar100.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import inspect
 import os
 from typing import Any, Callable
 
-from fedjax_pfl.data import cifar, idx, medmnist, synthetic, tfds_source
+from fedjax_pfl.data import cifar, idx, medmnist, pfllib, synthetic, tfds_source
 from fedjax_pfl.data.dataset import Dataset
 from fedjax_pfl.errors import UserError
 
@@ -23,6 +24,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     'cifar100': cifar.load_cifar100,
     'pathmnist': medmnist.load_pathmnist,
     'synthetic': synthetic.load_synthetic,
+    'pfllib': pfllib.load_pfllib,
 }
 ALIASES = {'fashion_mnist': 'fmnist'}
 SOURCES = ('files', 'tfds')

@@ -1,0 +1,99 @@
+"""A folder in PFLlib's format loads as the same naturally partitioned clients."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_pfl import config as config_lib
+from fedjax_pfl.data import client_data, registry
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.experiment import build_experiment
+
+SIZES = {"train": [7, 1, 12], "test": [3, 2, 4]}
+
+
+def write_pfllib_folder(root, num_classes=5, channels=2, side=6, seed=0):
+    """The layout PFLlib's generate_*.py scripts write; returns {(split, i): (x NCHW, y)}."""
+    rng = np.random.default_rng(seed)
+    written = {}
+    for split, sizes in SIZES.items():
+        (root / split).mkdir(parents=True)
+        for i, n in enumerate(sizes):
+            x = rng.normal(size=(n, channels, side, side)).astype(np.float32)
+            y = rng.integers(0, num_classes, n).astype(np.int64)
+            with open(root / split / f"{i}.npz", "wb") as f:
+                np.savez_compressed(f, data={"x": x, "y": y})
+            written[split, i] = (x, y)
+    config = {"num_clients": len(SIZES["train"]), "num_classes": num_classes, "non_iid": True,
+              "balance": False, "partition": "dir", "alpha": 0.1, "batch_size": 10}
+    (root / "config.json").write_text(json.dumps(config))
+    return written
+
+
+def test_loads_clients_rows_and_labels_as_written(tmp_path):
+    written = write_pfllib_folder(tmp_path / "FMNIST")
+    ds = registry.load_dataset("pfllib", data_dir=tmp_path / "FMNIST")
+    assert ds.is_federated and ds.num_classes == 5 and ds.input_shape == (6, 6, 2)
+    assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int32
+    for split in ("train", "test"):
+        ids = getattr(ds, f"client_ids_{split}")
+        assert np.bincount(ids).tolist() == SIZES[split]
+        for i in range(3):
+            x, y = written[split, i]
+            np.testing.assert_array_equal(getattr(ds, f"x_{split}")[ids == i], x.transpose(0, 2, 3, 1))
+            np.testing.assert_array_equal(getattr(ds, f"y_{split}")[ids == i], y)
+    np.testing.assert_array_equal(ds.normalize(ds.x_test), ds.x_test)  # stored values are used as they are
+
+
+def test_natural_partition_gives_each_client_its_own_file(tmp_path):
+    written = write_pfllib_folder(tmp_path / "d")
+    cfg = config_lib.build(None, ["method_name=fedavg", "data.name=pfllib", f"data.data_dir={tmp_path / 'd'}",
+                                  "partition.scheme=natural", "model.name=mlr", "train.batch_size=4"])
+    exp = build_experiment(cfg)
+    train, test = exp.data.train, exp.data.test
+    assert np.asarray(train.n).tolist() == SIZES["train"] and np.asarray(test.n).tolist() == SIZES["test"]
+    for i in range(3):
+        x, y = client_data.unpad(train, i)
+        np.testing.assert_array_equal(x, written["train", i][0].transpose(0, 2, 3, 1))
+        np.testing.assert_array_equal(y, written["train", i][1])
+    server, clients = exp.engine.init(jax.random.key(0))
+    summary = exp.engine.evaluate_summary(server, clients, jax.random.key(1))
+    assert 0.0 <= summary["accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("no_folder", "does not exist"),
+    ("no_config", "config.json"),
+    ("missing_client", "missing"),
+    ("corrupt_client", "not a PFLlib client file"),
+    ("text_x", "text sets"),
+])
+def test_bad_folder_is_a_one_line_user_error(tmp_path, damage, message):
+    root = tmp_path / "d"
+    if damage != "no_folder":
+        write_pfllib_folder(root)
+    if damage == "no_config":
+        (root / "config.json").unlink()
+    elif damage == "missing_client":
+        (root / "test" / "2.npz").unlink()
+    elif damage == "corrupt_client":
+        (root / "train" / "1.npz").write_bytes(b"not a zip file")
+    elif damage == "text_x":
+        with open(root / "train" / "0.npz", "wb") as f:
+            np.savez_compressed(f, data={"x": np.array([([1, 2], 2), ([3], 1)], dtype=object),
+                                         "y": np.array([0, 1])})
+    with pytest.raises(UserError, match=message) as err:
+        registry.load_dataset("pfllib", data_dir=root)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_without_data_dir_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedjax_pfl.train", "--method", "fedavg", "--dataset", "pfllib",
+                           "--partition", "natural", "--model", "mlr", "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--data-dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
