@@ -17,6 +17,7 @@ class FedProxConfig(FineTuneConfig):
     mu: float = 0.01
 
     def __post_init__(self):
+        super().__post_init__()
         if not (math.isfinite(self.mu) and self.mu >= 0):
             raise UserError(f"method.mu must be a finite number >= 0, got {self.mu}")
 
