@@ -48,30 +48,38 @@ def _setup(model):
                       normalize=_normalize)
 
 
-def _reference_client(model, variables, x, y, key, part_epochs, n_max=max(SIZES)):
-    """Per-client loop over real batches. part_epochs: list of (part, epochs, key)."""
-    opt = optax.sgd(0.1, momentum=0.9)
-    n = x.shape[0]
+_OPT = optax.sgd(0.1, momentum=0.9)
 
-    @functools.partial(jax.jit, static_argnums=4)
-    def grad_step(params, variables, xb, yb, part):
+
+@functools.lru_cache(maxsize=None)
+def _sgd_step(model, part):
+    """One jitted SGD-momentum step on ``part`` of the model, compiled once per (model, part)."""
+
+    @jax.jit
+    def step(params, opt_state, variables, xb, yb):
         def loss(p):
             v = tree_ops.with_trainable(variables, part, p)
             return losses.cross_entropy(model.apply(v, _normalize(xb), train=True).logits, yb)
-        return jax.grad(loss)(params)
+        updates, opt_state = _OPT.update(jax.grad(loss)(params), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
 
+    return step
+
+
+def _reference_client(model, variables, x, y, key, part_epochs, n_max=max(SIZES)):
+    """Per-client loop over real batches. part_epochs: list of (part, epochs, max_epochs, key)."""
+    n = x.shape[0]
     for part, epochs, max_epochs, k in part_epochs:
+        step = _sgd_step(model, part)
         sched_key, _ = jax.random.split(k)
         epoch_keys = jax.random.split(sched_key, max_epochs)
         params = tree_ops.trainable_of(variables, part)
-        opt_state = opt.init(params)
+        opt_state = _OPT.init(params)
         for e in range(epochs):
             order = np.asarray(local_training.epoch_order(epoch_keys[e], n, n_max))[:n]
             for s in range(math.ceil(n / B)):
                 b = order[s * B:(s + 1) * B]
-                g = grad_step(params, variables, x[b], y[b], part)
-                updates, opt_state = opt.update(g, opt_state, params)
-                params = optax.apply_updates(params, updates)
+                params, opt_state = step(params, opt_state, variables, x[b], y[b])
         variables = tree_ops.with_trainable(variables, part, params)
     return variables
 
