@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import device_name, peak_memory_bytes  # noqa: E402
 
 from fedjax_pfl import config as config_lib  # noqa: E402
+from fedjax_pfl.errors import UserError  # noqa: E402
 from fedjax_pfl.experiment import build_experiment  # noqa: E402
 
 
@@ -31,7 +32,9 @@ def experiment(args):
         f"method_name={args.method}", f"data.name={args.dataset}", "model.name=mlp", "model.hidden=[100]",
         "partition.scheme=dirichlet", "partition.alpha=0.1", f"partition.num_clients={args.clients}",
         "train.local_epochs=1", f"train.batch_size={args.batch}", "train.lr=0.05", "train.join_ratio=1.0",
-        f"train.client_mapping={args.mapping}"])
+        f"train.client_mapping={args.mapping}"]
+        + ([f"partition.train_per_client={args.train_per_client}", f"partition.test_per_client={args.train_per_client}"]
+           if args.train_per_client else []))
     cfg.data.allow_download = False
     return build_experiment(cfg)
 
@@ -63,13 +66,19 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=10, help="rounds per fused call")
     p.add_argument("--rounds", type=int, default=40, help="timed rounds per variant (a multiple of --k)")
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--train-per-client", type=int, default=0,
+                   help="samples per client (train and test; 0: the whole partition), e.g. 50 for rounds of ~no work")
     p.add_argument("--quick", action="store_true", help="20 timed rounds")
     args = p.parse_args(argv)
     rounds = 20 if args.quick else args.rounds
     rounds = max(args.k, rounds // args.k * args.k)
-    exp = experiment(args)
+    try:
+        exp = experiment(args)
+    except UserError as e:  # missing data, bad option: one line, exit 2
+        print(f"fused_rounds: {e}", file=sys.stderr)
+        return 2
     workload = {"method": args.method, "dataset": args.dataset, "model": "mlp-100", "clients": args.clients,
-                "partition": "dirichlet 0.1", "batch": args.batch, "epochs": 1,
+                "partition": "dirichlet 0.1", "train_per_client": args.train_per_client or "all", "batch": args.batch, "epochs": 1,
                 "mapping": exp.engine.mapping, "eval_every": args.eval_every}
     records = {}
     for k in (1, args.k):

@@ -176,6 +176,9 @@ def run_child(side: str, workload: dict, rounds: int, in_process: bool = False) 
         return (measure_jax if side == "jax" else measure_torch)(workload, rounds)
     spec = json.dumps({"side": side, "workload": workload, "rounds": rounds})
     proc = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True)
+    if proc.returncode == 2:  # the child's one-line user error (e.g. no Fashion-MNIST files)
+        print(proc.stderr.strip().splitlines()[-1], file=sys.stderr)
+        raise SystemExit(2)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"vs_pytorch: {side} side failed on {workload}")
@@ -211,9 +214,15 @@ def main(argv=None) -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
+        from fedjax_pfl.errors import UserError
+
         spec = json.loads(args.child)
         measure = measure_jax if spec["side"] == "jax" else measure_torch
-        print(json.dumps(measure(spec["workload"], spec["rounds"])))
+        try:
+            print(json.dumps(measure(spec["workload"], spec["rounds"])))
+        except UserError as e:  # missing data, bad option: one line, exit 2
+            print(f"vs_pytorch: {e}", file=sys.stderr)
+            return 2
         return 0
     if args.quick:
         args.methods, args.partitions, args.rounds = "fedavg", "dirichlet", 1
