@@ -74,3 +74,19 @@ def test_gpu_suite_quick_writes_markdown_and_json(tmp_path):
     assert not [r for r in report["records"] if r["side"] == "torch"]  # --no-torch (vs_pytorch's test runs the loop)
     table = (tmp_path / "suite.md").read_text()
     assert report["device"] in table and "| jax | fedavg | 4 | map | im2col |" in table
+
+
+def test_cnn_step_reports_the_step_and_its_op_families():
+    proc = subprocess.run([sys.executable, str(BENCH / "cnn_step.py"), "--batches", "2", "--steps", "3"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (record,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    assert record["device"] and record["workload"]["batch"] == 2
+    _finite_positive(record["jax"], ["samples_per_s", "ms_per_step"])
+    ops = record["jax"]["xla_ms_per_step"]
+    assert ops and all(v >= 0 for v in ops.values()) and not any(k.startswith("$") for k in ops)
+    if record["pytorch"] is None:  # torch is the optional bench extra
+        assert record["ratio"] is None
+    else:
+        _finite_positive(record["pytorch"], ["samples_per_s", "ms_per_step"])
+        assert record["ratio"] > 0
