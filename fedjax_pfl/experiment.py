@@ -66,7 +66,7 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
     """Client train/test index lists per the config, stacked into padded arrays."""
     if p.scheme == "natural":
         if not dataset.is_federated:
-            raise UserError(f"partition 'natural' needs a dataset with its own clients (synthetic), not {dataset.name}")
+            raise UserError(f"partition 'natural' needs a dataset with its own clients (synthetic, pfllib), not {dataset.name}")
         train_idx = _by_owner(dataset.client_ids_train)
         test_idx = _by_owner(dataset.client_ids_test)
         x_train, y_train, x_test, y_test = dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test

@@ -131,6 +131,9 @@ def config_from_args(args, overrides=()) -> config_lib.RunConfig:
         base["method_name"] = args.method
     if args.offline:
         base.setdefault("data", {})["allow_download"] = False
+    if (args.dataset == "pfllib" and args.partition is None and not args.config
+            and not any(o.startswith("partition.scheme=") for o in overrides)):
+        base.setdefault("partition", {})["scheme"] = "natural"  # a PFLlib folder is its own partition
     cfg = config_lib.build(args.config, overrides, base)
     if args.resume:
         cfg = config_lib.build(args.config, overrides, base, start=saved_run(output_folder(cfg), cfg)["config"])

@@ -97,3 +97,16 @@ def test_cli_without_data_dir_exits_2_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--data-dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_trains_on_the_folders_own_clients_unless_told_otherwise(tmp_path):
+    from fedjax_pfl import train
+
+    folder = tmp_path / "d"
+    write_pfllib_folder(folder)
+    argv = ["--method", "fedavg", "--dataset", "pfllib", "--data-dir", str(folder), "--model", "mlr"]
+    assert train.config_from_args(*train.parse_args(argv)).partition.scheme == "natural"
+    assert train.config_from_args(*train.parse_args([*argv, "--partition", "iid"])).partition.scheme == "iid"
+    assert train.config_from_args(*train.parse_args([*argv, "partition.scheme=iid"])).partition.scheme == "iid"
+    exp = build_experiment(train.config_from_args(*train.parse_args(argv)))
+    assert np.asarray(exp.data.train.n).tolist() == SIZES["train"]

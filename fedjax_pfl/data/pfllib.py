@@ -20,9 +20,10 @@ values are used as stored, so a model sees what PFLlib's model sees); uint8
 NCHW images, if a folder holds them, stay uint8 NHWC with exact channel
 statistics. ``x`` of shape ``[n, D]`` loads as feature vectors. Text sets
 (``x`` holding token ids and lengths) are not supported. Client ``i`` is
-files ``i.npz``: use ``--partition natural`` to train on the folder's own
-clients, e.g. ``--dataset pfllib --data-dir PFLlib/dataset/FashionMNIST
---partition natural``.
+files ``i.npz``. On the command line ``--dataset pfllib`` trains on the
+folder's own clients (``--partition natural`` is its default there), e.g.
+``--dataset pfllib --data-dir PFLlib/dataset/FashionMNIST``; another
+``--partition`` pools the folder's samples and splits them again.
 """
 
 from __future__ import annotations
