@@ -8,7 +8,7 @@ least 2.5x chance (0.25 for 10 classes). pFedHN learns slowest (the client
 models come from a hypernetwork trained by the server), so it gets 8 rounds
 instead of 4.
 
-These 14 runs take 3.5 min on 2 cores, more than the default suite can
+These 14 runs take about 3 min on 2 cores, more than the default suite can
 spend, so they are opt-in (pyproject deselects the marker):
 
     FEDJAX_PFL_DATA_DIR=../shared/data python -m pytest -q -n 2 -m cifar_learning
