@@ -59,9 +59,9 @@ def real_steps(n, batch_size: int, epochs):
     return jnp.asarray(epochs, jnp.int32) * ((jnp.asarray(n, jnp.int32) + batch_size - 1) // batch_size)
 
 
-def step_batch_index(orders, step, n, batch_size: int):
-    """(sample indices [B], mask [B]) of real step ``step`` (epoch-major) of one client."""
-    spe = jnp.maximum((n + batch_size - 1) // batch_size, 1)
+def step_batch_index(orders, step, n, batch_size: int, spe):
+    """(sample indices [B], mask [B]) of real step ``step`` (epoch-major) of one client
+    whose epochs have ``spe`` = max(1, ceil(n/B)) steps."""
     epoch, within = step // spe, step % spe
     start = within * batch_size
     index = jax.lax.dynamic_slice(orders[epoch], (start,), (batch_size,))
@@ -107,14 +107,14 @@ def train(
     orders = epoch_orders(sched_key, data.n, n_max, max_epochs, batch_size)
     step_keys = jax.random.split(step_key, max_epochs * spe_max)
     total = real_steps(data.n, batch_size, jnp.minimum(epochs, max_epochs))
+    spe = jnp.maximum((data.n + batch_size - 1) // batch_size, 1)  # this client's steps per epoch
     params = tree_ops.trainable_of(variables, part)
     opt_state = optimizer.init(params)
     update_stats = part in ("all", "body") and "batch_stats" in variables
 
     def step(carry):
         i, params, opt_state, stats, loss_sum = carry
-        index, mask = step_batch_index(orders, i, data.n, batch_size)
-        spe = jnp.maximum((data.n + batch_size - 1) // batch_size, 1)
+        index, mask = step_batch_index(orders, i, data.n, batch_size, spe)
         k = step_keys[(i // spe) * spe_max + i % spe]
         batch = make_batch(data, index, mask, normalize)
 

@@ -308,7 +308,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
                 began = time.perf_counter()
                 server, clients, metrics, evaluations = exp.engine.run_rounds(
                     server, clients, key, t, calls.count, rounds, cfg.eval_every, stop=stop_at)
-                calls.done(stop_at - t, time.perf_counter() - began)
+                calls.done(stop_at - t, time.perf_counter() - began, rounds - stop_at)
                 per_round = [{k: v[j] for k, v in metrics.items()} for j in range(stop_at - t)]
                 for r in range(t, stop_at):
                     _test_signal(r)
@@ -400,13 +400,15 @@ class CallPlanner:
             stop = min(stop, (t // self.checkpoint_every + 1) * self.checkpoint_every)
         return stop
 
-    def done(self, rounds_run: int, seconds: float) -> None:
+    def done(self, rounds_run: int, seconds: float, rounds_left: int) -> None:
+        """Record a call of ``rounds_run`` rounds that took ``seconds``; ``rounds_left`` remain."""
         self._calls_of_count += 1
         self.compiling = False
         if self.fixed or self.count > 1 or self._calls_of_count < 2:
             return
         per_round = seconds / max(rounds_run, 1)
-        count = int(min(self.max_count, max(1, self.target // max(per_round, 1e-6))))
+        # never compile a program with more round slots than the run has left
+        count = int(min(self.max_count, rounds_left, max(1, self.target // max(per_round, 1e-6))))
         if count > 1:
             self.count, self.compiling, self._calls_of_count = count, True, 0
 
