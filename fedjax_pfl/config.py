@@ -43,6 +43,7 @@ class PartitionConfig:
     train_per_client: int | None = None  # fixed sizes (DiversiFed, FedPAC)
     test_per_client: int | None = None
     test_from: str = "split"  # 'split' (per-client split of train+test) | 'official'
+    max_classes_per_client: int | None = None  # dirichlet: keep only each client's k largest classes (pFedKD-WCL)
 
 
 @dataclasses.dataclass
@@ -61,6 +62,11 @@ class TrainConfig:
     chunk_size: int = 8
     share_batch_stats: bool = True
     rounds_per_call: int = 0  # rounds fused into one compiled call; 0: auto (calls of about 2 s)
+    lr_schedule: str = "exponential"  # per round t: 'exponential' lr * lr_decay**t | 'cosine' lr * (1 + cos(pi t / rounds)) / 2
+    lr_decay: float = 1.0  # exponential factor per round (1.0: constant lr; PFAKD's authors: 0.9)
+    persistent_optimizer: bool = False  # optimizer state of the parts a client keeps survives across rounds
+    drop_last: bool = False  # drop each epoch's last partial train batch (PyTorch DataLoader drop_last)
+    all_clients_train: bool = False  # every client trains each round; only the sampled ones are aggregated (pFedMe code)
 
 
 @dataclasses.dataclass
@@ -245,6 +251,13 @@ def validate_values(cfg: RunConfig) -> None:
         _check(getattr(t, name) >= 1, f"train.{name} must be >= 1, got {getattr(t, name)}")
     _check(math.isfinite(t.lr) and t.lr > 0, f"train.lr must be a number > 0, got {t.lr}")
     _check(t.optimizer in ("sgd", "adam"), f"train.optimizer must be 'sgd' or 'adam', got {t.optimizer!r}")
+    _check(t.lr_schedule in ("exponential", "cosine"),
+           f"train.lr_schedule must be 'exponential' or 'cosine', got {t.lr_schedule!r}")
+    _check(math.isfinite(t.lr_decay) and 0 < t.lr_decay <= 1, f"train.lr_decay must be in (0, 1], got {t.lr_decay}")
+    _check(t.lr_schedule == "exponential" or t.lr_decay == 1.0,
+           "train.lr_decay applies to train.lr_schedule=exponential only; leave it at 1.0 with cosine")
+    _check(p.max_classes_per_client is None or p.max_classes_per_client >= 1,
+           f"partition.max_classes_per_client must be >= 1 (or empty), got {p.max_classes_per_client}")
     _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
     _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,
            f"train.weight_decay must be >= 0, got {t.weight_decay}")
