@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import client_mapping, local_training, losses, sharding, tree_ops
+from fedjax_pfl import client_mapping, local_training, losses, method_values, sharding, tree_ops
 from fedjax_pfl.data.client_data import ClientData
+from fedjax_pfl.lr_schedule import LrSchedule
 from fedjax_pfl.methods.base import ClientRound, Method, ServerRound
 
 
@@ -35,6 +36,7 @@ class EngineConfig:
     drop_fraction: float = 0.0  # selected clients whose upload is lost
     eval_batch_size: int = 256
     shard: bool = True  # split the client axis over all devices when there are several
+    lr_schedule: LrSchedule = LrSchedule()  # train.lr by round index (constant by default)
 
     def __post_init__(self):
         client_mapping.resolve(self.client_mapping)
@@ -108,7 +110,24 @@ class Engine:
             raise ValueError("clients_per_round exceeds the number of clients")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_impl)
-        self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(7, 8, 9))
+        self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(8, 9, 10))
+        self._rounds_batched = jax.jit(
+            jax.vmap(self._rounds_impl, in_axes=(0, 0, None, None, 0, None, None, 0, None, None, None)),
+            donate_argnums=(0, 1), static_argnums=(8, 9, 10))
+        self._init_batched = jax.jit(jax.vmap(lambda k: method.init(k, self.num_clients)))
+
+    # ------------------------------------------------------- traced values
+    def method_at(self, values: dict, round_index):
+        """The method of round ``round_index`` with ``values`` (method_values.py) and the lr schedule applied.
+
+        With no values and a constant schedule this is the method itself, so
+        the compiled round is exactly the one of a plain run.
+        """
+        schedule = self.config.lr_schedule
+        if not schedule.constant:
+            base = values.get(method_values.LR, self.method.setup.learning_rate)
+            values = {**values, method_values.LR: base * schedule.factor(round_index)}
+        return method_values.with_values(self.method, values)
 
     # ------------------------------------------------------------------ round
     def init(self, key):
@@ -124,12 +143,12 @@ class Engine:
             server, clients, metrics = self.round(server, clients, round_keys(key, t)[0], t)
         return server, clients, metrics
 
-    def round(self, server, clients, key, round_index: int):
+    def round(self, server, clients, key, round_index: int, values: dict | None = None):
         """One federated round. Donates ``server`` and ``clients``."""
-        return self._round(server, clients, self.train, key, jnp.int32(round_index))
+        return self._round(server, clients, self.train, key, jnp.int32(round_index), values or {})
 
-    def _round_impl(self, server, clients, train, key, round_index):
-        cfg, method = self.config, self.method
+    def _round_impl(self, server, clients, train, key, round_index, values):
+        cfg, method = self.config, self.method_at(values, round_index)
         k_sel, k_strag, k_clients = jax.random.split(key, 3)
         selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
         epochs, uploaded = straggler_plan(
@@ -170,7 +189,7 @@ class Engine:
 
     # ------------------------------------------------------------ fused rounds
     def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int,
-                   stop: int | None = None):
+                   stop: int | None = None, values: dict | None = None):
         """Rounds ``first .. min(first+count, stop, total_rounds)-1`` in ONE compiled call.
 
         A `lax.scan` over ``count`` round slots; slots at or past ``stop``
@@ -182,27 +201,53 @@ class Engine:
         metrics stacked [count, ...] plus ``round`` and ``active``;
         ``evaluations`` maps each evaluated round to its per-client arrays.
         Equal to ``count`` calls of `round` (tests/test_engine.py). Donates
-        ``server`` and ``clients``.
+        ``server`` and ``clients``. ``values``: traced scalars (`method_at`).
         """
         server, clients, metrics, evals = self._rounds(
             server, clients, self.train, self.test, key, jnp.int32(first),
-            jnp.int32(total_rounds if stop is None else min(stop, total_rounds)), count, total_rounds, eval_every)
+            jnp.int32(total_rounds if stop is None else min(stop, total_rounds)), values or {}, count, total_rounds,
+            eval_every)
         metrics, evals = jax.device_get((metrics, evals))
-        evaluations = {
-            int(t): {k: np.asarray(v[j]) for k, v in evals["per_client"].items()}
-            for j, t in enumerate(metrics["round"]) if evals["done"][j]
-        }
-        return server, clients, metrics, evaluations
+        return server, clients, metrics, _evaluations(metrics, evals)
 
-    def _rounds_impl(self, server, clients, train, test, key, first, stop, count, total_rounds, eval_every):
-        state_shape = jax.eval_shape(lambda s, c: self._round_impl(s, c, train, key, first), server, clients)
-        eval_shape = jax.eval_shape(lambda s, c: self._evaluate_impl(s, c, train, test, key), server, clients)
+    def init_batched(self, keys):
+        """`init` of each key of ``keys`` [E], stacked on a leading experiment axis."""
+        return self._init_batched(keys)
+
+    def run_rounds_batched(self, servers, clients, keys, first: int, count: int, total_rounds: int, eval_every: int,
+                           stop: int | None = None, values: dict | None = None):
+        """`run_rounds` of E experiments in ONE program: vmapped over a leading experiment axis.
+
+        ``servers``, ``clients`` and ``keys`` carry the experiment axis [E, ...]
+        and so does each of ``values`` (name -> [E] array); the client data
+        are shared. Returns (servers, clients, [metrics per experiment],
+        [evaluations per experiment]), each experiment's as `run_rounds` gives them.
+        """
+        stop = total_rounds if stop is None else min(stop, total_rounds)
+        try:
+            servers, clients, metrics, evals = self._rounds_batched(
+                servers, clients, self.train, self.test, keys, jnp.int32(first), jnp.int32(stop), values or {},
+                count, total_rounds, eval_every)
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError) as e:
+            from fedjax_pfl.errors import UserError
+            raise UserError(f"method {self.method.name!r} chooses code by {', '.join(values or {})} in Python; "
+                            "run those values one by one instead of as a list") from e
+        metrics, evals = jax.device_get((metrics, evals))
+        experiments = len(keys)
+        per_metrics = [jax.tree.map(lambda a, e=e: a[e], metrics) for e in range(experiments)]
+        per_evals = [_evaluations(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
+        return servers, clients, per_metrics, per_evals
+
+    def _rounds_impl(self, server, clients, train, test, key, first, stop, values, count, total_rounds, eval_every):
+        state_shape = jax.eval_shape(lambda s, c: self._round_impl(s, c, train, key, first, values), server, clients)
+        eval_shape = jax.eval_shape(lambda s, c: self._evaluate_impl(s, c, train, test, key, values, first),
+                                    server, clients)
         zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
 
         def evaluate_or_skip(server, clients, t, eval_key):
             return jax.lax.cond(
                 is_eval_round(t, total_rounds, eval_every),
-                lambda: (self._evaluate_impl(server, clients, train, test, eval_key), True),
+                lambda: (self._evaluate_impl(server, clients, train, test, eval_key, values, t), True),
                 lambda: (zeros(eval_shape), False),
             )
 
@@ -212,7 +257,7 @@ class Engine:
             round_key, eval_key = round_keys(key, t)
 
             def run():
-                s, c, m = self._round_impl(server, clients, train, round_key, t)
+                s, c, m = self._round_impl(server, clients, train, round_key, t, values)
                 per_client, done = evaluate_or_skip(s, c, t, eval_key)
                 return s, c, m, per_client, done
 
@@ -227,17 +272,17 @@ class Engine:
         return server, clients, metrics, evals
 
     # ------------------------------------------------------------- evaluation
-    def evaluate(self, server, clients, key):
-        """Per-client test metrics of every client's personalized model (host numpy)."""
-        out = self._evaluate(server, clients, self.train, self.test, key)
+    def evaluate(self, server, clients, key, values: dict | None = None, round_index: int = 0):
+        """Per-client test metrics of every client's personalized model (host numpy), after round ``round_index``."""
+        out = self._evaluate(server, clients, self.train, self.test, key, values or {}, jnp.int32(round_index))
         return {k: np.asarray(v) for k, v in jax.device_get(out).items()}
 
     def evaluate_summary(self, server, clients, key) -> dict:
         """`summarize_evaluation` of `evaluate`: mean / weighted / std accuracy and loss."""
         return summarize_evaluation(self.evaluate(server, clients, key))
 
-    def _evaluate_impl(self, server, clients, train, test, key):
-        method, cfg = self.method, self.config
+    def _evaluate_impl(self, server, clients, train, test, key, values, round_index):
+        method, cfg = self.method_at(values, round_index), self.config
         keys = jax.random.split(key, self.num_clients)
         normalize = method.setup.normalize
 
@@ -262,6 +307,14 @@ class Engine:
         order = jnp.asarray(self.eval_order)
         out = mapped(*tree_ops.gather(args, order))
         return tree_ops.gather(out, jnp.argsort(order))
+
+
+def _evaluations(metrics, evals) -> dict:
+    """{evaluated round: per-client arrays} from a fused call's host outputs."""
+    return {
+        int(t): {k: np.asarray(v[j]) for k, v in evals["per_client"].items()}
+        for j, t in enumerate(metrics["round"]) if evals["done"][j]
+    }
 
 
 def summarize_evaluation(per_client) -> dict:

@@ -20,6 +20,7 @@ from fedjax_pfl.data import client_data, files, partition
 from fedjax_pfl.data.dataset import Dataset
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.errors import DataNotFoundError, UserError
+from fedjax_pfl.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models import build_model
@@ -220,6 +221,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
         chunk_size=t.chunk_size,
         straggler_fraction=t.straggler_fraction,
         drop_fraction=t.drop_fraction,
+        lr_schedule=LrSchedule(t.lr_schedule, t.lr_decay, t.rounds),
     )
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg)
     return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))

@@ -9,7 +9,7 @@ OPTIMIZERS = ("sgd", "adam")
 
 def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
     """torch.optim.SGD / Adam semantics: weight decay is added to the gradient."""
-    if lr <= 0:
+    if isinstance(lr, (int, float)) and lr <= 0:  # a traced lr (method_values.py) is checked before tracing
         raise UserError(f"learning rate must be > 0, got {lr}")
     if name == "sgd":
         core = optax.sgd(lr, momentum=momentum or None)

@@ -184,6 +184,8 @@ def check_resume(saved: dict, cfg, done: int, partition_now: dict, partition_sav
     check_same_config(saved, cfg)
     before = saved["config"]["train"]["rounds"]
     rounds = cfg.train.rounds
+    if cfg.train.lr_schedule == "cosine" and rounds != before:
+        raise UserError(f"a cosine lr schedule spans the run's {before} rounds; it cannot be extended to {rounds}")
     if done >= rounds - 1:
         if rounds == before:
             raise UserError(f"the run in {cfg.out} already finished its {rounds} rounds; to extend it, "
@@ -324,7 +326,8 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
                 if last == rounds - 1 or calls.checkpoint_due(last):
                     final = evaluations.get(last)
                     results.snapshot(final if final is not None else
-                                     exp.engine.evaluate(server, clients, engine_lib.round_keys(key, last)[1]))
+                                     exp.engine.evaluate(server, clients, engine_lib.round_keys(key, last)[1],
+                                                         round_index=last))
                 bar.update(stop_at - t)
                 t = stop_at
                 if stopping:

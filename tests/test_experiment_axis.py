@@ -1,0 +1,124 @@
+"""Experiments on a vmapped axis, traced hyperparameters and the lr schedule (issues 16 and 18).
+
+Each experiment of a batched call must equal the single run with its seed or
+value; a method rebuilt with a traced value must equal the method built with
+that value as a Python number; a per-round lr factor must equal rounds run
+with the decayed lr given by hand.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_pfl import engine as engine_lib
+from fedjax_pfl import method_values
+from fedjax_pfl.data.client_data import stack_clients
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.lr_schedule import LrSchedule
+from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods.base import LocalSetup
+from fedjax_pfl.models import build_model
+from fedjax_pfl.optim import make_optimizer
+
+SIZES = [9, 30, 3, 17, 12, 21]
+
+
+def _normalize(x):
+    return x.astype(jnp.float32) / 255.0 - 0.5
+
+
+def _engine(method_name, options=None, lr=0.1, schedule=LrSchedule(), mapping="map"):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(sum(SIZES), 6, 6, 1), dtype=np.uint8)
+    y = (x.reshape(len(x), -1).mean(1) > 127).astype(np.int32) + 2 * (x[:, 0, 0, 0] > 127)
+    bounds = np.cumsum([0, *SIZES])
+    data = stack_clients(x, y, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
+    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+    factory = lambda lr=lr: make_optimizer("sgd", lr, momentum=0.5)  # noqa: E731
+    setup = LocalSetup(model=model, optimizer=factory(), batch_size=4, local_epochs=2, normalize=_normalize,
+                       make_optimizer=factory, learning_rate=lr)
+    cls = get_method(method_name)
+    method = cls(setup, cls.hparams_type(**(options or {})) if cls.hparams_type else None)
+    return engine_lib.Engine(method, data, data, engine_lib.EngineConfig(4, client_mapping=mapping, chunk_size=2,
+                                                                          lr_schedule=schedule))
+
+
+def _close(a, b, tol=2e-5):
+    for la, lb in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(la, np.float64), np.asarray(lb, np.float64), rtol=tol, atol=tol)
+
+
+def _single(eng, seed, rounds=3, values=None):
+    init_key, key = jax.random.split(jax.random.key(seed))
+    server, clients = eng.init(init_key)
+    server, clients, metrics, evals = eng.run_rounds(server, clients, key, 0, rounds, rounds, 2, values=values)
+    return server, clients, metrics, evals
+
+
+def _batched(eng, seeds, rounds=3, values=None):
+    keys = jax.vmap(lambda s: jnp.stack(jax.random.split(jax.random.key(s))))(jnp.asarray(seeds))
+    servers, clients = eng.init_batched(keys[:, 0])
+    return eng.run_rounds_batched(servers, clients, keys[:, 1], 0, rounds, rounds, 2, values=values)
+
+
+@pytest.mark.parametrize("method_name", ["fedavg", "fedper"])
+def test_each_seed_of_a_batched_run_equals_its_single_run(method_name):
+    eng = _engine(method_name)
+    seeds = [0, 1, 5]
+    servers, clients, metrics, evals = _batched(eng, seeds)
+    for e, seed in enumerate(seeds):
+        server, client, m, ev = _single(eng, seed)
+        _close(jax.tree.map(lambda a: a[e], servers), server)
+        _close(jax.tree.map(lambda a: a[e], clients), client)
+        np.testing.assert_array_equal(metrics[e]["selected"], m["selected"])
+        assert sorted(evals[e]) == sorted(ev) == [1, 2]
+        for t in ev:
+            np.testing.assert_array_equal(evals[e][t]["count"], ev[t]["count"])
+            np.testing.assert_allclose(evals[e][t]["loss_sum"], ev[t]["loss_sum"], rtol=1e-4)
+    assert not np.array_equal(metrics[0]["selected"], metrics[1]["selected"])  # seeds really differ
+
+
+def test_each_grid_point_equals_the_run_built_with_that_value():
+    """lr and FedProx mu as traced [E] values == methods built with the Python numbers."""
+    grid = [(0.1, 0.0), (0.05, 0.5), (0.2, 0.1)]
+    eng = _engine("fedprox", {"mu": 0.01})
+    values = {"lr": jnp.asarray([g[0] for g in grid]), "mu": jnp.asarray([g[1] for g in grid])}
+    servers, clients, _, evals = _batched(eng, [3] * len(grid), values=values)
+    for e, (lr, mu) in enumerate(grid):
+        server, client, _, ev = _single(_engine("fedprox", {"mu": mu}, lr=lr), 3)
+        _close(jax.tree.map(lambda a: a[e], servers), server)
+        np.testing.assert_allclose(evals[e][2]["loss_sum"], ev[2]["loss_sum"], rtol=1e-4)
+    assert not np.allclose(evals[0][2]["loss_sum"], evals[1][2]["loss_sum"])
+
+
+def test_traced_value_unknown_name_is_a_user_error():
+    eng = _engine("fedavg")
+    with pytest.raises(UserError, match="cannot vary mu"):
+        method_values.with_values(eng.method, {"mu": 0.1})
+    assert "mu" in method_values.traceable_names(get_method("fedprox"))
+    assert "finetune_epochs" not in method_values.traceable_names(get_method("fedprox"))
+
+
+def test_exponential_lr_decay_equals_rounds_with_the_decayed_lr_by_hand():
+    decayed = _engine("fedavg", schedule=LrSchedule("exponential", 0.5, 3))
+    server, clients, metrics, _ = _single(decayed, 4, rounds=3)
+    plain = _engine("fedavg")
+    init_key, key = jax.random.split(jax.random.key(4))
+    s, c = plain.init(init_key)
+    for t in range(3):
+        s, c, _ = plain.round(s, c, engine_lib.round_keys(key, t)[0], t, values={"lr": 0.1 * 0.5 ** t})
+    _close(server, s)
+    _close(clients, c)
+
+
+def test_decay_one_is_the_plain_program_and_cosine_factors():
+    eng = _engine("fedavg", schedule=LrSchedule("exponential", 1.0, 5))
+    assert eng.method_at({}, 3) is eng.method
+    cosine = LrSchedule("cosine", 1.0, 4)
+    got = [float(cosine.factor(t)) for t in range(4)]
+    np.testing.assert_allclose(got, [(1 + math.cos(math.pi * t / 4)) / 2 for t in range(4)], rtol=1e-6)
+    np.testing.assert_allclose(float(LrSchedule("exponential", 0.9, 9).factor(3)), 0.9 ** 3, rtol=1e-6)
