@@ -43,6 +43,7 @@ class PartitionConfig:
     train_per_client: int | None = None  # fixed sizes (DiversiFed, FedPAC)
     test_per_client: int | None = None
     test_from: str = "split"  # 'split' (per-client split of train+test) | 'official'
+    val_fraction: float = 0.0  # of each client's train split held out as validation data (picks grid points)
     max_classes_per_client: int | None = None  # dirichlet: keep only each client's k largest classes (pFedKD-WCL)
 
 
@@ -66,6 +67,7 @@ class TrainConfig:
     lr_decay: float = 1.0  # exponential factor per round (1.0: constant lr; PFAKD's authors: 0.9)
     persistent_optimizer: bool = False  # optimizer state of the parts a client keeps survives across rounds
     drop_last: bool = False  # drop each epoch's last partial train batch (PyTorch DataLoader drop_last)
+    max_experiments_per_call: int = 0  # seeds/grid points vmapped in one program; 0: as many as fit in memory
     all_clients_train: bool = False  # every client trains each round; only the sampled ones are aggregated (pFedMe code)
 
 
@@ -101,6 +103,9 @@ class RunConfig:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: int = 0
+    data_seed: int | None = None  # seed of the data partition (and generated data); empty: `seed`
+    seeds: tuple[int, ...] = ()  # several seeds in one vmapped program (runs/sweep.py); empty: just `seed`
+    sweep: dict[str, Any] = dataclasses.field(default_factory=dict)  # 'train.lr' / 'method.X' -> list of values
     eval_every: int = 1
     checkpoint_every: int = 0  # rounds between checkpoints of server and client state (0: never)
     out: str | None = None
@@ -205,19 +210,53 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+SWEEPABLE = ("train.lr", "method.")  # keys whose value may be a list: a grid run in one program (runs/sweep.py)
+
+
+def take_sweep(mapping: dict, sweep: dict) -> dict:
+    """``mapping`` without its list values at SWEEPABLE keys, which go to ``sweep`` (a later
+    scalar for a key removes its list)."""
+    out = {}
+    for key, value in mapping.items():
+        inner = value if isinstance(value, dict) else None
+        if key == "train" and inner is not None and "lr" in inner:
+            inner = dict(inner)
+            lr = inner.pop("lr")
+            if isinstance(lr, list):
+                sweep["train.lr"] = lr
+            else:
+                sweep.pop("train.lr", None)
+                inner["lr"] = lr
+            value = inner
+        elif key == "method" and inner is not None:
+            value = {}
+            for name, v in inner.items():
+                if isinstance(v, list):
+                    sweep[f"method.{name}"] = v
+                else:
+                    sweep.pop(f"method.{name}", None)
+                    value[name] = v
+        elif key == "sweep":
+            continue
+        out[key] = value
+    return out
+
+
 def build(config_file: str | None = None, overrides: list[str] = (), base: dict | None = None,
           start: dict | None = None) -> RunConfig:
     """Defaults [<- ``start``, a saved config when resuming] <- YAML preset <- ``base``
-    (e.g. command-line flags) <- dotted overrides."""
+    (e.g. command-line flags) <- dotted overrides. Lists at SWEEPABLE keys land in ``cfg.sweep``."""
     cfg = RunConfig()
-    if start:
-        apply_mapping(cfg, start)
+    sweep: dict = dict((start or {}).get("sweep") or {})
+    layers = [start] if start else []
     if config_file:
-        apply_mapping(cfg, load_yaml(config_file))
+        layers.append(load_yaml(config_file))
     if base:
-        apply_mapping(cfg, base)
-    for text in overrides:
-        apply_mapping(cfg, parse_override(text))
+        layers.append(base)
+    layers += [parse_override(text) for text in overrides]
+    for layer in layers:
+        apply_mapping(cfg, take_sweep(layer, sweep) if isinstance(layer, dict) else layer)
+    cfg.sweep = sweep
     return cfg
 
 
@@ -276,6 +315,12 @@ def validate_values(cfg: RunConfig) -> None:
     _check(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
     _check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0: never), got {cfg.checkpoint_every}")
     _check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
+    _check(cfg.data_seed is None or cfg.data_seed >= 0, f"data_seed must be >= 0, got {cfg.data_seed}")
+    _check(all(s >= 0 for s in cfg.seeds) and len(set(cfg.seeds)) == len(cfg.seeds),
+           f"seeds must be distinct numbers >= 0, got {list(cfg.seeds)}")
+    _check(0 <= p.val_fraction < 1, f"partition.val_fraction must be in [0, 1), got {p.val_fraction}")
+    _check(t.max_experiments_per_call >= 0,
+           f"train.max_experiments_per_call must be >= 0 (0: as many as fit), got {t.max_experiments_per_call}")
 
 
 # Keys a resumed run may change: where the data lives (the partition is compared

@@ -93,7 +93,8 @@ def is_eval_round(round_index, total_rounds: int, eval_every: int):
 class Engine:
     """Runs a method over stacked client data. Build once; call `round` or `run_rounds`."""
 
-    def __init__(self, method: Method, train: ClientData, test: ClientData, config: EngineConfig):
+    def __init__(self, method: Method, train: ClientData, test: ClientData, config: EngineConfig,
+                 val: ClientData | None = None):
         self.method = method
         self.config = config
         self.mapping = client_mapping.resolve(config.client_mapping)
@@ -103,13 +104,15 @@ class Engine:
         self.eval_order = np.argsort(-np.asarray(test.n), kind="stable") if client_mapping.sorts_clients(
             self.mapping) else None
         if self.mesh is not None:
-            train, test = sharding.shard_clients((train, test), self.mesh)
+            train, test, val = sharding.shard_clients((train, test, val), self.mesh)
         self.train = train
         self.test = test
+        self.val = val  # evaluated beside the test data when given (metrics 'val_*')
+        self.eval_data = (test, val)
         if config.clients_per_round > self.num_clients:
             raise ValueError("clients_per_round exceeds the number of clients")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
-        self._evaluate = jax.jit(self._evaluate_impl)
+        self._evaluate = jax.jit(self._evaluate_with_val)
         self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(8, 9, 10))
         self._rounds_batched = jax.jit(
             jax.vmap(self._rounds_impl, in_axes=(0, 0, None, None, 0, None, None, 0, None, None, None)),
@@ -204,7 +207,7 @@ class Engine:
         ``server`` and ``clients``. ``values``: traced scalars (`method_at`).
         """
         server, clients, metrics, evals = self._rounds(
-            server, clients, self.train, self.test, key, jnp.int32(first),
+            server, clients, self.train, self.eval_data, key, jnp.int32(first),
             jnp.int32(total_rounds if stop is None else min(stop, total_rounds)), values or {}, count, total_rounds,
             eval_every)
         metrics, evals = jax.device_get((metrics, evals))
@@ -226,7 +229,7 @@ class Engine:
         stop = total_rounds if stop is None else min(stop, total_rounds)
         try:
             servers, clients, metrics, evals = self._rounds_batched(
-                servers, clients, self.train, self.test, keys, jnp.int32(first), jnp.int32(stop), values or {},
+                servers, clients, self.train, self.eval_data, keys, jnp.int32(first), jnp.int32(stop), values or {},
                 count, total_rounds, eval_every)
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError) as e:
             from fedjax_pfl.errors import UserError
@@ -238,16 +241,16 @@ class Engine:
         per_evals = [_evaluations(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
         return servers, clients, per_metrics, per_evals
 
-    def _rounds_impl(self, server, clients, train, test, key, first, stop, values, count, total_rounds, eval_every):
+    def _rounds_impl(self, server, clients, train, eval_data, key, first, stop, values, count, total_rounds, eval_every):
         state_shape = jax.eval_shape(lambda s, c: self._round_impl(s, c, train, key, first, values), server, clients)
-        eval_shape = jax.eval_shape(lambda s, c: self._evaluate_impl(s, c, train, test, key, values, first),
+        eval_shape = jax.eval_shape(lambda s, c: self._evaluate_with_val(s, c, train, eval_data, key, values, first),
                                     server, clients)
         zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
 
         def evaluate_or_skip(server, clients, t, eval_key):
             return jax.lax.cond(
                 is_eval_round(t, total_rounds, eval_every),
-                lambda: (self._evaluate_impl(server, clients, train, test, eval_key, values, t), True),
+                lambda: (self._evaluate_with_val(server, clients, train, eval_data, eval_key, values, t), True),
                 lambda: (zeros(eval_shape), False),
             )
 
@@ -274,8 +277,18 @@ class Engine:
     # ------------------------------------------------------------- evaluation
     def evaluate(self, server, clients, key, values: dict | None = None, round_index: int = 0):
         """Per-client test metrics of every client's personalized model (host numpy), after round ``round_index``."""
-        out = self._evaluate(server, clients, self.train, self.test, key, values or {}, jnp.int32(round_index))
+        out = self._evaluate(server, clients, self.train, self.eval_data, key, values or {}, jnp.int32(round_index))
         return {k: np.asarray(v) for k, v in jax.device_get(out).items()}
+
+    def _evaluate_with_val(self, server, clients, train, eval_data, key, values, round_index):
+        """Metrics on ``eval_data = (test, val)``: the test data's, plus the validation data's as
+        'val_correct', 'val_count', 'val_loss_sum' when ``val`` is not None."""
+        test, val = eval_data
+        out = self._evaluate_impl(server, clients, train, test, key, values, round_index)
+        if val is None:
+            return out
+        val = self._evaluate_impl(server, clients, train, val, key, values, round_index)
+        return {**out, **{f"val_{k}": v for k, v in val.items()}}
 
     def evaluate_summary(self, server, clients, key) -> dict:
         """`summarize_evaluation` of `evaluate`: mean / weighted / std accuracy and loss."""
@@ -322,9 +335,13 @@ def summarize_evaluation(per_client) -> dict:
     correct, count = per_client["correct"], per_client["count"]
     has = count > 0
     acc = np.where(has, correct / np.maximum(count, 1), 0.0)[has]
-    return {
+    out = {
         "accuracy": float(acc.mean()) if acc.size else float("nan"),
         "accuracy_weighted": float(correct.sum() / max(count.sum(), 1)),
         "accuracy_std": float(acc.std()) if acc.size else float("nan"),
         "loss": float(per_client["loss_sum"].sum() / max(count.sum(), 1)),
     }
+    if "val_count" in per_client:  # validation data (partition.val_fraction): same summary, 'val_' names
+        val = summarize_evaluation({k[4:]: v for k, v in per_client.items() if k.startswith("val_")})
+        out.update({f"val_{k}": v for k, v in val.items()})
+    return out

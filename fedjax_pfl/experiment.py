@@ -33,6 +33,7 @@ class FederatedData:
     test: client_data.ClientData
     summary: dict
     text: str
+    val: client_data.ClientData | None = None  # partition.val_fraction of each client's train split
 
 
 @dataclasses.dataclass
@@ -93,6 +94,10 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         raise UserError(f"partition.test_from must be 'split' or 'official', got {p.test_from!r}")
     if len(train_idx) != p.num_clients and p.scheme != "natural":
         raise UserError(f"partition produced {len(train_idx)} clients, expected {p.num_clients}")
+    val = None
+    if p.val_fraction > 0:  # stratified, from the train split only: test data never pick a setting
+        train_idx, val_idx = partition.split_train_test(train_idx, y_train, 1.0 - p.val_fraction, seed + 3)
+        val = client_data.stack_clients(x_train, y_train, val_idx)
     info = {"dataset": dataset.name, "seed": seed, **dataclasses.asdict(p)}
     summary = partition.summary(train_idx, y_train, dataset.num_classes, test_idx, y_test, info=info)
     return FederatedData(
@@ -100,7 +105,13 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         test=client_data.stack_clients(x_test, y_test, test_idx),
         summary=summary,
         text=partition.format_summary(summary),
+        val=val,
     )
+
+
+def data_seed(cfg: config_lib.RunConfig) -> int:
+    """The seed of the partition and of generated data: ``data_seed``, else ``seed``."""
+    return cfg.seed if cfg.data_seed is None else cfg.data_seed
 
 
 def _by_owner(owner):
@@ -196,7 +207,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
     validate(cfg)
     read: list = []
     if dataset is None:
-        extra = {"num_clients": cfg.partition.num_clients, "seed": cfg.seed} if cfg.data.name == "synthetic" else {}
+        extra = {"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg)} if cfg.data.name == "synthetic" else {}
         explicit_dir = bool(cfg.data.data_dir) and cfg.data.source == "files"
         try:
             with files.recording_reads() as read:
@@ -212,7 +223,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
     method_cls = get_method(cfg.method_name)
     method = method_cls(setup, config_lib.method_options(method_cls.hparams_type, cfg.method))
     check_body_head_split(method)
-    data = partition_dataset(dataset, cfg.partition, cfg.seed)
+    data = partition_dataset(dataset, cfg.partition, data_seed(cfg))
     num_clients = data.train.num_clients
     t = cfg.train
     engine_cfg = engine_lib.EngineConfig(
@@ -223,5 +234,5 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
         drop_fraction=t.drop_fraction,
         lr_schedule=LrSchedule(t.lr_schedule, t.lr_decay, t.rounds),
     )
-    engine = engine_lib.Engine(method, data.train, data.test, engine_cfg)
+    engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
     return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))

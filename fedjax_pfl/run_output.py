@@ -169,4 +169,9 @@ def final_summary(records: list[dict]) -> dict:
     }
     if "eval_model" in records[-1]:
         summary["eval_model"] = records[-1]["eval_model"]
+    if "val_accuracy" in records[-1]:  # partition.val_fraction > 0: what a setting is picked by
+        summary["validation"] = {
+            "last": records[-1]["val_accuracy"],
+            "mean_last_10": float(np.mean([r["val_accuracy"] for r in last10])),
+        }
     return summary

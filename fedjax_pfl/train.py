@@ -46,11 +46,18 @@ FLAGS = {
     "eval_every": "eval_every", "out": "out", "checkpoint_every": "checkpoint_every", "client_mapping": "train.client_mapping",
     "eval_model": "eval.model",
     "tensorboard": "log.tensorboard",
-    "rounds_per_call": "train.rounds_per_call",
+    "rounds_per_call": "train.rounds_per_call", "seeds": "seeds",
 }
 # Test hook: "ROUND:SIGNAL" (e.g. "2:KILL") sends the signal to this process once that round has been
 # dispatched, before its checks, evaluation and checkpoint (as a Ctrl-C or kill arriving mid-round).
 TEST_SIGNAL_ENV = "FEDJAX_PFL_TEST_SIGNAL_AFTER_ROUND"
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated whole numbers, got {text!r}") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--model")
     p.add_argument("--seed", type=int)
+    p.add_argument("--seeds", type=_seed_list,
+                   help="several seeds run as one vmapped program, e.g. 0,1,2,3,4 (a run folder each under --out)")
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-model", help="whose model each client is evaluated with: auto (the method's default), "
                    "global or local (shared-body methods)")
@@ -270,6 +279,10 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
     """Run one configuration end to end; returns the final summary."""
     from fedjax_pfl.experiment import build_experiment, validate
 
+    if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
+        from fedjax_pfl.runs.sweep import run_sweep
+
+        return run_sweep(cfg, progress, resume)
     validate(cfg)
     out = output_folder(cfg)
     check_output_folder(out, resume)

@@ -1,0 +1,296 @@
+"""Many runs of one configuration as ONE compiled program: seeds and grid points on an experiment axis.
+
+``python -m fedjax_pfl.train ... --seeds 0,1,2 train.lr=[0.1,0.05] method.mu=[0,0.01]``
+expands into points (every combination of the listed values, times the seeds).
+The points share the data partition (drawn with ``data_seed``, else ``seed``),
+the model's shapes and the compiled program: the round is vmapped over a
+leading experiment axis (`Engine.run_rounds_batched`); each point's initial
+state comes from its own seed (vmapped init), its client sampling and batch
+order from its own round keys, and its grid values enter as traced scalars
+(method_values.py). Values that a method uses as Python numbers cannot be
+listed (one-line error).
+
+Each point writes its own run folder under ``--out`` (``seed3/``,
+``lr0.05_mu0.01/seed3/``), exactly what the single run ``--seed 3 data_seed=D
+train.lr=0.05 method.mu=0.01`` writes (its config.json says so; the numbers
+agree within float tolerance: tests/test_sweep.py), so any point can be
+continued on its own with ``--resume``. ``sweep.json`` and ``sweep.md`` beside
+them give, per grid point, mean +- std over seeds of the final and mean-of-
+last-10 test accuracy, and name the best point by validation accuracy
+(``partition.val_fraction > 0``, carved from the train split) with its test
+accuracy beside it; without validation data no point is named, so nothing is
+picked on test data.
+
+Memory guard: a point's stacked state (server + all clients) is sized from
+the method's init shapes; a call holds about ``STATE_COPIES`` times that per
+point (the state, its donated successor, the selected clients' copies and
+their uploads). The points are split into chunks of at most
+``train.max_experiments_per_call`` (0: as many as fit in half the free
+memory of the device: ``memory_stats()`` on GPU/TPU, free host RAM on CPU),
+run one after another.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_pfl import checkpoint
+from fedjax_pfl import config as config_lib
+from fedjax_pfl import method_values, run_output
+from fedjax_pfl.errors import DivergedError, UserError
+from fedjax_pfl.methods import get_method
+from fedjax_pfl.runs.results_writer import ResultsWriter
+
+STATE_COPIES = 4
+
+
+@dataclasses.dataclass
+class Point:
+    """One run of the sweep: its own config (a plain single-run config), seed and traced values."""
+
+    cfg: config_lib.RunConfig
+    values: dict  # traced name ('lr', option name) -> float
+    grid_name: str  # '' without a grid, else e.g. 'lr0.05_mu0.01'
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.out)
+
+
+def _traced_name(key: str) -> str:
+    return "lr" if key == "train.lr" else key.split(".", 1)[1]
+
+
+def expand(cfg: config_lib.RunConfig) -> list[Point]:
+    """The points of a sweep config: grid (``cfg.sweep``) x seeds (``cfg.seeds`` or ``seed``)."""
+    from fedjax_pfl.runs import run_folder  # noqa: F401  (keeps import order: runs after config)
+
+    allowed = method_values.traceable_names(get_method(cfg.method_name))
+    names = {key: _traced_name(key) for key in cfg.sweep}
+    for key, name in names.items():
+        if name not in allowed:
+            raise UserError(f"{key} cannot be a list for method {cfg.method_name!r}: only {', '.join(allowed)} "
+                            "vary inside one program; run other settings one by one")
+        values = cfg.sweep[key]
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise UserError(f"{key} must be a non-empty list of numbers, got {values!r}")
+    seeds = list(cfg.seeds) or [cfg.seed]
+    data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
+    root = Path(cfg.out or f"runs/{cfg.method_name}-{cfg.data.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    points = []
+    for combo in itertools.product(*cfg.sweep.values()):
+        values = {names[k]: float(v) for k, v in zip(cfg.sweep, combo)}
+        grid_name = "_".join(f"{n}{v:g}" for n, v in values.items())
+        for seed in seeds:
+            point = copy.deepcopy(cfg)
+            point.seeds, point.sweep, point.seed, point.data_seed = (), {}, seed, data_seed
+            for key, v in zip(cfg.sweep, combo):
+                if key == "train.lr":
+                    point.train.lr = float(v)
+                else:
+                    point.method[names[key]] = v
+            point.out = str(root / grid_name / f"seed{seed}") if grid_name else str(root / f"seed{seed}")
+            points.append(Point(point, values, grid_name))
+    return points
+
+
+def experiments_per_call(engine, cfg: config_lib.RunConfig, count: int) -> int:
+    """How many points one program runs at once (see the module docstring)."""
+    if cfg.train.max_experiments_per_call:
+        return min(count, cfg.train.max_experiments_per_call)
+    shapes = jax.eval_shape(lambda k: engine.method.init(k, engine.num_clients), jax.random.key(0))
+    per_point = STATE_COPIES * sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    else:
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return int(max(1, min(count, (free // 2) // max(per_point, 1))))
+
+
+class PointOutput:
+    """The run folder of one point: config.json, partition.json, metrics, tables, figures, summary."""
+
+    def __init__(self, point: Point, exp, start: float):
+        from fedjax_pfl import train
+
+        self.point, self.start = point, start
+        train.check_output_folder(point.out, resume=False)
+        train._write_start(point.out, point.cfg, exp, None, [])
+        self.results = ResultsWriter(point.out, tensorboard=point.cfg.log.tensorboard)
+        self.log = run_output.MetricsLog(point.out / "metrics.jsonl")
+        self.status = {"status": "interrupted"}
+
+    @property
+    def running(self) -> bool:
+        return self.status["status"] == "interrupted"
+
+    def record(self, metrics: dict, evaluations: dict, rounds: int) -> None:
+        """The host outputs of one call (``rounds`` real rounds) for this point."""
+        from fedjax_pfl import train
+
+        per_round = [{k: v[j] for k, v in metrics.items()} for j in range(rounds)]
+        try:
+            train.check_rounds(per_round)
+            for r in sorted(evaluations):
+                self.log.write(train._record(evaluations[r], per_round[r - int(metrics["round"][0])], r,
+                                             self.start, self.point.cfg.eval.model))
+                self.results.evaluated(self.log.records[-1])
+        except DivergedError as e:  # this point stops; the others go on
+            self.status = {"status": "failed", "error": str(e)}
+
+    def finish(self, status: dict | None = None) -> dict:
+        if status is not None and self.running:
+            self.status = status
+        self.log.close()
+        summary = {**self.status, **run_output.final_summary(self.log.records)}
+        run_output.write_json(self.point.out / "summary.json", summary)
+        self.results.close()
+        return summary
+
+
+def _stack_values(points: list[Point]) -> dict:
+    return {name: jnp.asarray([p.values[name] for p in points], jnp.float32) for name in points[0].values}
+
+
+def _run_chunk(exp, points: list[Point], outputs: list[PointOutput], progress: bool, stop) -> bool:
+    """Run one chunk of points to the end (or to a Ctrl-C); False when stopped early."""
+    from fedjax_pfl import train
+
+    cfg = points[0].cfg
+    rounds = cfg.train.rounds
+    keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.cfg.seed))) for p in points])
+    init_keys, run_keys = keys[:, 0], keys[:, 1]
+    servers, clients = exp.engine.init_batched(init_keys)
+    values = _stack_values(points)
+    calls = train.CallPlanner(cfg.train.rounds_per_call, rounds, cfg.checkpoint_every)
+    bar = train._progress(rounds, progress)
+    t = 0
+    try:
+        while t < rounds:
+            stop_at = calls.stop_after(t)
+            began = time.perf_counter()
+            servers, clients, metrics, evaluations = exp.engine.run_rounds_batched(
+                servers, clients, run_keys, t, calls.count, rounds, cfg.eval_every, stop=stop_at, values=values)
+            calls.done(stop_at - t, time.perf_counter() - began, rounds - stop_at)
+            last = stop_at - 1
+            stopping = stop.requested and last < rounds - 1
+            for e, (point, out) in enumerate(zip(points, outputs)):
+                if not out.running:
+                    continue
+                out.record(metrics[e], evaluations[e], stop_at - t)
+                state = jax.tree.map(lambda a, e=e: a[e], (servers, clients))
+                if out.running and (stopping or calls.checkpoint_due(last)):
+                    checkpoint.save(point.out / "checkpoint.npz", state, last,
+                                    {"seconds": time.perf_counter() - out.start})
+                if out.running and last == rounds - 1:
+                    out.results.snapshot(evaluations[e].get(last))
+            if outputs[0].log.records:
+                bar.set_postfix(acc=f"{np.mean([o.log.records[-1]['accuracy'] for o in outputs if o.log.records]):.4f}")
+            bar.update(stop_at - t)
+            t = stop_at
+            if stopping:
+                for out in outputs:
+                    out.status = {"status": "interrupted", "after_round": last} if out.running else out.status
+                return False
+    finally:
+        bar.close()
+    return True
+
+
+def _mean_std(values) -> dict:
+    v = np.asarray(values, np.float64)
+    return {"mean": float(v.mean()), "std": float(v.std()), "n": int(v.size)}
+
+
+def sweep_summary(points: list[Point], summaries: list[dict]) -> dict:
+    """Per grid point, mean +- std over seeds; the best point by validation accuracy (if any)."""
+    groups: dict[str, list[dict]] = {}
+    values: dict[str, dict] = {}
+    for point, summary in zip(points, summaries):
+        groups.setdefault(point.grid_name, []).append(summary)
+        values[point.grid_name] = point.values
+    table = []
+    for name, group in groups.items():
+        done = [s for s in group if "last" in s]
+        row = {"point": name or "-", "values": values[name], "seeds": len(group), "finished": len(done)}
+        if done:
+            row["test_last"] = _mean_std([s["last"]["accuracy"] for s in done])
+            row["test_mean_last_10"] = _mean_std([s["mean_last_10"]["accuracy"] for s in done])
+            if all("validation" in s for s in done):
+                row["val_mean_last_10"] = _mean_std([s["validation"]["mean_last_10"] for s in done])
+        table.append(row)
+    with_val = [r for r in table if "val_mean_last_10" in r]
+    best = max(with_val, key=lambda r: r["val_mean_last_10"]["mean"]) if with_val else None
+    return {
+        "points": table,
+        "best_by_validation": None if best is None else {
+            "point": best["point"], "values": best["values"], "val_mean_last_10": best["val_mean_last_10"],
+            "test_mean_last_10": best["test_mean_last_10"]},
+        "note": ("best point chosen on validation accuracy (mean of the last 10 evaluations), test beside it"
+                 if best else "no validation data (partition.val_fraction = 0): no point is picked"),
+    }
+
+
+def sweep_markdown(summary: dict) -> str:
+    fmt = lambda m: f"{m['mean']:.4f} +- {m['std']:.4f}" if m else "-"  # noqa: E731
+    lines = ["| point | seeds | test acc (last) | test acc (mean last 10) | val acc (mean last 10) |",
+             "|---|---|---|---|---|"]
+    for r in summary["points"]:
+        lines.append(f"| {r['point']} | {r['finished']}/{r['seeds']} | {fmt(r.get('test_last'))} | "
+                     f"{fmt(r.get('test_mean_last_10'))} | {fmt(r.get('val_mean_last_10'))} |")
+    best = summary["best_by_validation"]
+    lines += ["", f"Best by validation: {best['point']}" if best else summary["note"]]
+    return "\n".join(lines) + "\n"
+
+
+def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) -> dict:
+    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md."""
+    from fedjax_pfl import train
+    from fedjax_pfl.experiment import build_experiment, validate
+
+    if resume:
+        raise UserError("--resume continues one run: resume a point of a sweep in its own folder "
+                        "(e.g. --out RUN/seed1 --resume)")
+    validate(cfg)
+    points = expand(cfg)
+    root = points[0].out.parent if not points[0].grid_name else points[0].out.parent.parent
+    for point in points:
+        train.check_output_folder(point.out, resume=False)
+        config_lib.method_options(get_method(cfg.method_name).hparams_type, point.cfg.method)  # concrete checks
+        config_lib.validate_values(point.cfg)
+    exp = build_experiment(copy.deepcopy(points[0].cfg))
+    print(exp.partition_text)
+    per_call = experiments_per_call(exp.engine, cfg, len(points))
+    print(f"{len(points)} runs, {per_call} per compiled program, on {jax.devices()[0].device_kind} "
+          f"({jax.default_backend()}) ...", flush=True)
+    start = time.perf_counter()
+    summaries: list[dict] = []
+    with train._StopRequest() as stop:
+        for i in range(0, len(points), per_call):
+            chunk = points[i:i + per_call]
+            outputs = [PointOutput(p, exp, start) for p in chunk]
+            finished = False
+            try:
+                finished = _run_chunk(exp, chunk, outputs, progress, stop)
+            finally:
+                summaries += [o.finish({"status": "finished"} if finished else None) for o in outputs]
+            if not finished:
+                break
+    summary = sweep_summary(points[:len(summaries)], summaries)
+    summary["seconds"] = time.perf_counter() - start
+    run_output.write_json(root / "sweep.json", summary)
+    with run_output.atomic_write(root / "sweep.md") as f:
+        f.write(sweep_markdown(summary))
+    print(sweep_markdown(summary), end="")
+    print(f"wrote {root}/ ({len(summaries)} run folders, sweep.json, sweep.md)")
+    return summary
