@@ -90,6 +90,14 @@ BAD_INPUTS = [  # (id, argv, needle in the message)
                          "--resume", "--lr", "0.1"], "train.lr"),
     ("resume_fewer_rounds", ["--out", "{finished}", "--resume", "--rounds", "1"], "--rounds must be more than 2"),
     ("rerun_into_finished_folder", ["--method", "fedavg", *TINY, "--out", "{finished}"], "already holds a run"),
+    ("list_of_an_untraceable_option", ["--method", "fedavg", *TINY, "method.finetune_epochs=[1,2]"],
+     "cannot be a list"),
+    ("list_of_non_numbers", ["--method", "fedprox", *TINY, "method.mu=[a,b]"], "list of numbers"),
+    ("seeds_not_numbers", ["--method", "fedavg", *TINY, "--seeds", "a,b"], "--seeds"),
+    ("seeds_repeated", ["--method", "fedavg", *TINY, "--seeds", "1,1"], "distinct"),
+    ("resume_a_sweep", ["--out", "{finished}", "--resume", "--rounds", "3", "--seeds", "0,1"], "resume a point"),
+    ("lr_decay_above_one", ["--method", "fedavg", *TINY, "train.lr_decay=1.5"], "train.lr_decay"),
+    ("val_fraction_one", ["--method", "fedavg", *TINY, "partition.val_fraction=1"], "val_fraction"),
 ]
 
 

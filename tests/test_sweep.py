@@ -1,0 +1,89 @@
+"""Seeds and grid points run as one vmapped program from the CLI (runs/sweep.py).
+
+Each point's run folder must be what the single run with that seed and value
+writes: the same config (but --out) and the same metrics within float
+tolerance; sweep.json must aggregate the points' own summaries.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_pfl import train
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.runs import sweep
+
+TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
+        "--local-epochs", "1", "--batch-size", "8", "--rounds", "3", "--no-progress", "--offline",
+        "partition.val_fraction=0.25"]
+
+
+def _json(path):
+    return json.loads(path.read_text())
+
+
+def _metrics(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "sw"
+    assert train.main(["--method", "fedprox", *TINY, "--seeds", "1,2", "--seed", "7", "method.mu=[0,0.5]",
+                       "train.lr=0.2", "--out", str(out)]) == 0
+    return out
+
+
+def test_each_point_equals_the_single_run_with_its_seed_and_value(swept, tmp_path):
+    single = tmp_path / "single"
+    assert train.main(["--method", "fedprox", *TINY, "--seed", "2", "data_seed=7", "method.mu=0.5", "train.lr=0.2",
+                       "--out", str(single)]) == 0
+    point = swept / "mu0.5" / "seed2"
+    want, got = _json(single / "config.json")["config"], _json(point / "config.json")["config"]
+    assert {k for k in want if want[k] != got[k]} == {"out"}
+    assert got["seed"] == 2 and got["data_seed"] == 7 and got["method"] == {"mu": 0.5}
+    a, b = _metrics(single), _metrics(point)
+    assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 1, 2]
+    for key in ("accuracy", "loss", "val_accuracy", "train_loss"):
+        np.testing.assert_allclose([r[key] for r in b], [r[key] for r in a], rtol=1e-5, atol=1e-6)
+    assert _json(point / "summary.json")["status"] == "finished"
+
+
+def test_sweep_summary_aggregates_the_points_and_picks_by_validation(swept):
+    summary = _json(swept / "sweep.json")
+    rows = {r["point"]: r for r in summary["points"]}
+    assert set(rows) == {"mu0", "mu0.5"}
+    for name, row in rows.items():
+        finals = [_json(swept / name / f"seed{s}" / "summary.json")["last"]["accuracy"] for s in (1, 2)]
+        assert row["test_last"]["mean"] == pytest.approx(np.mean(finals))
+        assert row["test_last"]["std"] == pytest.approx(np.std(finals))
+    best = max(rows.values(), key=lambda r: r["val_mean_last_10"]["mean"])
+    assert summary["best_by_validation"]["point"] == best["point"]
+    assert "Best by validation" in (swept / "sweep.md").read_text()
+
+
+def test_seeds_differ_and_no_validation_means_no_pick(tmp_path):
+    out = tmp_path / "seeds"
+    assert train.main(["--method", "fedavg", *TINY[:-1], "--rounds", "2", "--seeds", "0,3", "--out", str(out)]) == 0
+    a, b = _metrics(out / "seed0"), _metrics(out / "seed3")
+    assert a[-1]["accuracy"] != b[-1]["accuracy"]
+    summary = _json(out / "sweep.json")
+    assert summary["best_by_validation"] is None and "no point is picked" in summary["note"]
+
+
+def test_a_value_the_method_branches_on_in_python_is_refused(tmp_path, capsys):
+    # pFedKD skips its teacher when alpha == 0.0, a Python decision: alpha cannot be traced
+    code = train.main(["--method", "pfedkd", *TINY, "--rounds", "1", "method.alpha=[0,0.5]",
+                       "--out", str(tmp_path / "kd")])
+    err = capsys.readouterr().err
+    assert code == 2 and "one by one" in err and "Traceback" not in err
+
+
+def test_chunks_follow_the_memory_guard_setting():
+    from fedjax_pfl import config as config_lib
+
+    cfg = config_lib.build(overrides=["train.max_experiments_per_call=2"])
+    assert sweep.experiments_per_call(None, cfg, 5) == 2
+    with pytest.raises(UserError, match="resume a point"):
+        sweep.run_sweep(config_lib.build(overrides=["seeds=[0,1]"]), resume=True)
