@@ -90,3 +90,15 @@ def test_cnn_step_reports_the_step_and_its_op_families():
     else:
         _finite_positive(record["pytorch"], ["samples_per_s", "ms_per_step"])
         assert record["ratio"] > 0
+
+
+def test_seeds_batched_quick_compares_both_modes_and_they_agree():
+    proc = subprocess.run([sys.executable, str(BENCH / "seeds_batched.py"), "--quick", "--methods", "fedavg",
+                           "--seeds", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (record,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    for side in ("batched", "one_after_another"):
+        _finite_positive(record[side], ["seconds", "rounds_per_s", "first_call_s", "peak_rss_bytes"])
+    assert record["speedup_batched_over_one_after_another"] == record["one_after_another"]["seconds"] / \
+        record["batched"]["seconds"]
+    assert record["max_final_accuracy_difference"] < 1e-4
