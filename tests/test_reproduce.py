@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_pfl import reproduce, train
-from fedjax_pfl.runs import table_spec
+from fedjax_pfl.runs import results_writer, table_spec
 
 TINY = """
 paper: "Tiny paper"
@@ -72,6 +72,7 @@ def test_pfedkd_table_sets_the_papers_baseline_options():
 
 def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     table, out = _write_tiny(tmp_path), tmp_path / "repro"
+    monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)  # figures: ~1 s a run, not tested here
     argv = ["--table-file", str(table), "--out", str(out), "--rounds", "2", "--seeds", "0,1", "--no-progress"]
     # 1) Ctrl-C in the first cell (after its round 0): it stops with a checkpoint, the table holds what ran
     monkeypatch.setenv(train.TEST_SIGNAL_ENV, "0:INT")
