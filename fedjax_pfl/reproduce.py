@@ -28,6 +28,7 @@ import math
 import shlex
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 from fedjax_pfl import config as config_lib
@@ -125,13 +126,21 @@ def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
 
 
 def run_cell(argv: list[str], state: str, folder: Path, progress: bool) -> int:
-    """Train one cell (continuing or restarting it per ``state``); the training command's exit status."""
+    """Train one cell (continuing or restarting it per ``state``); the training command's exit status.
+
+    A crash (not a user error) prints its traceback and counts as a failed cell, so one broken
+    method does not stop the rest of a long table.
+    """
     from fedjax_pfl import train
 
     if state == "rerun":
         shutil.rmtree(folder)  # an unfinished run of this very cell without a checkpoint
     flags = (["--resume"] if state == "resume" else []) + ([] if progress else ["--no-progress"])
-    return train.main([*argv, *flags])
+    try:
+        return train.main([*argv, *flags])
+    except Exception:  # noqa: BLE001 -- reported, then the next cell runs
+        traceback.print_exc()
+        return 1
 
 
 def pick_seeds(text: str | None, spec: TableSpec) -> list[int]:

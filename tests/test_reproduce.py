@@ -108,6 +108,24 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     assert "holds a run of another configuration" in _error_line(capsys)
 
 
+def test_a_failing_cell_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv[argv.index("--method") + 1])
+        if len(calls) == 1:
+            raise RuntimeError("a bug in one method")
+        return 2 if len(calls) == 2 else 0
+
+    monkeypatch.setattr(train, "main", fake_main)
+    argv = ["--table-file", str(_write_tiny(tmp_path)), "--out", str(tmp_path / "r"), "--seeds", "0,1"]
+    assert reproduce.main(argv) == 1
+    assert calls == ["local", "local", "fedavg", "fedavg"]
+    err = capsys.readouterr().err
+    assert "RuntimeError: a bug in one method" in err and "2 cell(s) failed: local-synth-seed0, local-synth-seed1" in err
+    assert "- (2 not run)" in (tmp_path / "r" / "table.md").read_text()
+
+
 @pytest.mark.parametrize("args, message", [
     (["no_such_table"], "unknown table 'no_such_table'"),
     (["pfedkd_table1", "--methods", "fedavg,nope"], "unknown method(s) nope"),
