@@ -223,7 +223,8 @@ def main(argv=None) -> int:
         extra = [t for t in rest if "=" in t and not t.startswith("-")]
         unknown = [t for t in rest if t not in extra]
         if unknown:
-            raise UserError(f"unrecognized arguments: {' '.join(unknown)} (see --help; overrides look like key.sub=value)")
+            raise UserError(f"unrecognized arguments: {' '.join(unknown)} "
+                            "(see --help; overrides look like key.sub=value)")
         if args.list:
             print(list_tables(), end="")
             return 0

@@ -122,7 +122,8 @@ def test_a_failing_cell_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     assert reproduce.main(argv) == 1
     assert calls == ["local", "local", "fedavg", "fedavg"]
     err = capsys.readouterr().err
-    assert "RuntimeError: a bug in one method" in err and "2 cell(s) failed: local-synth-seed0, local-synth-seed1" in err
+    assert "RuntimeError: a bug in one method" in err
+    assert "2 cell(s) failed: local-synth-seed0, local-synth-seed1" in err
     assert "- (2 not run)" in (tmp_path / "r" / "table.md").read_text()
 
 

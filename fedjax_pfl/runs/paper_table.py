@@ -56,8 +56,9 @@ def header(spec: TableSpec, rounds: dict, seeds: list[int], extra: list[str] = (
     if len(seeds) < len(spec.seeds):
         seeds_text += f" (reduced; the table file's seeds: {', '.join(map(str, spec.seeds))})"
     return [f"# {spec.paper}, {spec.table}: reproduced with fedjax_pfl", "",
-            f"Accuracy (%): {METRICS[spec.metric]} ({spec.metric}), unweighted mean over clients of the personalized "
-            "models' test accuracy; mean ± std over seeds (ddof=0).",
+            f"Accuracy (%): {METRICS[spec.metric]} ({spec.metric}) of the unweighted mean over clients of each "
+            "client's test accuracy with the model its method evaluates (eval.model: personalized, or global for "
+            "FedAvg-style methods); mean ± std over seeds (ddof=0).",
             f"Rounds: {'; '.join(reduced_rounds)}.", f"Seeds: {seeds_text}.",
             *extra, *([spec.note] if spec.note else []), ""]
 
