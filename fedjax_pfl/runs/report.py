@@ -143,7 +143,7 @@ def group_row(group: list[RunResult], varying: list[str]) -> dict:
     return row
 
 
-def _percent(mean: float, std: float, runs: int) -> str:
+def format_percent(mean: float, std: float, runs: int) -> str:
     if not np.isfinite(mean):
         return "-"
     return f"{100 * mean:.2f} ± {100 * std:.2f}" if runs > 1 else f"{100 * mean:.2f}"
@@ -157,7 +157,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         cells = [r["method"], r["dataset"], r["clients"], r["partition"], r["model"],
                  *([r["settings"]] if show_settings else []), r["seeds"],
-                 *(_percent(r[f"{m}_mean"], r[f"{m}_std"], r["runs"]) for m in METRICS),
+                 *(format_percent(r[f"{m}_mean"], r[f"{m}_std"], r["runs"]) for m in METRICS),
                  r["rounds"], f"{r['wall_seconds']:.0f}" if np.isfinite(r["wall_seconds"]) else "-", r["status"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append("")
