@@ -105,6 +105,7 @@ class RunConfig:
     seed: int = 0
     data_seed: int | None = None  # seed of the data partition (and generated data); empty: `seed`
     seeds: tuple[int, ...] = ()  # several seeds in one vmapped program (runs/sweep.py); empty: just `seed`
+    vary_data_with_seed: bool = False  # with `seeds`: each seed draws its own partition (shapes must agree)
     sweep: dict[str, Any] = dataclasses.field(default_factory=dict)  # 'train.lr' / 'method.X' -> list of values
     eval_every: int = 1
     checkpoint_every: int = 0  # rounds between checkpoints of server and client state (0: never)

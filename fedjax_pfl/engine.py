@@ -114,9 +114,11 @@ class Engine:
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_with_val)
         self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(8, 9, 10))
-        self._rounds_batched = jax.jit(
-            jax.vmap(self._rounds_impl, in_axes=(0, 0, None, None, 0, None, None, 0, None, None, None)),
-            donate_argnums=(0, 1), static_argnums=(8, 9, 10))
+        self._rounds_batched = {  # by whether the data carry the experiment axis too
+            data_axis: jax.jit(
+                jax.vmap(self._rounds_impl, in_axes=(0, 0, data_axis, data_axis, 0, None, None, 0, None, None, None)),
+                donate_argnums=(0, 1), static_argnums=(8, 9, 10))
+            for data_axis in (None, 0)}
         self._init_batched = jax.jit(jax.vmap(lambda k: method.init(k, self.num_clients)))
 
     # ------------------------------------------------------- traced values
@@ -218,18 +220,20 @@ class Engine:
         return self._init_batched(keys)
 
     def run_rounds_batched(self, servers, clients, keys, first: int, count: int, total_rounds: int, eval_every: int,
-                           stop: int | None = None, values: dict | None = None):
+                           stop: int | None = None, values: dict | None = None, data=None):
         """`run_rounds` of E experiments in ONE program: vmapped over a leading experiment axis.
 
         ``servers``, ``clients`` and ``keys`` carry the experiment axis [E, ...]
-        and so does each of ``values`` (name -> [E] array); the client data
-        are shared. Returns (servers, clients, [metrics per experiment],
+        and so does each of ``values`` (name -> [E] array). The client data
+        are the engine's, shared, unless ``data = (train, (test, val))`` gives
+        each experiment its own (stacked [E, ...], the engine's shapes). Returns (servers, clients, [metrics per experiment],
         [evaluations per experiment]), each experiment's as `run_rounds` gives them.
         """
         stop = total_rounds if stop is None else min(stop, total_rounds)
         try:
-            servers, clients, metrics, evals = self._rounds_batched(
-                servers, clients, self.train, self.eval_data, keys, jnp.int32(first), jnp.int32(stop), values or {},
+            train, eval_data = data if data is not None else (self.train, self.eval_data)
+            servers, clients, metrics, evals = self._rounds_batched[None if data is None else 0](
+                servers, clients, train, eval_data, keys, jnp.int32(first), jnp.int32(stop), values or {},
                 count, total_rounds, eval_every)
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError) as e:
             from fedjax_pfl.errors import UserError

@@ -68,7 +68,7 @@ def _batched(eng, seeds, rounds=3, values=None):
 @pytest.mark.parametrize("method_name", ["fedavg", "fedper"])
 def test_each_seed_of_a_batched_run_equals_its_single_run(method_name):
     eng = _engine(method_name)
-    seeds = [0, 1, 5]
+    seeds = [0, 5]
     servers, clients, metrics, evals = _batched(eng, seeds)
     for e, seed in enumerate(seeds):
         server, client, m, ev = _single(eng, seed)
@@ -84,7 +84,7 @@ def test_each_seed_of_a_batched_run_equals_its_single_run(method_name):
 
 def test_each_grid_point_equals_the_run_built_with_that_value():
     """lr and FedProx mu as traced [E] values == methods built with the Python numbers."""
-    grid = [(0.1, 0.0), (0.05, 0.5), (0.2, 0.1)]
+    grid = [(0.1, 0.0), (0.05, 0.5)]
     eng = _engine("fedprox", {"mu": 0.01})
     values = {"lr": jnp.asarray([g[0] for g in grid]), "mu": jnp.asarray([g[1] for g in grid])}
     servers, clients, _, evals = _batched(eng, [3] * len(grid), values=values)

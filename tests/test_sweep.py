@@ -87,3 +87,20 @@ def test_chunks_follow_the_memory_guard_setting():
     assert sweep.experiments_per_call(None, cfg, 5) == 2
     with pytest.raises(UserError, match="resume a point"):
         sweep.run_sweep(config_lib.build(overrides=["seeds=[0,1]"]), resume=True)
+
+
+def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path, capsys):
+    """vary_data_with_seed: fixed client sizes give equal shapes, so each seed's partition rides the
+    experiment axis; each point equals the plain single run with that seed (data_seed = seed)."""
+    args = ["--method", "fedavg", "--dataset", "fmnist", "--model", "mlr", "--num-clients", "4", "--partition",
+            "dirichlet", "--alpha", "0.5", "--rounds", "2", "--local-epochs", "1", "--batch-size", "10",
+            "partition.train_per_client=30", "partition.test_per_client=10", "--no-progress", "--offline"]
+    assert train.main([*args, "--seeds", "0,1", "vary_data_with_seed=true", "--out", str(tmp_path / "sw")]) == 0
+    assert train.main([*args, "--seed", "1", "--out", str(tmp_path / "single")]) == 0
+    point, single = tmp_path / "sw" / "seed1", tmp_path / "single"
+    assert _json(point / "partition.json") == _json(single / "partition.json")
+    assert _json(point / "partition.json") != _json(tmp_path / "sw" / "seed0" / "partition.json")
+    np.testing.assert_allclose([r["loss"] for r in _metrics(point)], [r["loss"] for r in _metrics(single)], rtol=1e-5)
+    code = train.main([*TINY, "--method", "fedavg", "--seeds", "0,1", "vary_data_with_seed=true",
+                       "--out", str(tmp_path / "ragged")])
+    assert code == 2 and "different array shapes" in capsys.readouterr().err

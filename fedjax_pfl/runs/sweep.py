@@ -2,8 +2,9 @@
 
 ``python -m fedjax_pfl.train ... --seeds 0,1,2 train.lr=[0.1,0.05] method.mu=[0,0.01]``
 expands into points (every combination of the listed values, times the seeds).
-The points share the data partition (drawn with ``data_seed``, else ``seed``),
-the model's shapes and the compiled program: the round is vmapped over a
+The points share the data partition (drawn with ``data_seed``, else ``seed``;
+with ``vary_data_with_seed``, each seed draws its own, which works where all
+partitions have the same array shapes, e.g. fixed client sizes), the model's shapes and the compiled program: the round is vmapped over a
 leading experiment axis (`Engine.run_rounds_batched`); each point's initial
 state comes from its own seed (vmapped init), its client sampling and batch
 order from its own round keys, and its grid values enter as traced scalars
@@ -92,7 +93,8 @@ def expand(cfg: config_lib.RunConfig) -> list[Point]:
         grid_name = "_".join(f"{n}{v:g}" for n, v in values.items())
         for seed in seeds:
             point = copy.deepcopy(cfg)
-            point.seeds, point.sweep, point.seed, point.data_seed = (), {}, seed, data_seed
+            point.seeds, point.sweep, point.seed = (), {}, seed
+            point.data_seed, point.vary_data_with_seed = seed if cfg.vary_data_with_seed else data_seed, False
             for key, v in zip(cfg.sweep, combo):
                 if key == "train.lr":
                     point.train.lr = float(v)
@@ -162,11 +164,38 @@ def _stack_values(points: list[Point]) -> dict:
     return {name: jnp.asarray([p.values[name] for p in points], jnp.float32) for name in points[0].values}
 
 
-def _run_chunk(exp, points: list[Point], outputs: list[PointOutput], progress: bool, stop) -> bool:
+def experiments_by_data_seed(points: list[Point]) -> dict:
+    """{data seed: Experiment} for the points' partitions; one-line error when their shapes differ."""
+    from fedjax_pfl.experiment import build_experiment
+
+    exps: dict = {}
+    for point in points:
+        seed = point.cfg.data_seed
+        if seed in exps:
+            continue
+        first = next(iter(exps.values()), None)
+        reuse = first is not None and point.cfg.data.name != "synthetic"  # generated data depend on the seed
+        exps[seed] = build_experiment(copy.deepcopy(point.cfg), dataset=first.dataset if reuse else None)
+        shapes = lambda e: jax.tree.map(np.shape, (e.data.train, e.data.test, e.data.val))  # noqa: E731
+        if first is not None and shapes(exps[seed]) != shapes(first):
+            raise UserError("vary_data_with_seed: the seeds' partitions have different array shapes (largest client "
+                            "differs); use fixed client sizes (partition.train_per_client / test_per_client) or "
+                            "one shared partition (leave vary_data_with_seed off)")
+    return exps
+
+
+def _stacked_data(exps: list):
+    """The experiments' (train, (test, val)) stacked on a leading experiment axis."""
+    return jax.tree.map(lambda *a: jnp.stack(a), *[(e.engine.train, e.engine.eval_data) for e in exps])
+
+
+def _run_chunk(exps: dict, points: list[Point], outputs: list[PointOutput], progress: bool, stop) -> bool:
     """Run one chunk of points to the end (or to a Ctrl-C); False when stopped early."""
     from fedjax_pfl import train
 
     cfg = points[0].cfg
+    exp = exps[cfg.data_seed]
+    data = _stacked_data([exps[p.cfg.data_seed] for p in points]) if len(exps) > 1 else None
     rounds = cfg.train.rounds
     keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.cfg.seed))) for p in points])
     init_keys, run_keys = keys[:, 0], keys[:, 1]
@@ -180,7 +209,8 @@ def _run_chunk(exp, points: list[Point], outputs: list[PointOutput], progress: b
             stop_at = calls.stop_after(t)
             began = time.perf_counter()
             servers, clients, metrics, evaluations = exp.engine.run_rounds_batched(
-                servers, clients, run_keys, t, calls.count, rounds, cfg.eval_every, stop=stop_at, values=values)
+                servers, clients, run_keys, t, calls.count, rounds, cfg.eval_every, stop=stop_at, values=values,
+                data=data)
             calls.done(stop_at - t, time.perf_counter() - began, rounds - stop_at)
             last = stop_at - 1
             stopping = stop.requested and last < rounds - 1
@@ -256,7 +286,7 @@ def sweep_markdown(summary: dict) -> str:
 def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) -> dict:
     """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md."""
     from fedjax_pfl import train
-    from fedjax_pfl.experiment import build_experiment, validate
+    from fedjax_pfl.experiment import validate
 
     if resume:
         raise UserError("--resume continues one run: resume a point of a sweep in its own folder "
@@ -268,8 +298,9 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
         train.check_output_folder(point.out, resume=False)
         config_lib.method_options(get_method(cfg.method_name).hparams_type, point.cfg.method)  # concrete checks
         config_lib.validate_values(point.cfg)
-    exp = build_experiment(copy.deepcopy(points[0].cfg))
-    print(exp.partition_text)
+    exps = experiments_by_data_seed(points)
+    exp = next(iter(exps.values()))
+    print(exp.partition_text if len(exps) == 1 else f"{len(exps)} partitions, one per seed (vary_data_with_seed)")
     per_call = experiments_per_call(exp.engine, cfg, len(points))
     print(f"{len(points)} runs, {per_call} per compiled program, on {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}) ...", flush=True)
@@ -278,10 +309,10 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
     with train._StopRequest() as stop:
         for i in range(0, len(points), per_call):
             chunk = points[i:i + per_call]
-            outputs = [PointOutput(p, exp, start) for p in chunk]
+            outputs = [PointOutput(p, exps[p.cfg.data_seed], start) for p in chunk]
             finished = False
             try:
-                finished = _run_chunk(exp, chunk, outputs, progress, stop)
+                finished = _run_chunk(exps, chunk, outputs, progress, stop)
             finally:
                 summaries += [o.finish({"status": "finished"} if finished else None) for o in outputs]
             if not finished:
