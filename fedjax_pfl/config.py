@@ -344,5 +344,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def resume_differences(saved: dict, new: dict) -> list[str]:
     """``'key: saved -> new'`` for each setting a resumed run would change, beyond RESUME_MAY_CHANGE."""
     a, b = _flatten(saved), _flatten(new)
+    for flat in (a, b):  # an empty data_seed means `seed`: the same run
+        if flat.get("data_seed") is None:
+            flat["data_seed"] = flat.get("seed")
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if k not in RESUME_MAY_CHANGE and a.get(k) != b.get(k)]

@@ -5,7 +5,13 @@ Runs every cell (method x setting x seed) of the table configs/tables/NAME.yaml
 (``fedjax_pfl.train.main``, so JAX starts once), printing each cell's
 equivalent shell command, and writes the table (`fedjax_pfl.runs.paper_table`):
 
-    reproductions/NAME/table.md, table.csv, runs/<method>-<setting>-seed<k>/
+    reproductions/NAME/table.md, table.csv, runs/<method>-<setting>/seed<k>/
+
+The new seeds of a cell run as ONE program (``--seeds``, runs/sweep.py, each
+seed with its own partition: ``vary_data_with_seed``) when the setting fixes
+every client's train and test sizes, so the seeds' arrays have one shape;
+otherwise, or with ``--one-by-one``, one run per seed. Either way each seed
+writes the same run folder (numbers equal within float tolerance).
 
 Resumable: a cell whose run folder holds a run of the same configuration
 with summary.json status ``finished`` (or ``failed``: a diverged run fails
@@ -58,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="folder with dataset files (else $FEDJAX_PFL_DATA_DIR, then the cache)")
     p.add_argument("--dry-run", action="store_true", help="print each cell's command and state; run nothing")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--one-by-one", action="store_true", help="never run a cell's seeds as one vmapped program")
     return p
 
 
@@ -125,6 +132,21 @@ def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
     return "resume" if (folder / "checkpoint.npz").is_file() else "rerun"
 
 
+def batchable(cfg: config_lib.RunConfig) -> bool:
+    """Whether the seeds of this setting can share one program: every client's sizes are fixed."""
+    p = cfg.partition
+    return p.scheme != "natural" and bool(p.train_per_client) and bool(p.test_per_client)
+
+
+def seeds_argv(argv: list[str], seeds: list[int], folder: Path) -> list[str]:
+    """A cell's command turned into one ``--seeds`` run writing ``folder``/seed<k>."""
+    at = argv.index("--seed")
+    rest = [a for i, a in enumerate(argv) if i not in (at, at + 1)]
+    out = rest.index("--out")
+    rest[out + 1] = str(folder)
+    return [*rest, "--seeds", ",".join(map(str, seeds)), "vary_data_with_seed=true"]
+
+
 def run_cell(argv: list[str], state: str, folder: Path, progress: bool) -> int:
     """Train one cell (continuing or restarting it per ``state``); the training command's exit status.
 
@@ -187,12 +209,24 @@ def reproduce(args, extra: list[str]) -> int:
     published = {c.setting.name: paper_rounds(c, extra) for c in cells}
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
     failed, status = [], 0
-    for i, cell in enumerate(cells, 1):
-        folder = out / "runs" / cell.folder_name
-        argv = cell_argv(cell, folder, rounds[cell.setting.name][0], extra, args.data_dir)
-        state = cell_state(folder, build_config(argv))
+    plans = []  # (label, cells, argv, state, folder)
+    for group in _groups(cells):
+        argvs = [cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra, args.data_dir)
+                 for c in group]
+        configs = [build_config(a) for a in argvs]
+        states = [cell_state(out / "runs" / c.folder_name, cfg) for c, cfg in zip(group, configs)]
+        new = [c for c, st in zip(group, states) if st == "new"]
+        together = len(new) > 1 and batchable(configs[0]) and not args.one_by_one
+        if together:
+            folder = out / "runs" / group[0].group_name
+            plans.append((f"{group[0].group_name} seeds {','.join(str(c.seed) for c in new)} (one program)", new,
+                          seeds_argv(argvs[group.index(new[0])], [c.seed for c in new], folder), "new", folder))
+        for c, a, st in zip(group, argvs, states):
+            if not (together and st == "new"):
+                plans.append((c.folder_name, [c], a, st, out / "runs" / c.folder_name))
+    for i, (label, plan_cells, argv, state, folder) in enumerate(plans, 1):
         command = shlex.join([*TRAIN.split(), *argv, *(["--resume"] if state == "resume" else [])])
-        print(f"[{i}/{len(cells)}] {cell.folder_name}: {'skipped (done)' if state == 'finished' else state}"
+        print(f"[{i}/{len(plans)}] {label}: {'skipped (done)' if state == 'finished' else state}"
               f"{'' if state == 'finished' else ': ' + command}", flush=True)
         if args.dry_run or state == "finished":
             continue
@@ -203,7 +237,7 @@ def reproduce(args, extra: list[str]) -> int:
                   file=sys.stderr)
             break
         if rc != 0:
-            failed.append(cell.folder_name)
+            failed += [c.folder_name for c in plan_cells]
     if args.dry_run:
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -215,6 +249,14 @@ def reproduce(args, extra: list[str]) -> int:
         print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
         return status or 1
     return status
+
+
+def _groups(cells: list[Cell]) -> list[list[Cell]]:
+    """The cells grouped by (method, setting), in table order."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.group_name, []).append(cell)
+    return list(groups.values())
 
 
 def main(argv=None) -> int:

@@ -77,7 +77,7 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     # 1) Ctrl-C in the first cell (after its round 0): it stops with a checkpoint, the table holds what ran
     monkeypatch.setenv(train.TEST_SIGNAL_ENV, "0:INT")
     assert reproduce.main(argv) == 130
-    first = out / "runs" / "local-synth-seed0"
+    first = out / "runs" / "local-synth/seed0"
     assert json.loads((first / "summary.json").read_text())["status"] == "interrupted"
     assert "1 interrupted" in (out / "table.md").read_text()
     monkeypatch.delenv(train.TEST_SIGNAL_ENV)
@@ -85,11 +85,11 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     # 2) the same command continues that cell with --resume and runs the other three
     assert reproduce.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "local-synth-seed0: resume: python -m fedjax_pfl.train" in printed and "--resume" in printed
-    assert "global-synth-seed1: new: python -m fedjax_pfl.train --method fedavg --seed 1" in printed
+    assert "local-synth/seed0: resume: python -m fedjax_pfl.train" in printed and "--resume" in printed
+    assert "global-synth/seed1: new: python -m fedjax_pfl.train --method fedavg --seed 1" in printed
     rows = {r["method"]: r for r in csv.DictReader(open(out / "table.csv"))}
     for method in ("local", "global"):
-        best = [json.loads((out / "runs" / f"{method}-synth-seed{k}" / "summary.json").read_text())
+        best = [json.loads((out / "runs" / f"{method}-synth" / f"seed{k}" / "summary.json").read_text())
                 ["best_optimistic"]["by_accuracy"]["accuracy"] for k in (0, 1)]
         assert float(rows[method]["mean"]) == pytest.approx(np.mean(best), abs=1e-12)
         assert float(rows[method]["std"]) == pytest.approx(np.std(best), abs=1e-12)
@@ -123,7 +123,7 @@ def test_a_failing_cell_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     assert calls == ["local", "local", "fedavg", "fedavg"]
     err = capsys.readouterr().err
     assert "RuntimeError: a bug in one method" in err
-    assert "2 cell(s) failed: local-synth-seed0, local-synth-seed1" in err
+    assert "2 cell(s) failed: local-synth/seed0, local-synth/seed1" in err
     assert "- (2 not run)" in (tmp_path / "r" / "table.md").read_text()
 
 
@@ -145,3 +145,35 @@ def test_bad_table_file_is_one_line_exit_2(tmp_path, capsys):
     path.write_text(TINY.replace("paper_results: {local: {synth: 55.5}}", "paper_results: {nope: {synth: 1}}"))
     assert reproduce.main(["--table-file", str(path), "--dry-run"]) == 2
     assert "paper_results must map method names" in _error_line(capsys)
+
+
+FIXED_SIZES = """
+paper: "Tiny paper"
+table: "Table 0"
+metric: last
+seeds: [0, 1]
+settings:
+  - name: fixed
+    overrides: [data.name=synthetic, partition.scheme=iid, partition.num_clients=3, partition.train_per_client=20,
+                partition.test_per_client=10, model.name=mlr, train.rounds=2, train.local_epochs=1,
+                train.batch_size=8, train.join_ratio=1.0]
+methods: [fedavg]
+"""
+
+
+def test_seeds_of_a_fixed_size_setting_run_as_one_program_and_equal_one_by_one(tmp_path, monkeypatch, capsys):
+    table = tmp_path / "fixed.yaml"
+    table.write_text(FIXED_SIZES)
+    monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)
+    tables = {}
+    for mode in ("together", "one_by_one"):
+        argv = ["--table-file", str(table), "--out", str(tmp_path / mode), "--no-progress"]
+        assert reproduce.main([*argv, *(["--one-by-one"] if mode == "one_by_one" else [])]) == 0
+        printed = capsys.readouterr().out
+        assert ("fedavg-fixed seeds 0,1 (one program): new" in printed) == (mode == "together")
+        tables[mode] = {r["method"]: r for r in csv.DictReader(open(tmp_path / mode / "table.csv"))}
+        assert tables[mode]["fedavg"]["status"] == "2 finished"
+    assert float(tables["together"]["fedavg"]["mean"]) == pytest.approx(float(tables["one_by_one"]["fedavg"]["mean"]),
+                                                                         abs=1e-5)
+    assert reproduce.main(["--table-file", str(table), "--out", str(tmp_path / "together"), "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("skipped (done)") == 2

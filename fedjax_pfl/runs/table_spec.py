@@ -62,8 +62,14 @@ class Cell:
     seed: int
 
     @property
+    def group_name(self) -> str:
+        """The folder of the cell's seeds: ``<method>-<setting>``."""
+        return f"{self.method.name}-{self.setting.name}"
+
+    @property
     def folder_name(self) -> str:
-        return f"{self.method.name}-{self.setting.name}-seed{self.seed}"
+        """``<method>-<setting>/seed<k>``: the layout a ``--seeds`` run writes (runs/sweep.py)."""
+        return f"{self.group_name}/seed{self.seed}"
 
     @property
     def overrides(self) -> tuple[str, ...]:
