@@ -110,7 +110,8 @@ def _by_owner(owner):
 def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
     params = {
         "iid": {},
-        "dirichlet": {"alpha": p.alpha, "min_size": max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0))},
+        "dirichlet": {"alpha": p.alpha, "min_size": max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0)),
+                      "max_classes_per_client": p.max_classes_per_client},
         "pathological": {"classes_per_client": p.classes_per_client},
         "practical": {"num_groups": p.num_groups, "dominant_classes_per_group": p.dominant_classes_per_group,
                       "uniform_fraction": p.uniform_fraction, "samples_per_client": p.samples_per_client},
