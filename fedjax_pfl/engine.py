@@ -136,7 +136,7 @@ class Engine:
             k_strag, cfg.clients_per_round, method.setup.local_epochs, cfg.straggler_fraction, cfg.drop_fraction
         )
         keys = jax.random.split(k_clients, cfg.clients_per_round)
-        steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs)
+        steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs, method.setup.drop_last)
         if client_mapping.sorts_clients(self.mapping):  # each chunk runs to its own largest client
             order = jnp.argsort(-steps, stable=True)
             selected, epochs, uploaded, keys, steps = (a[order] for a in (selected, epochs, uploaded, keys, steps))

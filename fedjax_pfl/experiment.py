@@ -139,6 +139,8 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
         share_batch_stats=t.share_batch_stats,
         learning_rate=t.lr,
         eval_model=cfg.eval.model,
+        drop_last=t.drop_last,
+        persistent_optimizer=t.persistent_optimizer,
     )
 
 

@@ -42,6 +42,7 @@ class DittoConfig:
 
 class Ditto(FedAvg):
     name = "ditto"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = DittoConfig
 
     def init(self, key, num_clients):

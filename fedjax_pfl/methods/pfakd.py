@@ -133,8 +133,7 @@ class PFAKD(SharedBodyMethod):
     def local_phase(self, server, client, variables, data, key, info):
         # ``variables`` = received global body + own head: the frozen teacher copy.
         teacher = jax.lax.stop_gradient(variables)
-        variables, loss = self.train(self.local_objective(teacher), variables, data, key, info.epochs)
-        return variables, loss, {}
+        return self.train_kept(self.local_objective(teacher), client, variables, data, key, info.epochs)
 
 
 class PFAKDAT(PFAKD):

@@ -85,6 +85,9 @@ class StepMethod(Method):
         super().__init__(setup, hparams)
         if setup.learning_rate is None:
             raise ValueError(f"{self.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
+        if setup.drop_last:
+            raise UserError(f"method {self.name!r} draws a random batch of B samples per step, not epochs of "
+                            "batches: train.drop_last does not apply; leave it false")
         self.train_lr = setup.learning_rate
 
     def local_steps(self) -> int:
