@@ -5,7 +5,12 @@ gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
 lax.map or chunked vmap: client_mapping.py); (5) the method's server step on
 the stacked uploads; (6) scatter client state back. Stragglers (fewer local
-epochs, dropped uploads) are drawn from the same key. There is no Python loop
+epochs, dropped uploads) are drawn from the same key. With ``all_clients_train``
+(train.all_clients_train; pFedMe's authors' code, CharlieDinh/pFedMe
+serverpFedMe.py, trains every user each round and aggregates only the sampled
+ones) all N clients train in (4), the sampled clients first, and only the
+sampled ones count as uploaded: server steps weight uploads by
+``info.uploaded``. With join_ratio 1 it is the default round. There is no Python loop
 over clients. Evaluation maps every client's personalized model over its test
 data in one call; the host reads metrics only when it asks for them.
 """
@@ -21,6 +26,7 @@ import numpy as np
 
 from fedjax_pfl import client_mapping, local_training, losses, sharding, tree_ops
 from fedjax_pfl.data.client_data import ClientData
+from fedjax_pfl.errors import UserError
 from fedjax_pfl.methods.base import ClientRound, Method, ServerRound
 
 
@@ -33,6 +39,7 @@ class EngineConfig:
     chunk_size: int = 8
     straggler_fraction: float = 0.0  # selected clients that train 1..E//2 epochs
     drop_fraction: float = 0.0  # selected clients whose upload is lost
+    all_clients_train: bool = False  # every client trains; only the round's sampled clients upload
     eval_batch_size: int = 256
     shard: bool = True  # split the client axis over all devices when there are several
 
@@ -106,6 +113,8 @@ class Engine:
         self.test = test
         if config.clients_per_round > self.num_clients:
             raise ValueError("clients_per_round exceeds the number of clients")
+        if config.all_clients_train and not method.aggregates_uploaded_only:
+            raise UserError(f"method {method.name!r} does not support train.all_clients_train; leave it false")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_impl)
         self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(7, 8, 9))
@@ -132,10 +141,16 @@ class Engine:
         cfg, method = self.config, self.method
         k_sel, k_strag, k_clients = jax.random.split(key, 3)
         selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
+        training = self.num_clients if cfg.all_clients_train else cfg.clients_per_round
+        if cfg.all_clients_train:  # the sampled clients, then the others in index order
+            sampled = jnp.zeros(self.num_clients, bool).at[selected].set(True)
+            others = jnp.argsort(sampled, stable=True)[: self.num_clients - cfg.clients_per_round]
+            selected = jnp.concatenate([selected, others])
         epochs, uploaded = straggler_plan(
-            k_strag, cfg.clients_per_round, method.setup.local_epochs, cfg.straggler_fraction, cfg.drop_fraction
+            k_strag, training, method.setup.local_epochs, cfg.straggler_fraction, cfg.drop_fraction
         )
-        keys = jax.random.split(k_clients, cfg.clients_per_round)
+        uploaded &= jnp.arange(training) < cfg.clients_per_round
+        keys = jax.random.split(k_clients, training)
         steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs, method.setup.drop_last)
         if client_mapping.sorts_clients(self.mapping):  # each chunk runs to its own largest client
             order = jnp.argsort(-steps, stable=True)

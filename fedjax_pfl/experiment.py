@@ -223,6 +223,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
         chunk_size=t.chunk_size,
         straggler_fraction=t.straggler_fraction,
         drop_fraction=t.drop_fraction,
+        all_clients_train=t.all_clients_train,
     )
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg)
     return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))

@@ -161,3 +161,62 @@ def test_persistent_plain_sgd_equals_fresh_optimizer(name):
 def test_persistent_optimizer_refused_by_methods_that_train_their_own_way():
     with pytest.raises(UserError, match="'fedrep' does not support train.persistent_optimizer"):
         _local_method("fedrep", persistent_optimizer=True)
+
+
+# ----------------------------------------------------------- all_clients_train
+def _engine(name, count, all_clients_train, sizes=(7, 23, 1, 16, 12), **setup_options):
+    x, y, idx = _data(MODEL.input_shape, sizes=list(sizes))
+    train = stack_clients(x, y, idx)
+    method = get_method(name)(dataclasses.replace(_setup(MODEL), learning_rate=0.1, **setup_options))
+    config = engine_lib.EngineConfig(count, all_clients_train=all_clients_train)
+    return engine_lib.Engine(method, train, train, config), train
+
+
+def test_all_clients_train_with_every_client_sampled_is_the_default_round():
+    out = []
+    for on in (False, True):
+        eng, _ = _engine("fedavg", 5, on)
+        server, clients = eng.init(jax.random.key(0))
+        server, clients, metrics = eng.round(server, clients, jax.random.key(1), 0)
+        out.append((server, clients, metrics["selected"], metrics["uploaded"]))
+    _assert_close(out[0], out[1], tol=0)
+
+
+def test_all_clients_train_every_client_trains_and_only_the_sampled_aggregate():
+    """pFedMe, 2 of 5 sampled: every client's theta is its client_update from the global
+    model; the server mixes in the mean of the 2 sampled clients' uploads only."""
+    eng, train = _engine("pfedme", 2, True)
+    method, n = eng.method, eng.num_clients
+    server0, clients0 = eng.init(jax.random.key(0))
+    server0, clients0 = jax.tree.map(np.asarray, (server0, clients0))
+    round_key = jax.random.key(4)
+    server, clients, metrics = eng.round(server0, clients0, round_key, 0)
+    k_sel, _, k_clients = jax.random.split(round_key, 3)
+    sampled = np.asarray(engine_lib.select_clients(k_sel, n, 2))
+    order = [*sampled, *sorted(set(range(n)) - set(sampled))]
+    keys = jax.random.split(k_clients, n)
+    info = ClientRound(jnp.int32(0), jnp.int32(method.setup.local_epochs))
+    update = jax.jit(lambda c, d, k: method.client_update(server0, c, ClientData(*d), k, info))
+    results = {c: update(tree_ops.gather(clients0, c), tuple(tree_ops.gather(train, c)), keys[j])
+               for j, c in enumerate(order)}
+    for c in range(n):
+        _assert_close(tree_ops.gather(clients, c), results[c][0])
+        assert not np.allclose(tree_ops.gather(clients, c)["variables"]["params"]["head"]["logits"]["kernel"],
+                               clients0["variables"]["params"]["head"]["logits"]["kernel"][c])
+    uploads = jax.tree.map(lambda *a: jnp.stack(a), *[results[c][1] for c in sampled])
+    ref_info = engine_lib.ServerRound(jnp.int32(0), jnp.asarray(sampled), train.n[sampled].astype(jnp.float32),
+                                      jnp.ones(2, bool))
+    ref_server, _ = method.server_update(server0, {}, uploads, ref_info)
+    _assert_close(server, ref_server)
+    assert sorted(np.asarray(metrics["selected"])[np.asarray(metrics["uploaded"])]) == sorted(sampled)
+
+
+def test_all_clients_train_refused_by_a_method_whose_server_step_ignores_uploaded():
+    class IgnoresUploaded(type(get_method("fedavg")(_setup(MODEL)))):
+        name = "ignores_uploaded"
+        aggregates_uploaded_only = False
+
+    x, y, idx = _data(MODEL.input_shape)
+    train = stack_clients(x, y, idx)
+    with pytest.raises(UserError, match="'ignores_uploaded' does not support train.all_clients_train"):
+        engine_lib.Engine(IgnoresUploaded(_setup(MODEL)), train, train, engine_lib.EngineConfig(2, all_clients_train=True))

@@ -81,6 +81,9 @@ class Method:
     eval_models: tuple[str, ...] = ("local",)  # 'local': each client's own model after its last training
     needs_body_head_split: bool = False  # shares a body: a model without body parameters cannot work
     keeps_optimizer_state: bool = False  # supports setup.persistent_optimizer (`train_kept`, `with_optimizer_state`)
+    # Its server step uses only uploads with ``info.uploaded`` (as drop_fraction needs), so the engine's
+    # train.all_clients_train may let every client train; a method whose server step does not sets False.
+    aggregates_uploaded_only: bool = True
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
         if setup.persistent_optimizer and not self.keeps_optimizer_state:
