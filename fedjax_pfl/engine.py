@@ -5,12 +5,7 @@ gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
 lax.map or chunked vmap: client_mapping.py); (5) the method's server step on
 the stacked uploads; (6) scatter client state back. Stragglers (fewer local
-epochs, dropped uploads) are drawn from the same key. With ``all_clients_train``
-(train.all_clients_train; pFedMe's authors' code, CharlieDinh/pFedMe
-serverpFedMe.py, trains every user each round and aggregates only the sampled
-ones) all N clients train in (4), the sampled clients first, and only the
-sampled ones count as uploaded: server steps weight uploads by
-``info.uploaded``. With join_ratio 1 it is the default round. There is no Python loop
+epochs, dropped uploads) are drawn from the same key. There is no Python loop
 over clients. Evaluation maps every client's personalized model over its test
 data in one call; the host reads metrics only when it asks for them.
 """
@@ -138,6 +133,12 @@ class Engine:
         return self._round(server, clients, self.train, key, jnp.int32(round_index))
 
     def _round_impl(self, server, clients, train, key, round_index):
+        """One round. With ``all_clients_train`` (train.all_clients_train, as the
+        pFedMe authors' serverpFedMe.py: every user trains, then the sampled
+        ones are aggregated) all N clients train, the sampled ones first, and
+        only the sampled ones count as uploaded (server steps weight uploads by
+        ``info.uploaded``); the metrics' ``selected`` then lists all N. With
+        join_ratio 1 it is the default round."""
         cfg, method = self.config, self.method
         k_sel, k_strag, k_clients = jax.random.split(key, 3)
         selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
