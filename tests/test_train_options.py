@@ -91,11 +91,12 @@ def test_drop_last_does_not_apply_to_random_batch_methods():
 
 
 # ------------------------------------------------------- persistent_optimizer
-@pytest.mark.parametrize("name", ["local", "pfakd"])
+@pytest.mark.parametrize("name", ["local", "pfakd", "ditto"])
 def test_persistent_momentum_equals_two_local_phases_sharing_the_buffer(name):
-    """Local, and PFAKD with beta 0 (CE only) on an unchanged global body: the second
-    local phase starts from the first one's momentum buffer."""
-    hparams = get_method(name).hparams_type(beta=0.0) if name == "pfakd" else None
+    """Local, PFAKD with beta 0 (CE only) on an unchanged global body and Ditto's personal
+    model with lamda 0: the second local phase starts from the first one's momentum buffer."""
+    hparams = {"pfakd": {"beta": 0.0}, "ditto": {"lamda": 0.0}}.get(name)
+    hparams = get_method(name).hparams_type(**hparams) if hparams else None
     method = _local_method(name, hparams, persistent_optimizer=True)
     data, x, y = _client(13, 16)
     server, clients = method.init(jax.random.key(0), 1)
@@ -112,7 +113,7 @@ def test_persistent_momentum_equals_two_local_phases_sharing_the_buffer(name):
     fresh, _ = _reference_train(ref, x, y, k2, e, b, 16)
     ref, buf = _reference_train(ref, x, y, k2, e, b, 16, opt_state=buf)
     _assert_close(client["variables"], ref)
-    _assert_close(client["opt_state"], buf)
+    _assert_close(client["personal_opt_state" if name == "ditto" else "opt_state"], buf)
     assert max(float(jnp.max(jnp.abs(p - q)))
                for p, q in zip(jax.tree.leaves(client["variables"]), jax.tree.leaves(fresh))) > 1e-5
 
@@ -225,4 +226,5 @@ def test_all_clients_train_refused_by_a_method_whose_server_step_ignores_uploade
     x, y, idx = _data(MODEL.input_shape)
     train = stack_clients(x, y, idx)
     with pytest.raises(UserError, match="'ignores_uploaded' does not support train.all_clients_train"):
-        engine_lib.Engine(IgnoresUploaded(_setup(MODEL)), train, train, engine_lib.EngineConfig(2, all_clients_train=True))
+        engine_lib.Engine(IgnoresUploaded(_setup(MODEL)), train, train,
+                          engine_lib.EngineConfig(2, all_clients_train=True))

@@ -164,7 +164,12 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int =
     the draw (ties: lower class id); the other samples stay unused. The repair
     then respects the limit (`_repair_top_classes`). k >= the number of classes
     (or None) gives exactly the plain partition. pFedKD-WCL's MNIST: "each
-    client predominantly holds data from a subset of digits".
+    client predominantly holds data from a subset of digits"; the authors'
+    script (HengruiH/pFedKD utils/MNIST_dirichlet.py) draws Dir(alpha) over the
+    classes per client, keeps its top 3 (renormalised) and samples a fixed
+    size (1165..3834) per client from the class pools, independently per client
+    (clients may share samples). Here the classes are split over clients
+    (disjoint, whole pool) and then cut to each client's top k.
     """
     labels = _check_labels(labels)
     num_clients = _check_clients(labels, num_clients)

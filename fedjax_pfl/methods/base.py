@@ -153,12 +153,12 @@ class Method:
             drop_last=s.drop_last,
         )
 
-    def train_kept(self, objective, client, variables, data, key, epochs):
+    def train_kept(self, objective, client, variables, data, key, epochs, state="opt_state"):
         """`train` of the whole model from the client's kept optimizer state -> (variables, loss, kept).
 
         With ``setup.persistent_optimizer`` the optimizer state (e.g. SGD
-        momentum) starts from ``client['opt_state']`` and ``kept`` is
-        ``{'opt_state': final state}``, to store in the client's state; as in
+        momentum) starts from ``client[state]`` and ``kept`` is
+        ``{state: final state}``, to store in the client's state; as in
         PFLlib (PFAKD's authors' code), where each client keeps one optimizer
         object over the whole model it trains across its participations, also
         for parameters it receives from the server. Otherwise the state starts
@@ -170,15 +170,16 @@ class Method:
         s = self.setup
         variables, loss, opt_state = local_training.train_with_state(
             objective, s.optimizer, variables, data, key, batch_size=s.batch_size, max_epochs=s.local_epochs,
-            epochs=epochs, normalize=s.normalize, drop_last=s.drop_last, opt_state=client["opt_state"])
-        return variables, loss, {"opt_state": opt_state}
+            epochs=epochs, normalize=s.normalize, drop_last=s.drop_last, opt_state=client[state])
+        return variables, loss, {state: opt_state}
 
-    def with_optimizer_state(self, clients, variables, num_clients: int):
-        """``clients`` plus a fresh ``opt_state`` of the whole model per client (persistent_optimizer only)."""
+    def with_optimizer_state(self, clients, variables, num_clients: int, state="opt_state"):
+        """``clients`` plus a fresh optimizer state ``state`` of the whole model per client
+        (persistent_optimizer only)."""
         if not self.setup.persistent_optimizer:
             return clients
-        state = self.setup.optimizer.init(tree_ops.trainable_of(variables, "all"))
-        return {**clients, "opt_state": tree_ops.broadcast(state, num_clients)}
+        fresh = self.setup.optimizer.init(tree_ops.trainable_of(variables, "all"))
+        return {**clients, state: tree_ops.broadcast(fresh, num_clients)}
 
     def supervised_objective(self, extra: Callable | None = None):
         """CE on the model output, plus ``extra(variables, batch, output, key)`` if given."""
