@@ -298,6 +298,8 @@ def validate_values(cfg: RunConfig) -> None:
            "train.lr_decay applies to train.lr_schedule=exponential only; leave it at 1.0 with cosine")
     _check(p.max_classes_per_client is None or p.max_classes_per_client >= 1,
            f"partition.max_classes_per_client must be >= 1 (or empty), got {p.max_classes_per_client}")
+    _check(p.max_classes_per_client is None or p.scheme == "dirichlet",
+           f"partition.max_classes_per_client applies to partition.scheme=dirichlet only, not {p.scheme!r}; leave it empty")
     _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
     _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,
            f"train.weight_decay must be >= 0, got {t.weight_decay}")

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedjax_pfl import client_mapping, local_training, losses, method_values, sharding, tree_ops
 from fedjax_pfl.data.client_data import ClientData
+from fedjax_pfl.errors import UserError
 from fedjax_pfl.lr_schedule import LrSchedule
 from fedjax_pfl.methods.base import ClientRound, Method, ServerRound
 
@@ -34,6 +35,7 @@ class EngineConfig:
     chunk_size: int = 8
     straggler_fraction: float = 0.0  # selected clients that train 1..E//2 epochs
     drop_fraction: float = 0.0  # selected clients whose upload is lost
+    all_clients_train: bool = False  # every client trains; only the round's sampled clients upload
     eval_batch_size: int = 256
     shard: bool = True  # split the client axis over all devices when there are several
     lr_schedule: LrSchedule = LrSchedule()  # train.lr by round index (constant by default)
@@ -111,6 +113,8 @@ class Engine:
         self.eval_data = (test, val)
         if config.clients_per_round > self.num_clients:
             raise ValueError("clients_per_round exceeds the number of clients")
+        if config.all_clients_train and not method.aggregates_uploaded_only:
+            raise UserError(f"method {method.name!r} does not support train.all_clients_train; leave it false")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_with_val)
         self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(8, 9, 10))
@@ -153,14 +157,26 @@ class Engine:
         return self._round(server, clients, self.train, key, jnp.int32(round_index), values or {})
 
     def _round_impl(self, server, clients, train, key, round_index, values):
+        """One round. With ``all_clients_train`` (train.all_clients_train, as the
+        pFedMe authors' serverpFedMe.py: every user trains, then the sampled
+        ones are aggregated) all N clients train, the sampled ones first, and
+        only the sampled ones count as uploaded (server steps weight uploads by
+        ``info.uploaded``); the metrics' ``selected`` then lists all N. With
+        join_ratio 1 it is the default round. ``values``: traced scalars (`method_at`)."""
         cfg, method = self.config, self.method_at(values, round_index)
         k_sel, k_strag, k_clients = jax.random.split(key, 3)
         selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
+        training = self.num_clients if cfg.all_clients_train else cfg.clients_per_round
+        if cfg.all_clients_train:  # the sampled clients, then the others in index order
+            sampled = jnp.zeros(self.num_clients, bool).at[selected].set(True)
+            others = jnp.argsort(sampled, stable=True)[: self.num_clients - cfg.clients_per_round]
+            selected = jnp.concatenate([selected, others])
         epochs, uploaded = straggler_plan(
-            k_strag, cfg.clients_per_round, method.setup.local_epochs, cfg.straggler_fraction, cfg.drop_fraction
+            k_strag, training, method.setup.local_epochs, cfg.straggler_fraction, cfg.drop_fraction
         )
-        keys = jax.random.split(k_clients, cfg.clients_per_round)
-        steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs)
+        uploaded &= jnp.arange(training) < cfg.clients_per_round
+        keys = jax.random.split(k_clients, training)
+        steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs, method.setup.drop_last)
         if client_mapping.sorts_clients(self.mapping):  # each chunk runs to its own largest client
             order = jnp.argsort(-steps, stable=True)
             selected, epochs, uploaded, keys, steps = (a[order] for a in (selected, epochs, uploaded, keys, steps))
@@ -236,7 +252,6 @@ class Engine:
                 servers, clients, train, eval_data, keys, jnp.int32(first), jnp.int32(stop), values or {},
                 count, total_rounds, eval_every)
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError) as e:
-            from fedjax_pfl.errors import UserError
             raise UserError(f"method {self.method.name!r} chooses code by {', '.join(values or {})} in Python; "
                             "run those values one by one instead of as a list") from e
         metrics, evals = jax.device_get((metrics, evals))

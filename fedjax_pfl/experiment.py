@@ -122,7 +122,8 @@ def _by_owner(owner):
 def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
     params = {
         "iid": {},
-        "dirichlet": {"alpha": p.alpha, "min_size": max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0))},
+        "dirichlet": {"alpha": p.alpha, "min_size": max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0)),
+                      "max_classes_per_client": p.max_classes_per_client},
         "pathological": {"classes_per_client": p.classes_per_client},
         "practical": {"num_groups": p.num_groups, "dominant_classes_per_group": p.dominant_classes_per_group,
                       "uniform_fraction": p.uniform_fraction, "samples_per_client": p.samples_per_client},
@@ -150,6 +151,8 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
         share_batch_stats=t.share_batch_stats,
         learning_rate=t.lr,
         eval_model=cfg.eval.model,
+        drop_last=t.drop_last,
+        persistent_optimizer=t.persistent_optimizer,
     )
 
 
@@ -233,6 +236,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
         straggler_fraction=t.straggler_fraction,
         drop_fraction=t.drop_fraction,
         lr_schedule=LrSchedule(t.lr_schedule, t.lr_decay, t.rounds),
+        all_clients_train=t.all_clients_train,
     )
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
     return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))

@@ -8,7 +8,10 @@ a while loop runs to the largest trip count of the vmapped clients (finished
 clients are held by a select); the engine groups clients of similar size into
 chunks for that reason (client_mapping.py). The last batch of an epoch may be
 partial (as PyTorch's DataLoader without drop_last): its loss is the mean over
-its valid samples.
+its valid samples. With ``drop_last`` (train.drop_last; PFAKD's authors'
+DataLoader) that partial batch is dropped: ``epochs * floor(n / B)`` steps, and
+a client with n < B takes no step at all (its model comes back unchanged), as
+PyTorch's ``drop_last=True`` gives it zero batches.
 
 Statistics passes (evaluation, Fisher traces, prototypes) use `sum_batches`,
 which visits only the ``ceil(n / B)`` batches that hold real samples.
@@ -54,14 +57,20 @@ def epoch_orders(key, n, n_max: int, max_epochs: int, batch_size: int):
     return jnp.pad(orders, ((0, 0), (0, spe * batch_size - n_max)), constant_values=0)
 
 
-def real_steps(n, batch_size: int, epochs):
-    """``epochs * ceil(n / B)``: the steps a client with ``n`` samples really takes."""
-    return jnp.asarray(epochs, jnp.int32) * ((jnp.asarray(n, jnp.int32) + batch_size - 1) // batch_size)
+def client_steps_per_epoch(n, batch_size: int, drop_last: bool = False):
+    """``ceil(n / B)``, or ``floor(n / B)`` with ``drop_last``: one client's steps per epoch."""
+    n = jnp.asarray(n, jnp.int32)
+    return n // batch_size if drop_last else (n + batch_size - 1) // batch_size
+
+
+def real_steps(n, batch_size: int, epochs, drop_last: bool = False):
+    """``epochs * ceil(n / B)`` (``floor`` with ``drop_last``): the steps a client with ``n`` samples takes."""
+    return jnp.asarray(epochs, jnp.int32) * client_steps_per_epoch(n, batch_size, drop_last)
 
 
 def step_batch_index(orders, step, n, batch_size: int, spe):
     """(sample indices [B], mask [B]) of real step ``step`` (epoch-major) of one client
-    whose epochs have ``spe`` = max(1, ceil(n/B)) steps."""
+    whose epochs have ``spe`` steps (`client_steps_per_epoch`, at least 1)."""
     epoch, within = step // spe, step % spe
     start = within * batch_size
     index = jax.lax.dynamic_slice(orders[epoch], (start,), (batch_size,))
@@ -78,7 +87,13 @@ Objective = Callable[..., tuple]
 """``objective(variables, batch, key) -> (loss, new_batch_stats)``."""
 
 
-def train(
+def train(objective: Objective, optimizer: optax.GradientTransformation, variables, data, key, **kwargs):
+    """`train_with_state` from a fresh optimizer state -> (variables, mean loss); the state is dropped."""
+    variables, loss, _ = train_with_state(objective, optimizer, variables, data, key, **kwargs)
+    return variables, loss
+
+
+def train_with_state(
     objective: Objective,
     optimizer: optax.GradientTransformation,
     variables,
@@ -90,26 +105,32 @@ def train(
     epochs,
     normalize: Callable,
     part: str = "all",
+    drop_last: bool = False,
+    opt_state=None,
 ):
-    """Local SGD on ``part`` of ``variables`` for exactly ``epochs * ceil(n/B)`` steps.
+    """Local SGD on ``part`` of ``variables`` for exactly ``epochs * ceil(n/B)`` steps (floor: ``drop_last``).
 
-    Returns (variables, mean loss over the steps taken). ``data`` is one
-    client's (x [n_max, ...], y [n_max], n); ``epochs <= max_epochs`` may be
-    traced (stragglers). The optimizer state starts fresh (as in FedAvg's
-    client update). BatchNorm statistics are updated only when the body is
-    trained. Step ``s`` of epoch ``e`` draws its key as the ``e * ceil(n_max/B)
-    + s``-th of ``split(step_key, max_epochs * ceil(n_max/B))``, so the keys
-    do not depend on how many steps other clients take.
+    Returns (variables, mean loss over the steps taken, final optimizer
+    state). ``data`` is one client's (x [n_max, ...], y [n_max], n);
+    ``epochs <= max_epochs`` may be traced (stragglers). The optimizer state
+    starts from ``opt_state`` (a client's kept state, train.persistent_optimizer)
+    or, when None, fresh (as in FedAvg's client update). ``drop_last``: each
+    epoch's partial batch is dropped, ``epochs * floor(n/B)`` steps (a client
+    with n < B takes none: variables and optimizer state come back as given,
+    loss 0). BatchNorm statistics are updated only when the body is trained.
+    Step ``s`` of epoch ``e`` draws its key as the ``e * ceil(n_max/B) + s``-th
+    of ``split(step_key, max_epochs * ceil(n_max/B))``, so the keys do not
+    depend on how many steps other clients take.
     """
     n_max = data.y.shape[0]
     spe_max = steps_per_epoch(n_max, batch_size)
     sched_key, step_key = jax.random.split(key)
     orders = epoch_orders(sched_key, data.n, n_max, max_epochs, batch_size)
     step_keys = jax.random.split(step_key, max_epochs * spe_max)
-    total = real_steps(data.n, batch_size, jnp.minimum(epochs, max_epochs))
-    spe = jnp.maximum((data.n + batch_size - 1) // batch_size, 1)  # this client's steps per epoch
+    total = real_steps(data.n, batch_size, jnp.minimum(epochs, max_epochs), drop_last)
+    spe = jnp.maximum(client_steps_per_epoch(data.n, batch_size, drop_last), 1)  # this client's steps per epoch
     params = tree_ops.trainable_of(variables, part)
-    opt_state = optimizer.init(params)
+    opt_state = optimizer.init(params) if opt_state is None else opt_state
     update_stats = part in ("all", "body") and "batch_stats" in variables
 
     def step(carry):
@@ -132,11 +153,11 @@ def train(
 
     stats0 = variables.get("batch_stats")
     carry = (jnp.zeros((), jnp.int32), params, opt_state, stats0, jnp.zeros((), jnp.float32))
-    _, params, _, stats, loss_sum = jax.lax.while_loop(lambda c: c[0] < total, step, carry)
+    _, params, opt_state, stats, loss_sum = jax.lax.while_loop(lambda c: c[0] < total, step, carry)
     out = tree_ops.with_trainable(variables, part, params)
     if stats is not None:
         out = {**out, "batch_stats": stats}
-    return out, loss_sum / jnp.maximum(total, 1)
+    return out, loss_sum / jnp.maximum(total, 1), opt_state
 
 
 def _batch_in_order(data, t, batch_size: int, normalize: Callable) -> Batch:

@@ -87,6 +87,37 @@ def test_dirichlet_min_size_repair_keeps_everything():
     assert sum(len(p) for p in parts) == LABELS.size
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_dirichlet_top_k_classes_at_most_k_per_client_and_min_size(k):
+    labels = _pool(per_class=2000)
+    parts = P.dirichlet(labels, 1000, 0.1, seed=0, min_size=10, max_classes_per_client=k)
+    assert len(parts) == 1000
+    h = _hist(parts, labels)
+    assert ((h > 0).sum(1) <= k).all()
+    assert h.sum(1).min() >= 10
+    _assert_disjoint(parts, labels.size)
+
+
+def test_dirichlet_top_k_keeps_each_clients_largest_classes_and_is_seeded():
+    plain = _hist(P.dirichlet(LABELS, 20, 0.5, seed=1, min_size=0))
+    top2 = P.dirichlet(LABELS, 20, 0.5, seed=1, min_size=0, max_classes_per_client=2)
+    h = _hist(top2)
+    keep = np.zeros_like(plain, bool)
+    np.put_along_axis(keep, np.argsort(-plain, axis=1, kind="stable")[:, :2], True, axis=1)
+    assert (h == np.where(keep, plain, 0)).all(), "min_size 0: exactly each client's two largest classes"
+    again = P.dirichlet(LABELS, 20, 0.5, seed=1, min_size=0, max_classes_per_client=2)
+    other = P.dirichlet(LABELS, 20, 0.5, seed=2, min_size=0, max_classes_per_client=2)
+    assert all((a == b).all() for a, b in zip(top2, again))
+    assert any(a.shape != b.shape or (a != b).any() for a, b in zip(top2, other))
+
+
+@pytest.mark.parametrize("k", [10, 12])
+def test_dirichlet_top_k_of_all_classes_is_the_plain_partition(k):
+    plain = P.dirichlet(LABELS, 50, 0.1, seed=3, min_size=100)
+    top = P.dirichlet(LABELS, 50, 0.1, seed=3, min_size=100, max_classes_per_client=k)
+    assert all((a == b).all() for a, b in zip(plain, top))
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 10])
 def test_pathological_exact_classes(k):
     parts = P.pathological(LABELS, 20, k, seed=0)
@@ -206,6 +237,7 @@ def test_summary_json_and_table():
     (lambda: P.dirichlet(LABELS, 10, 0.0, 0), "alpha must be > 0"),
     (lambda: P.dirichlet(LABELS, 10, -1.0, 0), "alpha must be > 0"),
     (lambda: P.dirichlet(LABELS, 1000, 0.5, 0, min_size=10), "lower min_size"),
+    (lambda: P.dirichlet(LABELS, 10, 0.5, 0, max_classes_per_client=0), "max_classes_per_client"),
     (lambda: P.iid(LABELS, 0, 0), "positive integer"),
     (lambda: P.iid(LABELS[:5], 6, 0), "fewer clients"),
     (lambda: P.pathological(LABELS, 10, 11, 0), "classes_per_client must be in \\[1, 10\\]"),
@@ -218,3 +250,12 @@ def test_summary_json_and_table():
 def test_bad_requests_raise_user_error(call, match):
     with pytest.raises(UserError, match=match):
         call()
+
+
+def test_max_classes_per_client_needs_the_dirichlet_scheme():
+    from fedjax_pfl import config
+
+    cfg = config.build(overrides=["partition.scheme=iid", "partition.max_classes_per_client=2"])
+    with pytest.raises(UserError, match="applies to partition.scheme=dirichlet only"):
+        config.validate_values(cfg)
+    config.validate_values(config.build(overrides=["partition.max_classes_per_client=2"]))

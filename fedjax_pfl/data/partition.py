@@ -152,12 +152,24 @@ def iid(labels, num_clients: int, seed: int) -> Partition:
     return [np.sort(p).astype(np.int64) for p in parts]
 
 
-def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int = 10) -> Partition:
+def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int = 10,
+              max_classes_per_client: int | None = None) -> Partition:
     """Label skew: each class is split over clients with proportions ~ Dir(alpha).
 
     One draw, then a deterministic repair: while a client holds fewer than
     `min_size` samples, random samples move to it from the currently largest
     client (which keeps at least `min_size`). Uses the whole pool.
+
+    `max_classes_per_client` = k keeps only each client's k largest classes of
+    the draw (ties: lower class id); the other samples stay unused. The repair
+    then respects the limit (`_repair_top_classes`). k >= the number of classes
+    (or None) gives exactly the plain partition. pFedKD-WCL's MNIST: "each
+    client predominantly holds data from a subset of digits"; the authors'
+    script (HengruiH/pFedKD utils/MNIST_dirichlet.py) draws Dir(alpha) over the
+    classes per client, keeps its top 3 (renormalised) and samples a fixed
+    size (1165..3834) per client from the class pools, independently per client
+    (clients may share samples). Here the classes are split over clients
+    (disjoint, whole pool) and then cut to each client's top k.
     """
     labels = _check_labels(labels)
     num_clients = _check_clients(labels, num_clients)
@@ -165,6 +177,9 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int =
         raise UserError(f"Dirichlet alpha must be > 0 (small = more skew), got {alpha}.")
     if min_size < 0:
         raise UserError(f"min_size must be >= 0, got {min_size}.")
+    if max_classes_per_client is not None and (int(max_classes_per_client) != max_classes_per_client
+                                               or max_classes_per_client < 1):
+        raise UserError(f"max_classes_per_client must be a whole number >= 1, got {max_classes_per_client}.")
     if num_clients * min_size > labels.size:
         raise UserError(
             f"{num_clients} clients x min_size {min_size} = {num_clients * min_size} samples "
@@ -176,6 +191,11 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int =
         p = rng.dirichlet(np.full(num_clients, float(alpha)))
         counts = _proportional_counts(np.round(p * 2**32).astype(np.int64), idx.size, rng)
         owner[idx] = np.repeat(np.arange(num_clients), counts)
+    num_classes = _num_classes(labels)
+    if max_classes_per_client is not None and max_classes_per_client < num_classes:
+        owner = _keep_top_classes(owner, labels, num_clients, num_classes, int(max_classes_per_client))
+        _repair_top_classes(owner, labels, num_clients, num_classes, int(max_classes_per_client), min_size, rng)
+        return _from_owner(owner, num_clients)
     sizes = np.bincount(owner, minlength=num_clients)
     for r in np.flatnonzero(sizes < min_size):
         while sizes[r] < min_size:
@@ -186,6 +206,60 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int =
             sizes[donor] -= give
             sizes[r] += give
     return _from_owner(owner, num_clients)
+
+
+def _owner_histograms(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int) -> np.ndarray:
+    """[num_clients, num_classes] counts of the samples each client owns (owner -1: unused)."""
+    used = owner >= 0
+    flat = np.bincount(owner[used] * num_classes + labels[used], minlength=num_clients * num_classes)
+    return flat.reshape(num_clients, num_classes)
+
+
+def _keep_top_classes(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int,
+                      k: int) -> np.ndarray:
+    """``owner`` with each client's samples outside its k largest classes set unused (-1)."""
+    hist = _owner_histograms(owner, labels, num_clients, num_classes)
+    top = np.argsort(-hist, axis=1, kind="stable")[:, :k]  # ties: lower class id first
+    keep = np.zeros((num_clients, num_classes), bool)
+    np.put_along_axis(keep, top, True, axis=1)
+    owner = owner.copy()
+    owner[(owner >= 0) & ~keep[np.maximum(owner, 0), labels]] = -1
+    return owner
+
+
+def _repair_top_classes(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int, k: int,
+                        min_size: int, rng: np.random.Generator) -> None:
+    """Lift clients below `min_size` without giving any client more than k classes (in place).
+
+    A small client takes, one class at a time, samples of a class it may hold
+    (its own classes; any class while it holds fewer than k): first unused
+    samples (its held classes first, then the most plentiful), else random
+    samples from the client with the most to spare of such a class (which keeps
+    at least `min_size`). Every move adds >= 1 sample, so a client needs at most
+    `min_size` moves; a client for which nothing is left stays small.
+    """
+    hist = _owner_histograms(owner, labels, num_clients, num_classes)
+    unused = np.bincount(labels[owner < 0], minlength=num_classes)
+    for r in np.flatnonzero(hist.sum(1) < min_size):
+        while (need := min_size - int(hist[r].sum())) > 0:
+            held = hist[r] > 0
+            allowed = held if held.sum() >= k else np.ones(num_classes, bool)
+            sizes = hist.sum(1)
+            free = np.where(allowed & (unused > 0), unused + held * labels.size, 0)  # held classes first
+            if free.max() > 0:
+                c = int(np.argmax(free))
+                pool, give = np.flatnonzero((owner < 0) & (labels == c)), min(need, int(unused[c]))
+                unused[c] -= give
+            else:
+                spare = np.minimum(hist, np.maximum(sizes - min_size, 0)[:, None]) * allowed
+                spare[r] = 0
+                donor, c = np.unravel_index(int(np.argmax(spare)), spare.shape)
+                if spare[donor, c] == 0:
+                    break
+                pool, give = np.flatnonzero((owner == donor) & (labels == c)), min(need, int(spare[donor, c]))
+                hist[donor, c] -= give
+            owner[rng.choice(pool, give, replace=False)] = r
+            hist[r, c] += give
 
 
 def pathological(labels, num_clients: int, classes_per_client: int, seed: int) -> Partition:

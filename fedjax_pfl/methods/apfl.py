@@ -89,6 +89,7 @@ def projected_alpha_sgd(lr: float, decay: float, every_step: bool) -> optax.Grad
 
 class APFL(FedAvg):
     name = "apfl"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = APFLConfig
 
     def __init__(self, setup, hparams=None):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl import local_training, losses, tree_ops
+from fedjax_pfl.errors import UserError
 from fedjax_pfl.models import Model
 
 
@@ -27,7 +28,8 @@ class LocalSetup:
     """What every client needs to train: model, optimizer, batch size, epochs.
 
     ``normalize`` maps a stored batch (uint8 images or float features) to the
-    model's float32 input. The optimizer state is fresh at every local phase.
+    model's float32 input. The optimizer state is fresh at every local phase
+    unless ``persistent_optimizer`` (see `Method.train_kept`).
     """
 
     model: Model
@@ -39,6 +41,8 @@ class LocalSetup:
     share_batch_stats: bool = True  # BatchNorm statistics travel with a shared body
     learning_rate: float | None = None  # train.lr, for methods that take SGD steps by hand (pFedKD, pFedMe, ...)
     eval_model: str | None = None  # eval.model: one of the method's `eval_models`; None: its default
+    drop_last: bool = False  # train.drop_last: each epoch's partial batch is dropped (local_training)
+    persistent_optimizer: bool = False  # train.persistent_optimizer: clients keep their optimizer state
 
 
 class ClientRound(NamedTuple):
@@ -76,8 +80,14 @@ class Method:
     hparams_type: type | None = None  # a dataclass of method-specific options
     eval_models: tuple[str, ...] = ("local",)  # 'local': each client's own model after its last training
     needs_body_head_split: bool = False  # shares a body: a model without body parameters cannot work
+    keeps_optimizer_state: bool = False  # supports setup.persistent_optimizer (`train_kept`, `with_optimizer_state`)
+    # Its server step uses only uploads with ``info.uploaded`` (as drop_fraction needs), so the engine's
+    # train.all_clients_train may let every client train; a method whose server step does not sets False.
+    aggregates_uploaded_only: bool = True
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
+        if setup.persistent_optimizer and not self.keeps_optimizer_state:
+            raise UserError(f"method {self.name!r} does not support train.persistent_optimizer; leave it false")
         self.setup = setup
         if hparams is None and self.hparams_type is not None:
             hparams = self.hparams_type()
@@ -140,7 +150,36 @@ class Method:
             epochs=epochs,
             normalize=s.normalize,
             part=part,
+            drop_last=s.drop_last,
         )
+
+    def train_kept(self, objective, client, variables, data, key, epochs, state="opt_state"):
+        """`train` of the whole model from the client's kept optimizer state -> (variables, loss, kept).
+
+        With ``setup.persistent_optimizer`` the optimizer state (e.g. SGD
+        momentum) starts from ``client[state]`` and ``kept`` is
+        ``{state: final state}``, to store in the client's state; as in
+        PFLlib (PFAKD's authors' code), where each client keeps one optimizer
+        object over the whole model it trains across its participations, also
+        for parameters it receives from the server. Otherwise the state starts
+        fresh and ``kept`` is ``{}`` (client state unchanged).
+        """
+        if not self.setup.persistent_optimizer:
+            variables, loss = self.train(objective, variables, data, key, epochs)
+            return variables, loss, {}
+        s = self.setup
+        variables, loss, opt_state = local_training.train_with_state(
+            objective, s.optimizer, variables, data, key, batch_size=s.batch_size, max_epochs=s.local_epochs,
+            epochs=epochs, normalize=s.normalize, drop_last=s.drop_last, opt_state=client[state])
+        return variables, loss, {state: opt_state}
+
+    def with_optimizer_state(self, clients, variables, num_clients: int, state="opt_state"):
+        """``clients`` plus a fresh optimizer state ``state`` of the whole model per client
+        (persistent_optimizer only)."""
+        if not self.setup.persistent_optimizer:
+            return clients
+        fresh = self.setup.optimizer.init(tree_ops.trainable_of(variables, "all"))
+        return {**clients, state: tree_ops.broadcast(fresh, num_clients)}
 
     def supervised_objective(self, extra: Callable | None = None):
         """CE on the model output, plus ``extra(variables, batch, output, key)`` if given."""

@@ -19,7 +19,10 @@ default lamda = 1 is the value in the authors' Fashion-MNIST scripts
 (run_fashion_*_lam1.sh). The authors sample clients by size and average
 uniformly; this library samples uniformly and averages by n_i (FedAvg's rule,
 METHODS.md "Client sampling"). The authors' ``dynamic_lam`` (choosing lamda
-on validation data) is not implemented.
+on validation data) is not implemented. ``train.persistent_optimizer``: the
+client keeps two optimizer states across its rounds, one for its copy of the
+global model (``opt_state``) and one for v_i (``personal_opt_state``), as
+PFLlib's Ditto client keeps ``optimizer`` and ``optimizer_per``.
 """
 
 from __future__ import annotations
@@ -42,20 +45,24 @@ class DittoConfig:
 
 class Ditto(FedAvg):
     name = "ditto"
+    keeps_optimizer_state = True
     hparams_type = DittoConfig
 
     def init(self, key, num_clients):
         variables, personal = shared_init(self, key, num_clients)
-        return {"variables": variables}, {"variables": personal}
+        clients = self.with_optimizer_state({"variables": personal}, variables, num_clients)
+        clients = self.with_optimizer_state(clients, variables, num_clients, "personal_opt_state")
+        return {"variables": variables}, clients
 
     def personal_objective(self, server):
         anchor, lamda = server["variables"]["params"], self.hparams.lamda
         return self.supervised_objective(lambda v, batch, out, key: lamda * losses.proximal(v["params"], anchor))
 
     def client_update(self, server, client, data, key, info):
-        _, upload = super().client_update(server, client, data, key, info)
-        personal, _ = self.train(self.personal_objective(server), client["variables"], data, key, info.epochs)
-        return {"variables": personal}, upload
+        client_after, upload = super().client_update(server, client, data, key, info)
+        personal, _, kept = self.train_kept(self.personal_objective(server), client, client["variables"], data, key,
+                                            info.epochs, "personal_opt_state")
+        return {**client_after, "variables": personal, **kept}, upload
 
     def eval_variables(self, server, client, data, key):
         return client["variables"]

@@ -109,6 +109,7 @@ def random_slice(data: ClientData, key, fraction: float) -> ClientData:
 
 class FedALA(FedAvg):
     name = "fedala"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedALAConfig
 
     def __init__(self, setup, hparams=None):

@@ -92,6 +92,7 @@ class FedASConfig:
 
 class FedAS(SharedBodyMethod):
     name = "fedas"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedASConfig
     eval_models = ("local", "global")
 
@@ -146,6 +147,7 @@ class FedAS(SharedBodyMethod):
             epochs=hp.align_epochs,
             normalize=self.setup.normalize,
             part="body",
+            drop_last=self.setup.drop_last,
         )
 
     # ---- step 3: Fisher trace ----------------------------------------------

@@ -16,17 +16,20 @@ class FedAvg(Method):
     name = "fedavg"
     eval_models = ("global",)
     hparams_type = FineTuneConfig
+    keeps_optimizer_state = True  # persistent_optimizer: each client's momentum across its participations (PFLlib)
 
     def init(self, key, num_clients):
-        return {"variables": self.init_variables(key)}, {}
+        variables = self.init_variables(key)
+        return {"variables": variables}, self.with_optimizer_state({}, variables, num_clients)
 
     def local_objective(self, server):
         """The client's loss; FedProx adds its proximal term here."""
         return self.supervised_objective()
 
     def client_update(self, server, client, data, key, info):
-        variables, loss = self.train(self.local_objective(server), server["variables"], data, key, info.epochs)
-        return client, {"variables": variables, "loss": loss}
+        variables, loss, kept = self.train_kept(self.local_objective(server), client, server["variables"], data, key,
+                                                info.epochs)
+        return {**client, **kept}, {"variables": variables, "loss": loss}
 
     def server_update(self, server, clients, uploads, info):
         new = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights, server["variables"])

@@ -29,6 +29,7 @@ class FedBABUConfig(FineTuneConfig):
 
 class FedBABU(SharedBodyMethod):
     name = "fedbabu"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedBABUConfig
 
     def local_phase(self, server, client, variables, data, key, info):

@@ -150,6 +150,7 @@ def prototype_losses(model, heads, protos, counts):
 
 class FedPAC(SharedBodyMethod):
     name = "fedpac"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedPACConfig
 
     # ---- state -------------------------------------------------------------

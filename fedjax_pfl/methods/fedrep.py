@@ -18,6 +18,7 @@ class FedRepConfig:
 
 class FedRep(SharedBodyMethod):
     name = "fedrep"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedRepConfig
 
     def local_phase(self, server, client, variables, data, key, info):

@@ -35,6 +35,7 @@ class FedRoD(FedAvg):
     """FedAvg's server step on the generic model; client state = the personal head."""
 
     name = "fedrod"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = None
 
     def __init__(self, setup, hparams=None):

@@ -73,6 +73,7 @@ class GPFLConfig:
 
 class GPFL(OwnPrediction, SharedBodyMethod):
     name = "gpfl"
+    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     eval_models = ("global",)  # received global body and valve with the client's own head
     hparams_type = GPFLConfig
 

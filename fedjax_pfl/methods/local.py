@@ -6,11 +6,13 @@ from fedjax_pfl.methods.base import Method, shared_init
 
 class Local(Method):
     name = "local"
+    keeps_optimizer_state = True
 
     def init(self, key, num_clients):
-        _, clients = shared_init(self, key, num_clients)
-        return {}, {"variables": clients}
+        variables, clients = shared_init(self, key, num_clients)
+        return {}, self.with_optimizer_state({"variables": clients}, variables, num_clients)
 
     def client_update(self, server, client, data, key, info):
-        variables, loss = self.train(self.supervised_objective(), client["variables"], data, key, info.epochs)
-        return {"variables": variables}, {"loss": loss}
+        variables, loss, kept = self.train_kept(self.supervised_objective(), client, client["variables"], data, key,
+                                                info.epochs)
+        return {**client, "variables": variables, **kept}, {"loss": loss}

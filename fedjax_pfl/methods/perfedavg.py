@@ -17,7 +17,10 @@ Hyperparameters (pFedMe paper, Dinh et al. 2020, Per-FedAvg on MNIST /
 Synthetic): alpha = train.lr = 0.005, beta = 0.001, R = 20, B = 20. The pFedKD
 authors' script uses lr 0.01 and beta 0.1. alpha defaults to ``train.lr``.
 Note PFLlib's variant does not restore w before the beta step (it applies both
-steps); this library follows the MAML form above.
+steps); this library follows the MAML form above. Only the selected clients
+train, as in both authors' codes (CharlieDinh/pFedMe serverperavg.py,
+HengruiH/pFedKD algorithms/perfedavg.py); ``train.all_clients_train`` would
+train all of them for nothing here (the client keeps no state).
 """
 
 from __future__ import annotations

@@ -34,7 +34,10 @@ parameters are in the optimizer). That code also copies and averages
 parameters only, so BatchNorm running statistics stay local: set
 ``train.share_batch_stats=false`` to match. Its learning-rate decay (0.9 per
 local round), its momentum buffer kept across rounds and its drop_last batches
-apply to every method there and are not reproduced here.
+apply to every method there; here they are the run options
+``train.lr_decay=0.9``, ``train.persistent_optimizer=true`` (one optimizer
+state per client over the whole model it trains, received body included, as
+its PFLlib clients keep their optimizer object) and ``train.drop_last=true``.
 
 Evaluation (``eval.model``): ``global`` by default, as the authors' code
 (a PFLlib fork), which evaluates after the server sends the new global body:
@@ -133,8 +136,7 @@ class PFAKD(SharedBodyMethod):
     def local_phase(self, server, client, variables, data, key, info):
         # ``variables`` = received global body + own head: the frozen teacher copy.
         teacher = jax.lax.stop_gradient(variables)
-        variables, loss = self.train(self.local_objective(teacher), variables, data, key, info.epochs)
-        return variables, loss, {}
+        return self.train_kept(self.local_objective(teacher), client, variables, data, key, info.epochs)
 
 
 class PFAKDAT(PFAKD):

@@ -16,6 +16,10 @@ Algorithm (METHODS.md, "pFedKD-WCL"; authors' code HengruiH/pFedKD):
 - server: one SGD step w <- w - server_lr * sum_i (n_i / sum_j n_j) g_i, all
   g_i taken at the same w.
 Evaluation (``eval.model=local``): each client's personal model theta_i.
+Only the sampled clients train each round (the authors' ``aggregate``);
+``train.all_clients_train=true`` lets every client update theta_i each round
+while only the sampled clients' g_i enter the server step (pFedMe's authors'
+protocol, not pFedKD's).
 
 R is ``method.local_steps`` (default: ``train.local_epochs``, read as a step
 count, as the authors' ``--local_epochs``). A straggler with e < E epochs
@@ -85,6 +89,9 @@ class StepMethod(Method):
         super().__init__(setup, hparams)
         if setup.learning_rate is None:
             raise ValueError(f"{self.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
+        if setup.drop_last:
+            raise UserError(f"method {self.name!r} draws a random batch of B samples per step, not epochs of "
+                            "batches: train.drop_last does not apply; leave it false")
         self.train_lr = setup.learning_rate
 
     def local_steps(self) -> int:

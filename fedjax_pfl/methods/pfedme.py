@@ -14,8 +14,15 @@ initial model, as there).
 Hyperparameters (pFedMe paper / authors' README, MNIST MLR): eta = 0.005,
 personal_lr = 0.1, lamda = 15, K = 5, beta = 1, R = 20, B = 20 (Synthetic:
 personal_lr 0.01, lamda 20; MNIST MLP: personal_lr 0.09). These are the
-defaults, except eta, which is train.lr. Only the selected clients train each
-round (PFLlib), not all of them (the authors' code).
+defaults, except eta, which is train.lr. By default only the selected clients
+train each round (PFLlib). ``train.all_clients_train=true`` follows the
+authors' code (CharlieDinh/pFedMe, serverpFedMe.py ``train``: every user
+trains each round, then ``select_users`` picks the ones whose w_local is
+aggregated; the pFedKD authors' copy, HengruiH/pFedKD algorithms/pfedme.py,
+does the same): every client updates its theta_i each round, only the
+sampled clients' uploads enter the server step. Those authors evaluate the
+personalized models after all users trained (and, HengruiH, after the server
+step), which is the engine's evaluation after the round.
 """
 
 from __future__ import annotations

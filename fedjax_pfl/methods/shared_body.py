@@ -27,10 +27,12 @@ class SharedBodyMethod(Method):
     eval_models = ("global", "local")
     needs_body_head_split = True
     shared_part = "body"
+    keeps_optimizer_state = True  # by `local_phase`s that train with `train_kept` (subclasses that do not: False)
 
     def init(self, key, num_clients):
         variables, clients = shared_init(self, key, num_clients)
-        return {self.shared_part: self.shared_body(variables)}, {"variables": clients}
+        clients = self.with_optimizer_state({"variables": clients}, variables, num_clients)
+        return {self.shared_part: self.shared_body(variables)}, clients
 
     def shared_body(self, variables):
         """The part of ``variables`` that is uploaded and averaged."""
@@ -44,15 +46,19 @@ class SharedBodyMethod(Method):
         return tree_ops.with_part(client["variables"], self.shared_part, server[self.shared_part])
 
     def local_phase(self, server, client, variables, data, key, info):
-        """Local training from ``variables`` (global part + own part) -> (variables, loss, extras)."""
-        variables, loss = self.train(self.supervised_objective(), variables, data, key, info.epochs)
-        return variables, loss, {}
+        """Local training from ``variables`` (global part + own part) -> (variables, loss, extras).
+
+        ``extras`` are uploaded, except ``extras['opt_state']`` (from `train_kept`),
+        which the client keeps.
+        """
+        return self.train_kept(self.supervised_objective(), client, variables, data, key, info.epochs)
 
     def client_update(self, server, client, data, key, info):
         variables = self.receive(server, client)
         variables, loss, extras = self.local_phase(server, client, variables, data, key, info)
+        kept = {"opt_state": extras.pop("opt_state")} if "opt_state" in extras else {}
         upload = {self.shared_part: self.shared_body(variables), "loss": loss, **extras}
-        return {**client, "variables": variables}, upload
+        return {**client, "variables": variables, **kept}, upload
 
     def eval_variables(self, server, client, data, key):
         if self.eval_model == "global":

@@ -1,0 +1,230 @@
+"""Issue-16 training options: drop_last, persistent_optimizer, all_clients_train.
+
+Each option at its neutral value is today's behaviour (the rest of the suite);
+here each one on equals a hand-written per-step loop or a reference built from
+the method's own functions, with the key contract of tests/test_engine.py.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_pfl import engine as engine_lib
+from fedjax_pfl import local_training, tree_ops
+from fedjax_pfl.data.client_data import ClientData, stack_clients
+from fedjax_pfl.errors import UserError
+from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods.base import ClientRound
+from fedjax_pfl.models import build_model
+from test_engine import _OPT, _assert_close, _data, _setup, _sgd_step, _weighted_mean64
+
+MODEL = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+
+
+def _reference_train(variables, x, y, key, epochs, batch_size, n_max, opt_state=None, drop_last=False):
+    """Per-step loop over real batches of one client -> (variables, optimizer state)."""
+    n = x.shape[0]
+    step = _sgd_step(MODEL, "all")
+    epoch_keys = jax.random.split(jax.random.split(key)[0], epochs)
+    params = variables["params"]
+    opt_state = _OPT.init(params) if opt_state is None else opt_state
+    steps = n // batch_size if drop_last else -(-n // batch_size)
+    for e in range(epochs):
+        order = np.asarray(local_training.epoch_order(epoch_keys[e], n, n_max))[:n]
+        for s in range(steps):
+            b = order[s * batch_size:(s + 1) * batch_size]
+            params, opt_state = step(params, opt_state, variables, x[b], y[b])
+    return {**variables, "params": params}, opt_state
+
+
+def _client(n, n_max, seed=0):
+    x, y, _ = _data(MODEL.input_shape, seed=seed, sizes=[n_max])
+    return ClientData(jnp.asarray(x), jnp.asarray(y), jnp.int32(n)), x[:n], y[:n]
+
+
+def _local_method(name="local", hparams=None, **options):
+    return get_method(name)(dataclasses.replace(_setup(MODEL), **options), hparams)
+
+
+# ------------------------------------------------------------------ drop_last
+def test_drop_last_takes_floor_n_over_b_steps_and_never_sees_the_leftover():
+    """n=25, B=10, 2 epochs: 2 steps per epoch on the first 20 of each epoch's shuffle."""
+    method = _local_method(batch_size=10, drop_last=True)
+    data, x, y = _client(25, 30)
+    v0 = MODEL.init(jax.random.key(0))
+    key = jax.random.key(3)
+    out, _ = jax.jit(lambda v, d, k: method.train(method.supervised_objective(), v, d, k, 2))(v0, data, key)
+    ref, _ = _reference_train(v0, x, y, key, 2, 10, 30, drop_last=True)
+    _assert_close(out, ref)
+    assert int(local_training.real_steps(25, 10, 2, drop_last=True)) == 4
+    assert int(local_training.real_steps(25, 10, 2)) == 6
+
+
+def test_drop_last_client_smaller_than_a_batch_takes_no_step():
+    method = _local_method(batch_size=10, drop_last=True)
+    data, _, _ = _client(7, 12)
+    v0 = MODEL.init(jax.random.key(0))
+    out, loss = method.train(method.supervised_objective(), v0, data, jax.random.key(1), 2)
+    _assert_close(out, v0, tol=0)
+    assert float(loss) == 0.0
+
+
+def test_drop_last_counts_real_steps_in_the_engine():
+    sizes = [7, 23, 1, 16, 12]
+    x, y, idx = _data(MODEL.input_shape, sizes=sizes)
+    train = stack_clients(x, y, idx)
+    method = _local_method("fedavg", drop_last=True)
+    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(3, client_mapping="map"))
+    server, clients = eng.init(jax.random.key(0))
+    _, _, metrics = eng.round(server, clients, jax.random.key(1), 0)
+    b, e = method.setup.batch_size, method.setup.local_epochs
+    expected = sum(e * (sizes[c] // b) for c in np.asarray(metrics["selected"]))
+    assert int(metrics["real_steps"]) == int(metrics["executed_steps"]) == expected
+
+
+def test_drop_last_does_not_apply_to_random_batch_methods():
+    with pytest.raises(UserError, match="drop_last does not apply"):
+        get_method("pfedme")(dataclasses.replace(_setup(MODEL), drop_last=True, learning_rate=0.1))
+
+
+# ------------------------------------------------------- persistent_optimizer
+@pytest.mark.parametrize("name", ["local", "pfakd", "ditto"])
+def test_persistent_momentum_equals_two_local_phases_sharing_the_buffer(name):
+    """Local, PFAKD with beta 0 (CE only) on an unchanged global body and Ditto's personal
+    model with lamda 0: the second local phase starts from the first one's momentum buffer."""
+    hparams = {"pfakd": {"beta": 0.0}, "ditto": {"lamda": 0.0}}.get(name)
+    hparams = get_method(name).hparams_type(**hparams) if hparams else None
+    method = _local_method(name, hparams, persistent_optimizer=True)
+    data, x, y = _client(13, 16)
+    server, clients = method.init(jax.random.key(0), 1)
+    client = tree_ops.gather(clients, 0)
+    v0 = client["variables"]
+    info = ClientRound(jnp.int32(0), jnp.int32(method.setup.local_epochs))
+    k1, k2 = jax.random.key(1), jax.random.key(2)
+    update = jax.jit(lambda c, k: method.client_update(server, c, data, k, info)[0])
+    client = update(update(client, k1), k2)
+    e, b = method.setup.local_epochs, method.setup.batch_size
+    ref, buf = _reference_train(v0, x, y, k1, e, b, 16)
+    if name == "pfakd":  # the second phase starts from the received (initial) global body and its own head
+        ref = tree_ops.with_part(ref, "body", tree_ops.part_of(v0, "body"))
+    fresh, _ = _reference_train(ref, x, y, k2, e, b, 16)
+    ref, buf = _reference_train(ref, x, y, k2, e, b, 16, opt_state=buf)
+    _assert_close(client["variables"], ref)
+    _assert_close(client["personal_opt_state" if name == "ditto" else "opt_state"], buf)
+    assert max(float(jnp.max(jnp.abs(p - q)))
+               for p, q in zip(jax.tree.leaves(client["variables"]), jax.tree.leaves(fresh))) > 1e-5
+
+
+def test_persistent_momentum_fedavg_engine_keeps_each_clients_buffer():
+    """Two FedAvg rounds with every client selected: each client's second local phase
+    starts from the global model and its own first-round momentum buffer."""
+    sizes = [7, 23, 1, 16, 12]
+    x, y, idx = _data(MODEL.input_shape, sizes=sizes)
+    train = stack_clients(x, y, idx)
+    method = _local_method("fedavg", persistent_optimizer=True)
+    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(len(sizes), client_mapping="vmap"))
+    key = jax.random.key(5)
+    init_key, run_key = jax.random.split(key)
+    server, clients = eng.init(init_key)
+    server, clients, _ = eng.run(server, clients, run_key, 2)
+    e, b = method.setup.local_epochs, method.setup.batch_size
+    ref_server, buffers = MODEL.init(init_key), [None] * len(sizes)
+    for t in range(2):
+        k_sel, _, k_clients = jax.random.split(engine_lib.round_keys(run_key, t)[0], 3)
+        selected = np.asarray(engine_lib.select_clients(k_sel, len(sizes), len(sizes)))
+        keys = jax.random.split(k_clients, len(sizes))
+        trained = []
+        for j, c in enumerate(selected):
+            v, buffers[c] = _reference_train(ref_server, x[idx[c]], y[idx[c]], keys[j], e, b, max(sizes), buffers[c])
+            trained.append(v)
+        ref_server = _weighted_mean64(trained, [sizes[c] for c in selected])
+    _assert_close(server["variables"], ref_server, tol=2e-5)
+    for c in range(len(sizes)):
+        _assert_close(tree_ops.gather(clients["opt_state"], c), buffers[c], tol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["pfakd"])
+def test_persistent_plain_sgd_equals_fresh_optimizer(name):
+    """Without momentum the optimizer has no state to keep: on == off, round for round."""
+    import optax
+
+    sizes = [7, 23, 1, 16, 12]
+    x, y, idx = _data(MODEL.input_shape, sizes=sizes)
+    train = stack_clients(x, y, idx)
+    out = []
+    for on in (False, True):
+        setup = dataclasses.replace(_setup(MODEL), optimizer=optax.sgd(0.1), persistent_optimizer=on)
+        eng = engine_lib.Engine(get_method(name)(setup), train, train, engine_lib.EngineConfig(3))
+        server, clients = eng.init(jax.random.key(0))
+        server, clients, _ = eng.run(server, clients, jax.random.key(1), 2)
+        out.append((server, clients["variables"]))
+        assert ("opt_state" in clients) == on
+    _assert_close(out[0], out[1], tol=0)
+
+
+def test_persistent_optimizer_refused_by_methods_that_train_their_own_way():
+    with pytest.raises(UserError, match="'fedrep' does not support train.persistent_optimizer"):
+        _local_method("fedrep", persistent_optimizer=True)
+
+
+# ----------------------------------------------------------- all_clients_train
+def _engine(name, count, all_clients_train, sizes=(7, 23, 1, 16, 12), **setup_options):
+    x, y, idx = _data(MODEL.input_shape, sizes=list(sizes))
+    train = stack_clients(x, y, idx)
+    method = get_method(name)(dataclasses.replace(_setup(MODEL), learning_rate=0.1, **setup_options))
+    config = engine_lib.EngineConfig(count, all_clients_train=all_clients_train)
+    return engine_lib.Engine(method, train, train, config), train
+
+
+def test_all_clients_train_with_every_client_sampled_is_the_default_round():
+    out = []
+    for on in (False, True):
+        eng, _ = _engine("fedavg", 5, on)
+        server, clients = eng.init(jax.random.key(0))
+        server, clients, metrics = eng.round(server, clients, jax.random.key(1), 0)
+        out.append((server, clients, metrics["selected"], metrics["uploaded"]))
+    _assert_close(out[0], out[1], tol=0)
+
+
+def test_all_clients_train_every_client_trains_and_only_the_sampled_aggregate():
+    """pFedMe, 2 of 5 sampled: every client's theta is its client_update from the global
+    model; the server mixes in the mean of the 2 sampled clients' uploads only."""
+    eng, train = _engine("pfedme", 2, True)
+    method, n = eng.method, eng.num_clients
+    server0, clients0 = eng.init(jax.random.key(0))
+    server0, clients0 = jax.tree.map(np.asarray, (server0, clients0))
+    round_key = jax.random.key(4)
+    server, clients, metrics = eng.round(server0, clients0, round_key, 0)
+    k_sel, _, k_clients = jax.random.split(round_key, 3)
+    sampled = np.asarray(engine_lib.select_clients(k_sel, n, 2))
+    order = [*sampled, *sorted(set(range(n)) - set(sampled))]
+    keys = jax.random.split(k_clients, n)
+    info = ClientRound(jnp.int32(0), jnp.int32(method.setup.local_epochs))
+    update = jax.jit(lambda c, d, k: method.client_update(server0, c, ClientData(*d), k, info))
+    results = {c: update(tree_ops.gather(clients0, c), tuple(tree_ops.gather(train, c)), keys[j])
+               for j, c in enumerate(order)}
+    for c in range(n):
+        _assert_close(tree_ops.gather(clients, c), results[c][0])
+        assert not np.allclose(tree_ops.gather(clients, c)["variables"]["params"]["head"]["logits"]["kernel"],
+                               clients0["variables"]["params"]["head"]["logits"]["kernel"][c])
+    uploads = jax.tree.map(lambda *a: jnp.stack(a), *[results[c][1] for c in sampled])
+    ref_info = engine_lib.ServerRound(jnp.int32(0), jnp.asarray(sampled), train.n[sampled].astype(jnp.float32),
+                                      jnp.ones(2, bool))
+    ref_server, _ = method.server_update(server0, {}, uploads, ref_info)
+    _assert_close(server, ref_server)
+    assert sorted(np.asarray(metrics["selected"])[np.asarray(metrics["uploaded"])]) == sorted(sampled)
+
+
+def test_all_clients_train_refused_by_a_method_whose_server_step_ignores_uploaded():
+    class IgnoresUploaded(type(get_method("fedavg")(_setup(MODEL)))):
+        name = "ignores_uploaded"
+        aggregates_uploaded_only = False
+
+    x, y, idx = _data(MODEL.input_shape)
+    train = stack_clients(x, y, idx)
+    with pytest.raises(UserError, match="'ignores_uploaded' does not support train.all_clients_train"):
+        engine_lib.Engine(IgnoresUploaded(_setup(MODEL)), train, train,
+                          engine_lib.EngineConfig(2, all_clients_train=True))
