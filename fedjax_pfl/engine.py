@@ -228,7 +228,7 @@ class Engine:
             return (s, c), (out, {"per_client": per_client, "done": jnp.asarray(done)})
 
         (server, clients), (metrics, evals) = jax.lax.scan(one_round, (server, clients), jnp.arange(count))
-        return server, clients, metrics, evals
+        return server, clients, *sharding.on_every_device((metrics, evals), self.mesh)  # read by every process
 
     # ------------------------------------------------------------- evaluation
     def evaluate(self, server, clients, key):
@@ -262,7 +262,8 @@ class Engine:
         mapped = self._map_clients(one_client, interleave=False)
         args = (clients, tuple(train), tuple(test), keys)
         if self.eval_order is None:
-            return jax.tree.map(lambda a: a[:self.num_clients], mapped(*args))  # empty clients dropped
+            out = jax.tree.map(lambda a: a[:self.num_clients], mapped(*args))  # empty clients dropped
+            return sharding.on_every_device(out, self.mesh)
         order = jnp.asarray(self.eval_order)
         out = mapped(*tree_ops.gather(args, order))
         return tree_ops.gather(out, jnp.argsort(order))

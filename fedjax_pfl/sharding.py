@@ -123,3 +123,11 @@ def split_over_devices(mapped, mesh: Mesh, interleave: bool):
         return jax.tree.map(lambda a: from_devices(a, count), out)
 
     return run
+
+
+def on_every_device(tree, mesh: Mesh | None):
+    """Inside jit: ``tree`` replicated over the mesh, so that every process can read it on the host
+    (metrics, evaluations; small arrays). No mesh: unchanged."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec()))
