@@ -49,6 +49,12 @@ def _read(path: Path, count: int):
     return saved, values, round_index, meta
 
 
+def _like(value: np.ndarray, leaf):
+    """``value`` with the dtype and placement (e.g. client-axis sharding) of the template's ``leaf``."""
+    value = value.astype(leaf.dtype)
+    return jax.device_put(value, leaf.sharding) if isinstance(leaf, jax.Array) else jax.numpy.asarray(value)
+
+
 def restore(path: Path, template):
     """-> (state, round_index, meta) read from ``path`` into the structure of ``template``."""
     path = Path(path)
@@ -63,5 +69,5 @@ def restore(path: Path, template):
         if value.shape != np.shape(leaf):
             raise UserError(f"checkpoint leaf {name} has shape {value.shape}, expected {np.shape(leaf)}")
     treedef = jax.tree.structure(template)
-    restored = [jax.numpy.asarray(v, dtype=leaf.dtype) for v, leaf in zip(values, leaves)]
+    restored = [_like(v, leaf) for v, leaf in zip(values, leaves)]
     return jax.tree.unflatten(treedef, restored), round_index, meta

@@ -100,12 +100,15 @@ class Engine:
         self.method = method
         self.config = config
         self.mapping = client_mapping.resolve(config.client_mapping)
-        self.num_clients = int(train.n.shape[0])
+        self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
-        # Evaluation visits clients largest test set first so that chunks are even (host-known sizes).
+        self.padded_clients = sharding.padded_count(self.num_clients, self.mesh)  # array rows (empty ones appended)
+        # Evaluation visits clients largest test set first so that chunks are even (host-known sizes);
+        # on a mesh each device keeps its own block of clients instead (no reordering across devices).
         self.eval_order = np.argsort(-np.asarray(test.n), kind="stable") if client_mapping.sorts_clients(
-            self.mapping) else None
+            self.mapping) and self.mesh is None else None
         if self.mesh is not None:
+            train, test, val = sharding.pad_clients((train, test, val), self.padded_clients)
             train, test, val = sharding.shard_clients((train, test, val), self.mesh)
         self.train = train
         self.test = test
@@ -123,7 +126,7 @@ class Engine:
                 jax.vmap(self._rounds_impl, in_axes=(0, 0, data_axis, data_axis, 0, None, None, 0, None, None, None)),
                 donate_argnums=(0, 1), static_argnums=(8, 9, 10))
             for data_axis in (None, 0)}
-        self._init_batched = jax.jit(jax.vmap(lambda k: method.init(k, self.num_clients)))
+        self._init_batched = jax.jit(jax.vmap(self._padded_init))
 
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):
@@ -139,8 +142,12 @@ class Engine:
         return method_values.with_values(self.method, values)
 
     # ------------------------------------------------------------------ round
-    def init(self, key):
+    def _padded_init(self, key):
         server, clients = self.method.init(key, self.num_clients)
+        return server, sharding.pad_clients(clients, self.padded_clients)
+
+    def init(self, key):
+        server, clients = self._padded_init(key)
         if self.mesh is not None:
             server, clients = sharding.replicate(server, self.mesh), sharding.shard_clients(clients, self.mesh)
         return server, clients
@@ -188,7 +195,7 @@ class Engine:
             info = ClientRound(round_index, epochs_i)
             return method.client_update(server, client, ClientData(*data_i), key_i, info)
 
-        mapped = client_mapping.map_clients(one_client, self.mapping, cfg.chunk_size)
+        mapped = self._map_clients(one_client, interleave=True)
         chosen, uploads = mapped(chosen, tuple(data), keys, epochs)
         info = ServerRound(round_index, selected, data.n.astype(jnp.float32), uploaded)
         server, chosen = method.server_update(server, chosen, uploads, info)
@@ -291,7 +298,7 @@ class Engine:
             return (s, c), (out, {"per_client": per_client, "done": jnp.asarray(done)})
 
         (server, clients), (metrics, evals) = jax.lax.scan(one_round, (server, clients), jnp.arange(count))
-        return server, clients, metrics, evals
+        return server, clients, *sharding.on_every_device((metrics, evals), self.mesh)  # read by every process
 
     # ------------------------------------------------------------- evaluation
     def evaluate(self, server, clients, key, values: dict | None = None, round_index: int = 0):
@@ -315,7 +322,7 @@ class Engine:
 
     def _evaluate_impl(self, server, clients, train, test, key, values, round_index):
         method, cfg = self.method_at(values, round_index), self.config
-        keys = jax.random.split(key, self.num_clients)
+        keys = sharding.pad_clients(jax.random.split(key, self.num_clients), self.padded_clients)
         normalize = method.setup.normalize
 
         def one_client(client, train_i, test_i, key_i):
@@ -332,13 +339,19 @@ class Engine:
             )
             return {"correct": correct, "count": count, "loss_sum": nll}
 
-        mapped = client_mapping.map_clients(one_client, self.mapping, cfg.chunk_size)
+        mapped = self._map_clients(one_client, interleave=False)
         args = (clients, tuple(train), tuple(test), keys)
         if self.eval_order is None:
-            return mapped(*args)
+            out = jax.tree.map(lambda a: a[:self.num_clients], mapped(*args))  # empty clients dropped
+            return sharding.on_every_device(out, self.mesh)
         order = jnp.asarray(self.eval_order)
         out = mapped(*tree_ops.gather(args, order))
         return tree_ops.gather(out, jnp.argsort(order))
+
+    def _map_clients(self, fn, interleave: bool):
+        """`client_mapping.map_clients`, split over the mesh's devices when there is one."""
+        mapped = client_mapping.map_clients(fn, self.mapping, self.config.chunk_size)
+        return mapped if self.mesh is None else sharding.split_over_devices(mapped, self.mesh, interleave)
 
 
 def _evaluations(metrics, evals) -> dict:

@@ -1,15 +1,32 @@
-"""Sharding of the client axis over devices.
+"""Sharding of the client axis over devices, for any client count on any device count.
 
 Client state and client data carry the client axis first; on several devices
 that axis is split over a one-dimensional `jax.sharding.Mesh` named
 'clients' (NamedSharding). Under jit, XLA then partitions the per-client work
 and turns server reductions into collectives. One device: nothing changes.
-Multi-host runs call `jax.distributed.initialize()` before building the mesh.
+
+Any client count: the client axis is padded with empty clients (zero state,
+``n = 0`` data) up to a multiple of the device count (`padded_count`,
+`pad_clients`). The engine selects only real clients and slices evaluation
+back to them, so padding never reaches a metric or a server step.
+
+The selected clients of a round: gathering rows ``selected`` [S] of a
+client-sharded array compiles (XLA SPMD, checked on jax 0.10.2 CPU with 4
+devices) to a local masked gather on each device plus an all-reduce of the
+[S, ...] rows: never an all-gather of the whole client state. The per-client
+work is then split over devices by `split_over_devices` (a sharding
+constraint on a [devices, S/devices, ...] layout), and the scatter back
+all-gathers only the [S, ...] updated rows before each device writes its own.
+
+Multi-host (distributed.py): every process holds the whole (small) pool on
+the host; `shard_clients` builds each global array from the rows of the
+process's own devices (`jax.make_array_from_callback`).
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -17,23 +34,100 @@ AXIS = "clients"
 
 
 def client_mesh(devices=None) -> Mesh:
-    """A 1-D mesh over ``devices`` (default: all devices) with axis 'clients'."""
+    """A 1-D mesh over ``devices`` (default: all devices of all processes) with axis 'clients'."""
     return Mesh(np.asarray(devices if devices is not None else jax.devices()), (AXIS,))
+
+
+def mesh_size(mesh: Mesh | None) -> int:
+    return 1 if mesh is None else int(mesh.devices.size)
+
+
+def padded_count(num_clients: int, mesh: Mesh | None) -> int:
+    """``num_clients`` rounded up to a multiple of the device count."""
+    size = mesh_size(mesh)
+    return -(-num_clients // size) * size
+
+
+def pad_clients(tree, count: int):
+    """Zero rows appended to every leaf's leading (client) axis up to ``count``.
+
+    Zero client data has ``n = 0`` (an empty client); zero client state is
+    never trained or read by a server step, since empty clients are never
+    selected. Leaves already ``count`` long are returned unchanged.
+    """
+    def pad(a):
+        extra = count - np.shape(a)[0]
+        if extra == 0:
+            return a
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):  # typed keys: pad their key data
+            return jax.random.wrap_key_data(pad(jax.random.key_data(a)), impl=jax.random.key_impl(a))
+        return jnp.concatenate([jnp.asarray(a), jnp.zeros((extra,) + np.shape(a)[1:], a.dtype)])
+
+    return jax.tree.map(pad, tree)
+
+
+def _place(a, sharding: NamedSharding):
+    """``a`` (one host value, the same in every process) as a global array with ``sharding``."""
+    if jax.process_count() == 1:
+        return jax.device_put(a, sharding)
+    host = np.asarray(a)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def shard_clients(tree, mesh: Mesh):
     """Place every leaf with its leading (client) axis split over the mesh.
 
-    Leaves whose leading axis does not divide evenly are replicated instead.
+    Leaves whose leading axis does not divide evenly (e.g. scalars) are
+    replicated; pad with `pad_clients` first so that client leaves divide.
     """
     size = mesh.devices.size
 
     def place(a):
         spec = PartitionSpec(AXIS) if np.ndim(a) >= 1 and np.shape(a)[0] % size == 0 else PartitionSpec()
-        return jax.device_put(a, NamedSharding(mesh, spec))
+        return _place(a, NamedSharding(mesh, spec))
 
     return jax.tree.map(place, tree)
 
 
 def replicate(tree, mesh: Mesh):
-    return jax.tree.map(lambda a: jax.device_put(a, NamedSharding(mesh, PartitionSpec())), tree)
+    return jax.tree.map(lambda a: _place(a, NamedSharding(mesh, PartitionSpec())), tree)
+
+
+def split_over_devices(mapped, mesh: Mesh, interleave: bool):
+    """``mapped`` (a mapping over a leading client axis) with that axis split over the mesh.
+
+    The S rows are padded (repeating the last row) to a multiple of the
+    device count D and laid out [D, S'/D, ...] with the D axis sharded;
+    ``mapped`` runs vmapped over D, so each device maps its own S'/D clients,
+    and the padded rows' results are dropped. ``interleave`` deals row i to
+    device i mod D (clients sorted by cost then cost the same on every device);
+    otherwise device d takes a contiguous block, matching `shard_clients`
+    (no data moves for the whole client axis).
+    """
+    size = mesh.devices.size
+    spread = NamedSharding(mesh, PartitionSpec(AXIS))
+
+    def to_devices(a, count, per):
+        a = a[jnp.minimum(jnp.arange(size * per), count - 1)]
+        a = a.reshape((per, size) + a.shape[1:]).swapaxes(0, 1) if interleave else a.reshape((size, per) + a.shape[1:])
+        return jax.lax.with_sharding_constraint(a, spread)
+
+    def from_devices(a, count):
+        a = a.swapaxes(0, 1) if interleave else a
+        return a.reshape((-1,) + a.shape[2:])[:count]
+
+    def run(*args):
+        count = jax.tree.leaves(args)[0].shape[0]
+        per = -(-count // size)
+        out = jax.vmap(mapped)(*jax.tree.map(lambda a: to_devices(a, count, per), args))
+        return jax.tree.map(lambda a: from_devices(a, count), out)
+
+    return run
+
+
+def on_every_device(tree, mesh: Mesh | None):
+    """Inside jit: ``tree`` replicated over the mesh, so that every process can read it on the host
+    (metrics, evaluations; small arrays). No mesh: unchanged."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec()))

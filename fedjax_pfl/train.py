@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 
 from fedjax_pfl import checkpoint
 from fedjax_pfl import config as config_lib
+from fedjax_pfl import distributed
 from fedjax_pfl import engine as engine_lib
 from fedjax_pfl import run_output
 from fedjax_pfl.errors import DivergedError, UserError
@@ -112,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write TensorBoard event files into the run folder (needs tensorboardX)")
     p.add_argument("--rounds-per-call", type=int,
                    help="rounds fused into one compiled call (0: auto, calls of about 2 s)")
+    p.add_argument("--distributed", action="store_true",
+                   help="several processes through jax.distributed (automatic under SLURM srun or mpirun)")
+    p.add_argument("--coordinator", help="HOST:PORT of process 0, for --distributed without a cluster launcher")
+    p.add_argument("--num-processes", type=int, help="process count, for --distributed without a launcher")
+    p.add_argument("--process-id", type=int, help="this process's index, for --distributed without a launcher")
     return p
 
 
@@ -285,7 +292,17 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
         return run_sweep(cfg, progress, resume)
     validate(cfg)
     out = output_folder(cfg)
+    if not distributed.is_main_process():  # only process 0 writes the run folder (checkpoints: every process)
+        with tempfile.TemporaryDirectory(prefix="fedjax_pfl-process-") as scratch:
+            return _run(cfg, out, Path(scratch), progress=False, resume=resume)
     check_output_folder(out, resume)
+    return _run(cfg, out, out, progress, resume)
+
+
+def _run(cfg: config_lib.RunConfig, out: Path, files: Path, progress: bool, resume: bool) -> dict:
+    """`run` with the run folder ``out`` (checkpoint, resume) and ``files``, where this process writes."""
+    from fedjax_pfl.experiment import build_experiment
+
     saved = saved_run(out) if resume else None
     if saved is not None:
         check_same_config(saved, cfg)  # before any data is read
@@ -300,12 +317,12 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
         history = check_resume(saved, cfg, done, exp.partition_summary,
                                run_output.read_json(out / "partition.json"))
         first, seconds_done = done + 1, float(meta.get("seconds", 0.0))
-    _write_start(out, cfg, exp, saved, history)
-    results = ResultsWriter(out, tensorboard=cfg.log.tensorboard)  # metrics.csv, clients.csv, plots/, TensorBoard
+    _write_start(files, cfg, exp, saved, history)
+    results = ResultsWriter(files, tensorboard=cfg.log.tensorboard)  # metrics.csv, clients.csv, plots/, TensorBoard
     if resume:
-        run_output.truncate_metrics(out / "metrics.jsonl", last_round=first - 1)
+        run_output.truncate_metrics(files / "metrics.jsonl", last_round=first - 1)
     print(exp.partition_text)
-    log = run_output.MetricsLog(out / "metrics.jsonl")
+    log = run_output.MetricsLog(files / "metrics.jsonl")
     rounds = cfg.train.rounds
     bar = _progress(rounds, progress)
     bar.update(first)
@@ -355,7 +372,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
         bar.close()
         log.close()
         summary = {**status, **run_output.final_summary(log.records)}
-        run_output.write_json(out / "summary.json", summary)
+        run_output.write_json(files / "summary.json", summary)
         results.close()
     print(f"wrote {out}/ (config.json, partition.json, metrics.jsonl, metrics.csv, clients.csv, summary.json"
           f"{', plots/' if results.draws else ''}{', TensorBoard events' if results.tensorboard else ''})")
@@ -438,6 +455,7 @@ def _progress(total: int, enabled: bool):
 def main(argv=None) -> int:
     try:
         args, overrides = parse_args(argv)
+        distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id)
         cfg = config_from_args(args, overrides)
         summary = run(cfg, progress=not args.no_progress, resume=args.resume)
     except UserError as e:

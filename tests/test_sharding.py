@@ -1,46 +1,62 @@
-"""The client axis sharded over 4 (forced host) devices gives the same round."""
+"""Any client count on any device count: 20 clients on 3, 4 and 8 (forced host) devices
+give the numbers of one device, with the client state split over the 'clients' axis."""
 
+import os
 import subprocess
 import sys
 import textwrap
 
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
-    from fedjax_pfl import engine as engine_lib
+    from jax.sharding import PartitionSpec
+    from fedjax_pfl import engine as engine_lib, sharding
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods import get_method
     from fedjax_pfl.methods.base import LocalSetup
     from fedjax_pfl.models import build_model
-    assert jax.device_count() == 4, jax.devices()
+    assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
-    sizes = [5, 9, 3, 12, 7, 8, 4, 10]
-    x = rng.integers(0, 256, (sum(sizes), 6, 6, 1), dtype=np.uint8)
+    sizes = rng.integers(2, 9, 20)
+    x = rng.integers(0, 256, (sum(sizes), 4, 4, 1), dtype=np.uint8)
     y = rng.integers(0, 3, sum(sizes)).astype(np.int32)
-    idx = np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1])
-    data = stack_clients(x, y, idx)
-    model = build_model("mlp", (6, 6, 1), 3, hidden=(8,))
-    setup = LocalSetup(model=model, optimizer=optax.sgd(0.1), batch_size=4, local_epochs=2,
-                       normalize=lambda a: a.astype(jnp.float32) / 255.0)
-    out = {}
-    for shard in (True, False):
-        eng = engine_lib.Engine(get_method("fedper")(setup), data, data,
-                                engine_lib.EngineConfig(4, client_mapping="vmap", shard=shard))
-        assert (eng.mesh is not None) == shard
+    data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
+    setup = LocalSetup(model=build_model("mlp", (4, 4, 1), 3, hidden=(6,)), optimizer=optax.sgd(0.1),
+                       batch_size=4, local_epochs=1, normalize=lambda a: a.astype(jnp.float32) / 255.0)
+
+    def run(method, devices, mapping):
+        sharding.client_mesh = lambda d=None: jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), ("clients",))
+        eng = engine_lib.Engine(get_method(method)(setup), data, data,
+                                engine_lib.EngineConfig(7, client_mapping=mapping, shard=devices > 1))
         server, clients = eng.init(jax.random.key(0))
-        if shard:
-            assert len(jax.tree.leaves(clients)[0].sharding.device_set) == 4
-        for t in range(2):
-            server, clients, _ = eng.round(server, clients, jax.random.fold_in(jax.random.key(1), t), t)
-        ev = eng.evaluate(server, clients, jax.random.key(2))
-        out[shard] = (jax.device_get((server, clients)), ev)
-    for a, b in zip(jax.tree.leaves(out[True]), jax.tree.leaves(out[False])):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        if devices > 1:
+            assert eng.padded_clients % devices == 0 and eng.padded_clients >= 20
+            for leaf in jax.tree.leaves(clients):
+                assert leaf.shape[0] == eng.padded_clients, leaf.shape
+                assert leaf.sharding.spec == PartitionSpec("clients"), leaf.sharding
+                assert len(leaf.sharding.device_set) == devices
+        server, clients, metrics, evals = eng.run_rounds(server, clients, jax.random.key(1), 0, 2, 2, 1)
+        if devices > 1:
+            assert all(l.sharding.spec == PartitionSpec("clients") for l in jax.tree.leaves(clients))
+        assert sorted(evals) == [0, 1] and evals[1]["count"].shape == (20,)
+        real = jax.tree.map(lambda a: np.asarray(a)[:20], clients)
+        return jax.device_get((server, real, metrics, evals))
+
+    # each mapping once (vmap, map: the CPU default, chunked), each device count at least once
+    for method, mapping, device_counts in (("fedavg", "vmap", (3, 4, 8)), ("fedas", "map", (3,)),
+                                           ("fedper", "chunked", (8,))):
+        want = run(method, 1, mapping)
+        for devices in device_counts:
+            got = run(method, devices, mapping)
+            assert jax.tree.structure(got) == jax.tree.structure(want)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5,
+                                           err_msg=f"{method} on {devices} devices")
     print("SHARDED_OK")
 """)
 
 
-def test_sharded_round_equals_single_device():
-    env_flags = "--xla_force_host_platform_device_count=4"
+def test_any_client_count_on_any_device_count_equals_one_device():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "XLA_FLAGS": env_flags, "JAX_PLATFORMS": "cpu"})
+                          env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+                               "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]

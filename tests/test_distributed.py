@@ -1,0 +1,69 @@
+"""Two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives) give the numbers of one process;
+only process 0 writes the run folder. And the launcher detection / flag checks of distributed.py."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from fedjax_pfl import distributed
+from fedjax_pfl.errors import UserError
+
+TINY = ["--dataset", "synthetic", "--model", "mlp", "model.hidden=[8]", "--num-clients", "5", "--partition", "natural",
+        "--local-epochs", "1", "--rounds", "2", "--batch-size", "16", "--no-progress", "--offline",
+        "--rounds-per-call", "2", "--checkpoint-every", "0"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(method, out, extra=()):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    return subprocess.Popen([sys.executable, "-m", "fedjax_pfl.train", "--method", method, *TINY, "--out", str(out),
+                             *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedas"])
+def test_two_processes_equal_one_process(method, tmp_path):
+    port = _free_port()
+    procs = [_cli(method, tmp_path / "two", ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                                             "--process-id", str(i)]) for i in range(2)]
+    procs.append(_cli(method, tmp_path / "one"))  # the single-process run, alongside
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    two, one = _metrics(tmp_path / "two"), _metrics(tmp_path / "one")
+    assert [r["round"] for r in two] == [r["round"] for r in one] == [0, 1]
+    for a, b in zip(two, one):
+        for k in ("accuracy", "accuracy_weighted", "loss", "train_loss"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (k, a, b)
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_launcher_detection():
+    slurm = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "2", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0"}
+    assert distributed.detected_launcher(slurm) == "SLURM"
+    assert distributed.detected_launcher({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: nothing to join
+    assert distributed.detected_launcher({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "4"}) == "Open MPI"
+    assert distributed.detected_launcher({}) is None
+    assert distributed.start(environ={}) is False  # nothing asked, no launcher: a plain single process
+
+
+@pytest.mark.parametrize("kwargs", [{"requested": True}, {"coordinator": "127.0.0.1:1234"},
+                                    {"coordinator": "h:1", "num_processes": 2, "process_id": 2}])
+def test_incomplete_or_bad_flags_are_user_errors(kwargs):
+    with pytest.raises(UserError, match="--"):
+        distributed.start(environ={}, **kwargs)
