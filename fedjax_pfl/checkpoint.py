@@ -1,24 +1,50 @@
-"""Checkpoints of a run's state (server, clients, round) as one .npz file.
+"""Checkpoints of a run's state (server, clients) after a round, with Orbax.
 
-Written atomically (temporary file, then rename), so a crash while saving
-keeps the previous checkpoint. Restoring needs a template with the same tree
-structure (a freshly initialised state); leaves are checked by path and shape.
-Round keys are derived from the run key and the round index, so a resumed run
-continues exactly as an uninterrupted one. ``meta`` (JSON-serialisable, e.g.
-the seconds already spent) travels with the state. A truncated or corrupted
-file is a `UserError`, never a traceback.
+A run folder's checkpoint is the folder `checkpoint_path(out)`, managed by
+Orbax's `CheckpointManager` (orbax-checkpoint, the JAX ecosystem's checkpoint
+library): one sub-folder per saved round, named by the round index, holding
+``state`` (the arrays, Orbax's standard PyTree format: every process writes
+the shards of its own devices, so state that spans processes is never
+gathered into one) and ``meta`` (JSON: the leaf paths and shapes, and the
+caller's ``meta``, e.g. the seconds already spent). Every process calls
+`save` and `restore`. Orbax writes a round into a temporary folder and
+renames it when all processes are done, then deletes the older rounds: a
+crash while saving keeps the previous checkpoint (its leftover temporary
+folder is removed by the next save).
+
+Restoring needs a template with the same tree structure (a freshly
+initialised state); leaves are checked by path and shape and placed like the
+template's leaves (so a client-sharded state comes back sharded over the
+devices of the resumed run, whatever their count was when saving). Round
+keys are derived from the run key and the round index, so a resumed run
+continues exactly as an uninterrupted one. A truncated or corrupted
+checkpoint is a `UserError`, never a traceback.
+
+Orbax is imported on first use (it costs a noticeable fraction of a second).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from fedjax_pfl.errors import UserError
-from fedjax_pfl.run_output import atomic_write
+
+FOLDER = "checkpoint"
+KEEP = 1  # saved rounds kept (Orbax deletes older ones only after the newest is complete)
+
+
+def checkpoint_path(out: Path) -> Path:
+    """Where the run in folder ``out`` keeps its checkpoint."""
+    return Path(out) / FOLDER
+
+
+def exists(path: Path) -> bool:
+    """Whether ``path`` holds a completed checkpoint (a round's folder, not a temporary one)."""
+    path = Path(path)
+    return path.is_dir() and any(p.name.isdigit() and p.is_dir() for p in path.iterdir())
 
 
 def _paths_and_leaves(tree):
@@ -26,48 +52,83 @@ def _paths_and_leaves(tree):
     return [jax.tree_util.keystr(path) for path, _ in flat], [leaf for _, leaf in flat]
 
 
+def _manager(path: Path):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, enable_async_checkpointing=False, create=True,
+                                           cleanup_tmp_directories=True)
+    return ocp.CheckpointManager(Path(path).absolute(), options=options)
+
+
 def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
-    """Save ``state`` (any pytree of arrays) after round ``round_index``."""
+    """Save ``state`` (any pytree of arrays) after round ``round_index``; every process calls it."""
+    import orbax.checkpoint as ocp
+
     names, leaves = _paths_and_leaves(state)
-    arrays = {f"leaf_{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
-    with atomic_write(Path(path), "wb") as f:
-        np.savez(f, __paths__=np.array(names), __round__=np.int64(round_index),
-                 __meta__=np.array(json.dumps(meta or {})), **arrays)
+    record = {"paths": names, "shapes": [list(np.shape(leaf)) for leaf in leaves], "meta": meta or {}}
+    with _manager(path) as manager:
+        manager.save(round_index, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                          meta=ocp.args.JsonSave(record)))
 
 
-def _read(path: Path, count: int):
-    """(paths, leaves, round, meta) from the file, or UserError if it cannot be read."""
-    try:
-        with np.load(path) as f:
-            saved = list(f["__paths__"])
-            values = [f[f"leaf_{i}"] for i in range(count)] if len(saved) == count else []
-            round_index = int(f["__round__"])
-            meta = json.loads(str(f["__meta__"])) if "__meta__" in f.files else {}
-    except Exception as e:  # zip, pickle, EOF, key and value errors of a damaged file
-        raise UserError(f"checkpoint {path} is truncated or corrupted ({type(e).__name__}); it cannot be "
-                        "resumed: start the run afresh in a new --out") from None
-    return saved, values, round_index, meta
+def _damaged(path: Path, error: Exception) -> UserError:
+    return UserError(f"checkpoint {path} is truncated or corrupted ({type(error).__name__}); it cannot be "
+                     "resumed: start the run afresh in a new --out")
 
 
-def _like(value: np.ndarray, leaf):
-    """``value`` with the dtype and placement (e.g. client-axis sharding) of the template's ``leaf``."""
-    value = value.astype(leaf.dtype)
-    return jax.device_put(value, leaf.sharding) if isinstance(leaf, jax.Array) else jax.numpy.asarray(value)
+def resizable(saved: tuple, wanted: tuple, num_clients: int) -> bool:
+    """Whether a client leaf saved with shape ``saved`` can be restored as ``wanted``: only the
+    (padded) client axis differs and both hold all ``num_clients`` real clients (the rows beyond are
+    empty clients, zeros, so cutting or appending them changes nothing)."""
+    return (len(saved) == len(wanted) >= 1 and saved[1:] == wanted[1:]
+            and min(saved[0], wanted[0]) >= num_clients)
 
 
-def restore(path: Path, template):
-    """-> (state, round_index, meta) read from ``path`` into the structure of ``template``."""
+def _check_shapes(path: Path, saved_shapes, template, num_clients: int | None) -> None:
+    """UserError unless every saved shape is the template's (client leaves: or `resizable` to it)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(template)
+    for (keys, leaf), saved in zip(flat, saved_shapes):
+        saved, wanted = tuple(saved), tuple(np.shape(leaf))
+        client_leaf = num_clients is not None and keys[0].idx == 1  # template (server, clients)
+        if saved != wanted and not (client_leaf and resizable(saved, wanted, num_clients)):
+            name = jax.tree_util.keystr(keys)
+            raise UserError(f"checkpoint {path} leaf {name} has shape {saved}, expected {wanted}; resume with "
+                            "the configuration that wrote it")
+
+
+def _target(leaf):
+    """What Orbax restores ``leaf`` as: its shape, dtype and placement (e.g. client-axis sharding)."""
+    sharding = leaf.sharding if isinstance(leaf, jax.Array) else None
+    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+
+
+def restore(path: Path, template, num_clients: int | None = None):
+    """-> (state, round_index, meta) of the latest round saved in ``path``, in the structure of ``template``.
+
+    Every leaf comes back with the template's dtype and placement. With
+    ``num_clients`` the template is ``(server, clients)`` and the client
+    leaves may have been saved with another padded client count (another
+    device count): their empty rows are cut or appended (`resizable`).
+    """
+    import orbax.checkpoint as ocp
+
     path = Path(path)
-    if not path.is_file():
+    if not exists(path):
         raise UserError(f"no checkpoint at {path}; run without --resume to start afresh")
     names, leaves = _paths_and_leaves(template)
-    saved, values, round_index, meta = _read(path, len(names))
-    if saved != names:
-        raise UserError(f"checkpoint {path} was written by a different method or model; "
-                        "resume with the configuration that wrote it")
-    for name, value, leaf in zip(names, values, leaves):
-        if value.shape != np.shape(leaf):
-            raise UserError(f"checkpoint leaf {name} has shape {value.shape}, expected {np.shape(leaf)}")
-    treedef = jax.tree.structure(template)
-    restored = [_like(v, leaf) for v, leaf in zip(values, leaves)]
-    return jax.tree.unflatten(treedef, restored), round_index, meta
+    try:
+        with _manager(path) as manager:
+            round_index = manager.latest_step()
+            record = manager.restore(round_index, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            if record["paths"] != names:
+                raise UserError(f"checkpoint {path} was written by a different method or model; "
+                                "resume with the configuration that wrote it")
+            _check_shapes(path, record["shapes"], template, num_clients)
+            target = jax.tree.map(_target, template)
+            state = manager.restore(round_index, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target, strict=num_clients is None)))["state"]
+    except UserError:
+        raise
+    except Exception as e:  # missing or damaged files: JSON, OCDBT, tensorstore and value errors
+        raise _damaged(path, e) from None
+    return state, int(round_index), record["meta"]

@@ -129,7 +129,9 @@ def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
     records = run_folder.read_records(folder)
     if summary.get("status") in ("finished", "failed") or (records and records[-1]["round"] == cfg.train.rounds - 1):
         return "finished"  # (the second: killed after its last evaluation, before summary.json)
-    return "resume" if (folder / "checkpoint.npz").is_file() else "rerun"
+    from fedjax_pfl import checkpoint  # (imports jax: not at module level)
+
+    return "resume" if checkpoint.exists(checkpoint.checkpoint_path(folder)) else "rerun"
 
 
 def batchable(cfg: config_lib.RunConfig) -> bool:

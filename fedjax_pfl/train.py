@@ -307,13 +307,14 @@ def _run(cfg: config_lib.RunConfig, out: Path, files: Path, progress: bool, resu
     if saved is not None:
         check_same_config(saved, cfg)  # before any data is read
     exp = build_experiment(cfg)
-    ckpt_path = out / "checkpoint.npz"
+    ckpt_path = checkpoint.checkpoint_path(out)
     key = jax.random.key(cfg.seed)
     init_key, key = jax.random.split(key)
     server, clients = exp.engine.init(init_key)
     first, seconds_done, history = 0, 0.0, []
     if resume:
-        (server, clients), done, meta = checkpoint.restore(ckpt_path, (server, clients))
+        (server, clients), done, meta = checkpoint.restore(ckpt_path, (server, clients),
+                                                               num_clients=exp.engine.num_clients)
         history = check_resume(saved, cfg, done, exp.partition_summary,
                                run_output.read_json(out / "partition.json"))
         first, seconds_done = done + 1, float(meta.get("seconds", 0.0))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_pfl import train
+from fedjax_pfl import checkpoint, train
 from fedjax_pfl.data import files
 from fedjax_pfl.errors import UserError
 
@@ -44,6 +44,13 @@ def finished_run(tmp_path_factory):
     return out
 
 
+def _array_files(folder: Path) -> list[Path]:
+    """The files of a checkpoint that hold array data (Orbax's OCDBT data files)."""
+    found = [p for p in folder.rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert found, f"no array data files under {folder}"
+    return found
+
+
 def _setup(tmp_path: Path, finished_run: Path) -> dict:
     """Files the table refers to: {name} placeholders in its arguments."""
     (tmp_path / "bad.yaml").write_text("train:\n  lr: [0.1,\n")
@@ -54,8 +61,8 @@ def _setup(tmp_path: Path, finished_run: Path) -> dict:
     for name, damage in (("truncated", lambda b: b[: len(b) // 2]), ("corrupted", lambda b: b"\0" * 64 + b[64:])):
         copy = tmp_path / name
         shutil.copytree(finished_run, copy)
-        ckpt = copy / "checkpoint.npz"
-        ckpt.write_bytes(damage(ckpt.read_bytes()))
+        for data in _array_files(checkpoint.checkpoint_path(copy)):
+            data.write_bytes(damage(data.read_bytes()))
         runs[name] = copy
     return {"tmp": tmp_path, "empty": empty, "finished": finished_run, **runs}
 

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_pfl import checkpoint
 from fedjax_pfl import config as config_lib
 from fedjax_pfl import train
 from fedjax_pfl.data.registry import load_dataset
@@ -176,7 +177,7 @@ def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(unint
     assert len(err) == 1 and "interrupted after round 1" in err[0] and "--resume" in err[0]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_evaluated"] == 2
-    assert (out / "checkpoint.npz").is_file()
+    assert checkpoint.exists(checkpoint.checkpoint_path(out))
     monkeypatch.delenv(train.TEST_SIGNAL_ENV)
     assert train.main(["--out", str(out), "--resume", "--rounds", "4", "--no-progress"]) == 0
     assert json.loads((out / "summary.json").read_text()) == json.loads((uninterrupted / "summary.json").read_text())
@@ -187,8 +188,11 @@ def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(unint
 
 
 def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
-    for name in ("config.json", "partition.json", "metrics.jsonl", "summary.json", "checkpoint.npz"):
+    for name in ("config.json", "partition.json", "metrics.jsonl", "summary.json"):
         assert (uninterrupted / name).stat().st_mode & 0o777 == 0o640, name
+    saved = [p for p in checkpoint.checkpoint_path(uninterrupted).rglob("*") if p.is_file()]
+    assert saved and {p.stat().st_mode & 0o777 for p in saved} == {0o640}
+    assert [p.name for p in checkpoint.checkpoint_path(uninterrupted).iterdir()] == ["3"]  # the last round only
     config = json.loads((uninterrupted / "config.json").read_text())
     assert config["config"]["eval"]["model"] == "global"  # fedper's default, resolved from 'auto'
     assert config["data_files"] == []  # generated data
@@ -259,13 +263,11 @@ def test_eval_model_defaults_follow_the_authors(method, default):
 
 
 def test_eval_model_global_is_the_global_body_with_the_own_head(uninterrupted):
-    from fedjax_pfl import checkpoint
-
     saved = json.loads((uninterrupted / "config.json").read_text())["config"]
     cfg = config_lib.build(start=saved, overrides=["eval.model=local"])
     exp = build_experiment(cfg)
     method, key = exp.engine.method, jax.random.key(0)
-    (server, clients), _, _ = checkpoint.restore(uninterrupted / "checkpoint.npz", exp.engine.init(key))
+    (server, clients), _, _ = checkpoint.restore(checkpoint.checkpoint_path(uninterrupted), exp.engine.init(key))
     client = jax.tree.map(lambda a: a[0], clients)
     assert method.eval_model == "local"
     local = method.eval_variables(server, client, None, key)

@@ -220,7 +220,7 @@ def _run_chunk(exps: dict, points: list[Point], outputs: list[PointOutput], prog
                 out.record(metrics[e], evaluations[e], stop_at - t)
                 state = jax.tree.map(lambda a, e=e: a[e], (servers, clients))
                 if out.running and (stopping or calls.checkpoint_due(last)):
-                    checkpoint.save(point.out / "checkpoint.npz", state, last,
+                    checkpoint.save(checkpoint.checkpoint_path(point.out), state, last,
                                     {"seconds": time.perf_counter() - out.start})
                 if out.running and last == rounds - 1:
                     out.results.snapshot(evaluations[e].get(last))
