@@ -166,6 +166,39 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, tmp_path
     assert [(r["after_round"], r["rounds"]) for r in resumed] == [(0, 4)]
 
 
+def _numbers(record, path=""):
+    """{path: value} of a JSON record's leaves, without wall-clock 'seconds'."""
+    if isinstance(record, dict):
+        return {k: v for key, value in record.items() if key != "seconds"
+                for k, v in _numbers(value, f"{path}/{key}").items()}
+    return {path: record}
+
+
+def _assert_close(got, want):
+    got, want = _numbers(got), _numbers(want)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == (pytest.approx(want[k], rel=1e-4, abs=1e-5) if isinstance(want[k], float) else want[k]), k
+
+
+def test_sharded_run_killed_on_4_devices_resumes_on_2_and_equals_one_device(uninterrupted, tmp_path):
+    """kill -9 in round 1 of a run whose client state is split over 4 (forced CPU) devices (6 clients
+    padded to 8), --resume on 2 devices (padded to 6: the checkpoint's empty rows are cut): the summary
+    and metrics equal the uninterrupted one-device run's up to float rounding."""
+    out = tmp_path / "run"
+    args = ["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1", "--out", str(out),
+            "--rounds-per-call", "1"]  # one compiled program per process
+    devices = lambda n: {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+    killed = _cli(args, {**devices(4), train.TEST_SIGNAL_ENV: "1:KILL"})
+    assert killed.returncode == -9 and not (out / "summary.json").exists(), killed.stderr[-3000:]
+    resumed = _cli([*args, "--resume"], devices(2))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _assert_close(json.loads((out / "summary.json").read_text()), json.loads((uninterrupted / "summary.json").read_text()))
+    assert len(_records(out)) == len(_records(uninterrupted))
+    for got, want in zip(_records(out), _records(uninterrupted)):
+        _assert_close(got, want)
+
+
 def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(uninterrupted, tmp_path, capsys,
                                                                           monkeypatch):
     """Ctrl-C in round 1 of 3 (no --checkpoint-every): checkpoint + summary written, exit 130; then
