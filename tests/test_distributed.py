@@ -1,5 +1,5 @@
 """Two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives) give the numbers of one process;
-only process 0 writes the run folder. And the launcher detection / flag checks of distributed.py."""
+only process 0 writes the run folder, both write the checkpoint's shards (restorable in one process). And the launcher detection / flag checks of distributed.py."""
 
 import json
 import os
@@ -7,14 +7,17 @@ import socket
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
-from fedjax_pfl import distributed
+from fedjax_pfl import checkpoint, distributed
+from fedjax_pfl import config as config_lib
 from fedjax_pfl.errors import UserError
 
 TINY = ["--dataset", "synthetic", "--model", "mlp", "model.hidden=[8]", "--num-clients", "5", "--partition", "natural",
         "--local-epochs", "1", "--rounds", "2", "--batch-size", "16", "--no-progress", "--offline",
-        "--rounds-per-call", "2", "--checkpoint-every", "0"]
+        "--rounds-per-call", "2", "--checkpoint-every", "1"]
 
 
 def _free_port() -> int:
@@ -50,6 +53,23 @@ def test_two_processes_equal_one_process(method, tmp_path):
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["status"] == "finished"
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+    shards = {p.name for p in checkpoint.checkpoint_path(tmp_path / "two").glob("*/state/ocdbt.process_*")}
+    assert shards == {"ocdbt.process_0", "ocdbt.process_1"}  # each process wrote its own devices' rows
+    two, one = _restored(tmp_path / "two"), _restored(tmp_path / "one")
+    for a, b in zip(jax.tree.leaves(two), jax.tree.leaves(one)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def _restored(out):
+    """The (server, clients) state of the run's checkpoint, restored here on one device."""
+    from fedjax_pfl.experiment import build_experiment
+
+    saved = json.loads((out / "config.json").read_text())["config"]
+    engine = build_experiment(config_lib.build(start=saved)).engine
+    (server, clients), last, _ = checkpoint.restore(checkpoint.checkpoint_path(out), engine.init(jax.random.key(0)),
+                                                    num_clients=engine.num_clients)
+    assert last == 1
+    return server, clients
 
 
 def test_launcher_detection():
