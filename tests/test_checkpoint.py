@@ -1,0 +1,65 @@
+"""Orbax checkpoints (checkpoint.py) on small trees: the latest round kept, meta and round back, a
+different tree or shape refused in one line, the padded client axis re-padded and nothing else."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_pfl import checkpoint
+from fedjax_pfl.errors import UserError
+
+
+def _state(padded=4, real=3, width=2):
+    """(server, clients) with ``real`` clients and zero rows up to ``padded``."""
+    rows = jnp.arange(real * width, dtype=jnp.float32).reshape(real, width) + 1
+    clients = {"w": jnp.concatenate([rows, jnp.zeros((padded - real, width))]), "steps": jnp.zeros(padded, jnp.int32)}
+    return {"b": jnp.ones(width), "flag": jnp.array(True)}, clients
+
+
+def test_save_keeps_the_latest_round_and_restore_gives_state_round_and_meta(tmp_path):
+    """... also when a later save was killed before its rename, and the next save removes its leftovers."""
+    path = checkpoint.checkpoint_path(tmp_path)
+    assert not checkpoint.exists(path)
+    for t in range(3):
+        checkpoint.save(path, _state(), t, {"seconds": 1.5 * t})
+    assert checkpoint.exists(path) and sorted(p.name for p in path.iterdir()) == ["2"]
+    (path / "3.orbax-checkpoint-tmp-7" / "state").mkdir(parents=True)  # a save of round 3 killed midway
+    state, t, meta = checkpoint.restore(path, _state())
+    assert (t, meta) == (2, {"seconds": 3.0})
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state())):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    checkpoint.save(path, _state(), 3)
+    assert sorted(p.name for p in path.iterdir()) == ["3"]
+
+
+@pytest.mark.parametrize("padded", [3, 6])  # fewer devices (fewer empty rows) / more devices
+def test_client_axis_is_re_padded_to_the_template(tmp_path, padded):
+    checkpoint.save(tmp_path / "c", _state(padded=4), 0)
+    (server, clients), _, _ = checkpoint.restore(tmp_path / "c", _state(padded=padded), num_clients=3)
+    np.testing.assert_array_equal(clients["w"], _state(padded=padded)[1]["w"])
+    assert clients["steps"].shape == (padded,)
+    with pytest.raises(UserError, match=r"leaf \[1\]\['steps'\] has shape \(4,\), expected \(3,\)"):
+        checkpoint.restore(tmp_path / "c", _state(padded=3))  # without num_clients: shapes must agree
+
+
+@pytest.mark.parametrize("template,message", [
+    (({"b": jnp.ones(2)}, {"w": jnp.zeros((4, 2))}), "written by a different method or model"),
+    (_state(width=3), r"leaf \[0\]\['b'\] has shape \(2,\), expected \(3,\)"),  # server leaves never resize
+    (_state(padded=2, real=2), r"\[1\]\['steps'\] has shape \(4,\), expected \(2,\)"),  # would cut a real client
+])
+def test_other_trees_and_shapes_are_one_line_user_errors(tmp_path, template, message):
+    checkpoint.save(tmp_path / "c", _state(), 0)
+    with pytest.raises(UserError, match=message):
+        checkpoint.restore(tmp_path / "c", template, num_clients=3)
+
+
+def test_no_checkpoint_and_a_damaged_one_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="no checkpoint"):
+        checkpoint.restore(tmp_path / "none", _state())
+    checkpoint.save(tmp_path / "c", _state(), 0)
+    (meta,) = (tmp_path / "c").glob("0/meta/metadata")
+    meta.write_text("{")
+    with pytest.raises(UserError, match="truncated or corrupted"):
+        checkpoint.restore(tmp_path / "c", _state())
