@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from forced_devices import cpu_devices_env
 
 from fedjax_pfl import checkpoint, distributed
 from fedjax_pfl import config as config_lib
@@ -27,7 +28,7 @@ def _free_port() -> int:
 
 
 def _cli(method, out, extra=()):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, **cpu_devices_env(1)}
     return subprocess.Popen([sys.executable, "-m", "fedjax_pfl.train", "--method", method, *TINY, "--out", str(out),
                              *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

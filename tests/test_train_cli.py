@@ -9,6 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from forced_devices import cpu_devices_env
 
 from fedjax_pfl import checkpoint
 from fedjax_pfl import config as config_lib
@@ -174,7 +175,7 @@ def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(un
     out = tmp_path / "run"
     args = ["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1", "--out", str(out),
             "--rounds-per-call", "1"]  # one compiled program per process
-    devices = lambda n: {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+    devices = cpu_devices_env
     killed = _cli(args, {**devices(4), train.TEST_SIGNAL_ENV: "1:KILL"})
     assert killed.returncode == -9 and not (out / "summary.json").exists(), killed.stderr[-3000:]
     killed_seconds = _records(out)[-1]["seconds"]
