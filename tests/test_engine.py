@@ -292,13 +292,13 @@ def test_sum_batches_skips_padding_batches():
     assert int(out[1]) == 4  # ceil(13 / 4) batches, not ceil(40 / 4)
 
 
-def _round_outputs(method_name, mapping, stream=True, **options):
+def _round_outputs(method_name, mapping, chunk_size, stream=True, **options):
     """(server, clients, metrics) after one round with index 1 (FedAS aligns), stragglers and drops on."""
     model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
     x, y, idx = _data(model.input_shape)
     train = stack_clients(x, y, idx)
     method = get_method(method_name)(_setup(model))
-    cfg = engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=2, straggler_fraction=0.4,
+    cfg = engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=chunk_size, straggler_fraction=0.4,
                                   drop_fraction=0.3, stream_chunks=stream, **options)
     eng = engine_lib.Engine(method, train, train, cfg)
     assert eng.streams == (mapping == "chunked" and stream)
@@ -306,17 +306,17 @@ def _round_outputs(method_name, mapping, stream=True, **options):
     return jax.device_get(eng.round(server, clients, jax.random.key(1), 1))
 
 
-@pytest.mark.parametrize("method_name, options", [("fedavg", {}), ("fedas", {}),
-                                                  ("fedper", {"all_clients_train": True})])
-def test_streamed_chunks_equal_the_whole_gather(method_name, options):
-    """Chunk by chunk (gather, train, scatter per chunk; 3 selected clients, or all 5 with
-    all_clients_train, in chunks of 2: full chunks and a remainder) gives exactly the numbers
-    of gathering all selected clients first; and vmap's for FedAS (the other two: the tests
-    above, every mapping against the per-client loop)."""
-    streamed = _round_outputs(method_name, "chunked", **options)
-    _assert_close(streamed, _round_outputs(method_name, "chunked", stream=False, **options), tol=0)
-    if method_name == "fedas":  # vmap sees the clients unsorted: compare the state, not per-client metrics
-        _assert_close(streamed[:2], _round_outputs(method_name, "vmap")[:2], tol=1e-5)
+@pytest.mark.parametrize("method_name, chunk_size, options", [
+    ("fedas", 3, {}), ("fedper", 2, {"all_clients_train": True})])
+def test_streamed_chunks_equal_the_whole_gather_and_vmap(method_name, chunk_size, options):
+    """Chunk by chunk (gather, train, scatter per chunk; FedPer: all 5 clients train, in chunks
+    of 2, two full chunks and a remainder) gives exactly the numbers of gathering all selected
+    clients first; FedAS also vmap's, up to float rounding (state only: vmap sees the clients
+    unsorted). FedAvg, FedPer and FedRep stream under 'chunked' in the per-client-loop tests above."""
+    streamed = _round_outputs(method_name, "chunked", chunk_size, **options)
+    _assert_close(streamed, _round_outputs(method_name, "chunked", chunk_size, stream=False, **options), tol=0)
+    if method_name == "fedas":
+        _assert_close(streamed[:2], _round_outputs(method_name, "vmap", chunk_size, **options)[:2], tol=1e-5)
 
 
 def test_methods_that_need_the_selected_state_say_so():
