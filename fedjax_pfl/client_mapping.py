@@ -89,8 +89,9 @@ def scan_chunks(step, carry, count: int, chunk_size: int):
         carry, out = step(carry, start + jnp.arange(size))
         return carry, jax.tree.map(lambda buf, o: jax.lax.dynamic_update_slice_in_dim(buf, o, start, 0), outputs, out)
 
-    carry, outputs = jax.lax.fori_loop(
-        0, full // chunk_size, lambda i, c: run(*c, i * chunk_size, chunk_size), (carry, outputs))
+    if full:
+        carry, outputs = jax.lax.fori_loop(
+            0, full // chunk_size, lambda i, c: run(*c, i * chunk_size, chunk_size), (carry, outputs))
     if count > full:
         carry, outputs = run(carry, outputs, full, count - full)
     return carry, outputs

@@ -342,3 +342,5 @@ def test_scan_chunks_visits_chunks_in_order_and_stacks_outputs():
     np.testing.assert_array_equal(out["double"], 2 * np.arange(7))
     np.testing.assert_array_equal(out["pair"][:, 1], -np.arange(7))
     assert 1 in seen and 3 in seen
+    carry, out = client_mapping.scan_chunks(step, jnp.int32(0), 2, 3)  # fewer than a chunk: one remainder
+    assert int(carry) == 0 and out["double"].tolist() == [0, 2]
