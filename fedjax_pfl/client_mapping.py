@@ -7,7 +7,10 @@ The per-client function is written once; the mapping is an engine setting:
 - ``chunked``: ``lax.map`` over chunks of ``chunk_size`` vmapped clients
   (bounds memory for hundreds of clients). The engine hands the clients over
   sorted by their step count, so each chunk runs to its own largest client.
-All three compute the same numbers (tests/test_engine.py).
+All three compute the same numbers (tests/test_engine.py). Under ``chunked``
+the engine also streams the round where the method allows it (`scan_chunks`):
+each chunk's state is gathered, trained and scattered back in turn, so that
+only the uploads are held for every selected client.
 
 Local training loops run each client's own trip count; under ``vmap`` a chunk
 runs to its largest member. `executed_steps` counts what a mapping computes,
@@ -66,3 +69,29 @@ def executed_steps(steps, mapping: str, chunk_size: int = 8):
     chunks = steps[:full].reshape(-1, chunk_size).max(axis=1).sum() * chunk_size
     rest = steps[full:]
     return chunks + (rest.shape[0] * rest.max() if rest.shape[0] else 0)
+
+
+def scan_chunks(step, carry, count: int, chunk_size: int):
+    """``step(carry, positions)`` over positions 0..count-1, ``chunk_size`` at a time
+    -> (carry, outputs stacked [count, ...]).
+
+    The chunks are `lax.map`'s with ``batch_size=chunk_size`` (a loop over the
+    full chunks, then the remainder), so a per-client function vmapped inside
+    ``step`` computes what ``chunked`` computes. ``step`` returns (carry,
+    outputs [len(positions), ...]); each chunk's outputs go straight into one
+    [count, ...] buffer, so nothing else is held for all ``count`` positions.
+    """
+    full = count // chunk_size * chunk_size
+    out_shape = jax.eval_shape(step, carry, jnp.arange(min(count, chunk_size)))[1]
+    outputs = jax.tree.map(lambda s: jnp.zeros((count,) + s.shape[1:], s.dtype), out_shape)
+
+    def run(carry, outputs, start, size):
+        carry, out = step(carry, start + jnp.arange(size))
+        return carry, jax.tree.map(lambda buf, o: jax.lax.dynamic_update_slice_in_dim(buf, o, start, 0), outputs, out)
+
+    if full:
+        carry, outputs = jax.lax.fori_loop(
+            0, full // chunk_size, lambda i, c: run(*c, i * chunk_size, chunk_size), (carry, outputs))
+    if count > full:
+        carry, outputs = run(carry, outputs, full, count - full)
+    return carry, outputs

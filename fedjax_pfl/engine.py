@@ -4,7 +4,11 @@ A round: (1) select round(N * join_ratio) clients from the round key; (2)
 gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
 lax.map or chunked vmap: client_mapping.py); (5) the method's server step on
-the stacked uploads; (6) scatter client state back. Stragglers (fewer local
+the stacked uploads; (6) scatter client state back. Under ``chunked`` (and
+``stream_chunks``), for a method without ``needs_selected_state``, steps 2, 4
+and 6 run chunk by chunk instead (`client_mapping.scan_chunks`): the round
+holds the [N, ...] state, one chunk's work and the [S, ...] uploads, not
+copies of all S selected clients' state. Stragglers (fewer local
 epochs, dropped uploads) are drawn from the same key. There is no Python loop
 over clients. Evaluation maps every client's personalized model over its test
 data in one call; the host reads metrics only when it asks for them.
@@ -39,6 +43,9 @@ class EngineConfig:
     eval_batch_size: int = 256
     shard: bool = True  # split the client axis over all devices when there are several
     lr_schedule: LrSchedule = LrSchedule()  # train.lr by round index (constant by default)
+    # chunked: gather, train and scatter the selected clients chunk by chunk where the method allows it
+    # (Method.needs_selected_state); False: gather all S first (the same numbers; more memory)
+    stream_chunks: bool = True
 
     def __post_init__(self):
         client_mapping.resolve(self.client_mapping)
@@ -100,6 +107,7 @@ class Engine:
         self.method = method
         self.config = config
         self.mapping = client_mapping.resolve(config.client_mapping)
+        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.needs_selected_state
         self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
         self.padded_clients = sharding.padded_count(self.num_clients, self.mesh)  # array rows (empty ones appended)
@@ -187,19 +195,30 @@ class Engine:
         if client_mapping.sorts_clients(self.mapping):  # each chunk runs to its own largest client
             order = jnp.argsort(-steps, stable=True)
             selected, epochs, uploaded, keys, steps = (a[order] for a in (selected, epochs, uploaded, keys, steps))
-        chosen = tree_ops.gather(clients, selected)
-        data = tree_ops.gather(train, selected)
-        chosen = method.prepare(server, chosen, selected)
 
         def one_client(client, data_i, key_i, epochs_i):
             info = ClientRound(round_index, epochs_i)
             return method.client_update(server, client, ClientData(*data_i), key_i, info)
 
-        mapped = self._map_clients(one_client, interleave=True)
-        chosen, uploads = mapped(chosen, tuple(data), keys, epochs)
-        info = ServerRound(round_index, selected, data.n.astype(jnp.float32), uploaded)
+        if self.streams:  # each chunk: gather its rows, train them (vmap), write them back
+            map_chunk = self._map_clients(one_client, interleave=True, mapping="vmap")
+
+            def train_chunk(clients, positions):
+                rows = selected[positions]
+                new, uploads = map_chunk(tree_ops.gather(clients, rows), tuple(tree_ops.gather(train, rows)),
+                                         keys[positions], epochs[positions])
+                return tree_ops.scatter(clients, rows, new), uploads
+
+            clients, uploads = client_mapping.scan_chunks(train_chunk, clients, training, cfg.chunk_size)
+            chosen = None
+        else:
+            chosen = method.prepare(server, tree_ops.gather(clients, selected), selected)
+            mapped = self._map_clients(one_client, interleave=True)
+            chosen, uploads = mapped(chosen, tuple(tree_ops.gather(train, selected)), keys, epochs)
+        info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
         server, chosen = method.server_update(server, chosen, uploads, info)
-        clients = tree_ops.scatter(clients, selected, chosen)
+        if not self.streams:
+            clients = tree_ops.scatter(clients, selected, chosen)
         has_loss = isinstance(uploads, dict) and "loss" in uploads
         client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
                        else jnp.zeros(selected.shape)).astype(jnp.float32)
@@ -348,9 +367,10 @@ class Engine:
         out = mapped(*tree_ops.gather(args, order))
         return tree_ops.gather(out, jnp.argsort(order))
 
-    def _map_clients(self, fn, interleave: bool):
-        """`client_mapping.map_clients`, split over the mesh's devices when there is one."""
-        mapped = client_mapping.map_clients(fn, self.mapping, self.config.chunk_size)
+    def _map_clients(self, fn, interleave: bool, mapping: str | None = None):
+        """`client_mapping.map_clients` (the engine's mapping unless ``mapping``), split over the mesh's
+        devices when there is one."""
+        mapped = client_mapping.map_clients(fn, mapping or self.mapping, self.config.chunk_size)
         return mapped if self.mesh is None else sharding.split_over_devices(mapped, self.mesh, interleave)
 
 

@@ -102,3 +102,18 @@ def test_seeds_batched_quick_compares_both_modes_and_they_agree():
     assert record["speedup_batched_over_one_after_another"] == record["one_after_another"]["seconds"] / \
         record["batched"]["seconds"]
     assert record["max_final_accuracy_difference"] < 1e-4
+
+
+def test_memory_quick_streamed_chunks_hold_less_than_the_whole_gather():
+    proc = subprocess.run([sys.executable, str(BENCH / "memory.py"), "--quick"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = {r["variant"]: r for r in (json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{"))}
+    assert set(records) == {"vmap", "chunked-whole", "chunked"}
+    for r in records.values():
+        assert r["device"] and r["workload"]["method"] == "fedas" and r["workload"]["clients"] == 6
+        _finite_positive(r, ["temp_bytes", "argument_bytes", "output_bytes", "total_bytes", "client_state_bytes",
+                             "temp_bytes_per_selected_client"])
+        assert r["total_bytes"] == r["temp_bytes"] + r["argument_bytes"] + r["output_bytes"] - r["aliased_bytes"]
+        assert r["temp_vs_chunked"] == r["temp_bytes"] / records["chunked"]["temp_bytes"]
+    assert records["chunked"]["temp_bytes"] < records["chunked-whole"]["temp_bytes"]

@@ -290,3 +290,57 @@ def test_sum_batches_skips_padding_batches():
     out = local_training.sum_batches(lambda b: (jnp.sum(b.x[:, 0] * b.mask), jnp.int32(1)), data, 4, lambda a: a)
     assert float(out[0]) == float(np.arange(13, dtype=np.float64).sum())
     assert int(out[1]) == 4  # ceil(13 / 4) batches, not ceil(40 / 4)
+
+
+def _round_outputs(method_name, mapping, chunk_size, stream=True, **options):
+    """(server, clients, metrics) after one round with index 1 (FedAS aligns), stragglers and drops on."""
+    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+    x, y, idx = _data(model.input_shape)
+    train = stack_clients(x, y, idx)
+    method = get_method(method_name)(_setup(model))
+    cfg = engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=chunk_size, straggler_fraction=0.4,
+                                  drop_fraction=0.3, stream_chunks=stream, **options)
+    eng = engine_lib.Engine(method, train, train, cfg)
+    assert eng.streams == (mapping == "chunked" and stream)
+    server, clients = eng.init(jax.random.key(0))
+    return jax.device_get(eng.round(server, clients, jax.random.key(1), 1))
+
+
+@pytest.mark.parametrize("method_name, chunk_size, options", [
+    ("fedas", 3, {}), ("fedper", 2, {"all_clients_train": True})])
+def test_streamed_chunks_equal_the_whole_gather_and_vmap(method_name, chunk_size, options):
+    """Chunk by chunk (gather, train, scatter per chunk; FedPer: all 5 clients train, in chunks
+    of 2, two full chunks and a remainder) gives exactly the numbers of gathering all selected
+    clients first; FedAS also vmap's, up to float rounding (state only: vmap sees the clients
+    unsorted). FedAvg, FedPer and FedRep stream under 'chunked' in the per-client-loop tests above."""
+    streamed = _round_outputs(method_name, "chunked", chunk_size, **options)
+    _assert_close(streamed, _round_outputs(method_name, "chunked", chunk_size, stream=False, **options), tol=0)
+    if method_name == "fedas":
+        _assert_close(streamed[:2], _round_outputs(method_name, "vmap", chunk_size, **options)[:2], tol=1e-5)
+
+
+def test_methods_that_need_the_selected_state_say_so():
+    """A method with its own `prepare` gathers all selected clients (the streamed round skips it)."""
+    from fedjax_pfl.methods import registry
+    from fedjax_pfl.methods.base import Method
+    for name, cls in registry().items():
+        assert cls.needs_selected_state or cls.prepare is Method.prepare, name
+    assert get_method("diversifed").needs_selected_state and get_method("fedpac").needs_selected_state
+    assert not get_method("fedas").needs_selected_state
+
+
+def test_scan_chunks_visits_chunks_in_order_and_stacks_outputs():
+    """Positions 0..6 in chunks of 3 (two full, a remainder of 1), as lax.map's batch_size."""
+    seen = []
+
+    def step(carry, positions):
+        seen.append(positions.shape[0])
+        return carry * 10 + positions[0], {"double": 2 * positions, "pair": jnp.stack([positions, -positions], 1)}
+
+    carry, out = client_mapping.scan_chunks(step, jnp.int32(0), 7, 3)
+    assert int(carry) == 36  # chunks start at 0, 3, 6
+    np.testing.assert_array_equal(out["double"], 2 * np.arange(7))
+    np.testing.assert_array_equal(out["pair"][:, 1], -np.arange(7))
+    assert 1 in seen and 3 in seen
+    carry, out = client_mapping.scan_chunks(step, jnp.int32(0), 2, 3)  # fewer than a chunk: one remainder
+    assert int(carry) == 0 and out["double"].tolist() == [0, 2]

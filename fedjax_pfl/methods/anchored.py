@@ -25,6 +25,8 @@ from fedjax_pfl.methods.base import Method, shared_init
 
 
 class AnchoredPersonalMethod(Method):
+    needs_selected_state = True  # `prepare` sets the selected clients' anchors u_i
+
     def proximal_weight(self) -> float:
         """The weight of (1/2) ||w - u_i||^2 in the client loss."""
         raise NotImplementedError

@@ -84,6 +84,11 @@ class Method:
     # Its server step uses only uploads with ``info.uploaded`` (as drop_fraction needs), so the engine's
     # train.all_clients_train may let every client train; a method whose server step does not sets False.
     aggregates_uploaded_only: bool = True
+    # Its `prepare` or `server_update` reads or changes the stacked state of the round's selected clients
+    # (DiversiFed's mixing, FedPAC's heads): the engine then gathers all S of them at once. Otherwise, under
+    # client_mapping 'chunked', the engine gathers, trains and scatters them chunk by chunk: `prepare` is not
+    # called and `server_update` gets ``clients=None`` (and must return it).
+    needs_selected_state: bool = False
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
         if setup.persistent_optimizer and not self.keeps_optimizer_state:
@@ -99,7 +104,8 @@ class Method:
         raise NotImplementedError
 
     def prepare(self, server, clients, selected):
-        """Batched server->client step before local training (e.g. DiversiFed's u_i)."""
+        """Batched server->client step before local training (e.g. DiversiFed's u_i);
+        a method that overrides it sets ``needs_selected_state``."""
         return clients
 
     def client_update(self, server, client, data, key, info: ClientRound):
@@ -107,7 +113,8 @@ class Method:
         raise NotImplementedError
 
     def server_update(self, server, clients, uploads, info: ServerRound):
-        """-> (server, clients) from stacked uploads of the selected clients."""
+        """-> (server, clients) from stacked uploads of the selected clients (``clients``
+        may be None, to return as is: see ``needs_selected_state``)."""
         return server, clients
 
     def eval_variables(self, server, client, data, key):

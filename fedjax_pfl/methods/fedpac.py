@@ -152,6 +152,7 @@ class FedPAC(SharedBodyMethod):
     name = "fedpac"
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedPACConfig
+    needs_selected_state = True  # the server step combines the selected clients' heads
 
     # ---- state -------------------------------------------------------------
     def init(self, key, num_clients):

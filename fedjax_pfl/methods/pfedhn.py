@@ -88,6 +88,7 @@ class PFedHNConfig:
 class PFedHN(StepMethod):
     name = "pfedhn"
     hparams_type = PFedHNConfig
+    needs_selected_state = True  # the server step reads the selected clients' indices
 
     @property
     def target(self):
