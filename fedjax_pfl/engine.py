@@ -12,6 +12,13 @@ copies of all S selected clients' state. Stragglers (fewer local
 epochs, dropped uploads) are drawn from the same key. There is no Python loop
 over clients. Evaluation maps every client's personalized model over its test
 data in one call; the host reads metrics only when it asks for them.
+
+K rounds can be one call (`run_rounds`: a scan over rounds), and E runs of
+one configuration one program (`run_rounds_batched`: vmapped over a leading
+experiment axis; seeds, traced hyperparameters via `method_at`, optionally a
+partition each). With the chunked mapping, the selected clients are gathered,
+trained and written back one chunk at a time, so memory beyond the client
+state is bounded by the chunk plus the stacked uploads.
 """
 
 from __future__ import annotations
