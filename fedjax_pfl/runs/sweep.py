@@ -73,8 +73,6 @@ def _traced_name(key: str) -> str:
 
 def expand(cfg: config_lib.RunConfig) -> list[Point]:
     """The points of a sweep config: grid (``cfg.sweep``) x seeds (``cfg.seeds`` or ``seed``)."""
-    from fedjax_pfl.runs import run_folder  # noqa: F401  (keeps import order: runs after config)
-
     allowed = method_values.traceable_names(get_method(cfg.method_name))
     names = {key: _traced_name(key) for key in cfg.sweep}
     for key, name in names.items():
@@ -218,8 +216,8 @@ def _run_chunk(exps: dict, points: list[Point], outputs: list[PointOutput], prog
                 if not out.running:
                     continue
                 out.record(metrics[e], evaluations[e], stop_at - t)
-                state = jax.tree.map(lambda a, e=e: a[e], (servers, clients))
                 if out.running and (stopping or calls.checkpoint_due(last)):
+                    state = jax.tree.map(lambda a, e=e: a[e], (servers, clients))  # only when saved
                     checkpoint.save(checkpoint.checkpoint_path(point.out), state, last,
                                     {"seconds": time.perf_counter() - out.start})
                 if out.running and last == rounds - 1:
