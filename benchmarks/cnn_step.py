@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from common import device_name  # noqa: E402 (benchmarks/ is on sys.path)
 
 from fedjax_pfl import losses  # noqa: E402
-from fedjax_pfl.models import build_model  # noqa: E402
+from fedjax_pfl.models.networks import build_model  # noqa: E402
 
 SHAPE = (28, 28, 1)
 

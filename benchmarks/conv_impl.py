@@ -2,7 +2,7 @@
 
 Workload: one client's local training is a ``lax.scan`` of ``--steps`` SGD
 steps (batch ``--batch``, 32x32x3 inputs, 10 classes, cross-entropy) of
-``fedavgcnn`` built by ``fedjax_pfl.models``. It runs for one client
+``fedavgcnn`` built by ``fedjax_pfl.models.networks``. It runs for one client
 ('seq'), for ``--clients`` clients with ``vmap`` ('vmap', per-client weights)
 and with ``lax.map`` ('map'). Each (implementation, mode) runs in a fresh
 subprocess so its peak RSS is its own. Compile time is reported apart from
@@ -35,7 +35,7 @@ def run_one(impl: str, mode: str, steps: int, batch: int, clients: int, reps: in
     import optax
     from jax import lax
 
-    from fedjax_pfl.models import build_model
+    from fedjax_pfl.models.networks import build_model
 
     model = build_model("fedavgcnn", (32, 32, 3), 10, conv_impl=impl)
     opt = optax.sgd(0.01)

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import model_distance as md
+from fedjax_pfl.kernels import model_distance as md
 
 from common import device_name  # noqa: E402 (benchmarks/ is on sys.path)
 
@@ -166,12 +166,12 @@ def round_share(quick: bool, repeats: int):
     """Seconds of one DiversiFed round and of its server kernel, paper shapes, random data."""
     import optax
 
-    from fedjax_pfl import engine as engine_lib
-    from fedjax_pfl import tree_ops
+    from fedjax_pfl.engine import engine as engine_lib
+    from fedjax_pfl.core import tree_ops
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods.base import LocalSetup
     from fedjax_pfl.methods.diversifed import DiversiFed
-    from fedjax_pfl.models import build_model
+    from fedjax_pfl.models.networks import build_model
 
     workloads = [("fmnist-mlp64", "mlp", (28, 28, 1), 300, {"hidden": (64,)})]
     if not quick:

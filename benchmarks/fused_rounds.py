@@ -22,9 +22,9 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import device_name, peak_memory_bytes  # noqa: E402
 
-from fedjax_pfl import config as config_lib  # noqa: E402
-from fedjax_pfl.errors import UserError  # noqa: E402
-from fedjax_pfl.experiment import build_experiment  # noqa: E402
+from fedjax_pfl.runs import config as config_lib  # noqa: E402
+from fedjax_pfl.core.errors import UserError  # noqa: E402
+from fedjax_pfl.runs.experiment import build_experiment  # noqa: E402
 
 
 def experiment(args):

@@ -66,8 +66,8 @@ def random_cifar_like(train_samples: int, test_samples: int, seed: int = 0):
 
 
 def build(spec: dict):
-    from fedjax_pfl import config as config_lib
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
 
     overrides = [
         f"method_name={spec['method']}", "data.name=cifar10", "partition.scheme=dirichlet", "partition.alpha=0.1",
@@ -113,7 +113,7 @@ def measure_jax(spec: dict) -> dict:
     import jax
     import numpy as np
 
-    from fedjax_pfl.engine import round_keys
+    from fedjax_pfl.engine.engine import round_keys
 
     exp = build(spec)
     engine = exp.engine

@@ -37,7 +37,7 @@ def round_memory(workload: dict, variant: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from fedjax_pfl import engine as engine_lib
+    from fedjax_pfl.engine import engine as engine_lib
 
     mapping, stream = VARIANTS[variant]
     engine, _ = build(workload, mapping)

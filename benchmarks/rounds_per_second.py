@@ -44,11 +44,11 @@ def build(workload: dict, mapping: str):
     import numpy as np
     import optax
 
-    from fedjax_pfl import engine as engine_lib
+    from fedjax_pfl.engine import engine as engine_lib
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods import get_method
     from fedjax_pfl.methods.base import LocalSetup
-    from fedjax_pfl.models import build_model
+    from fedjax_pfl.models.networks import build_model
 
     shape = SHAPES[workload["data"]]
     n, N = workload["samples"], workload["clients"]
@@ -75,8 +75,8 @@ def loop_round(engine, jitted):
     import jax
     import jax.numpy as jnp
 
-    from fedjax_pfl import engine as engine_lib
-    from fedjax_pfl import tree_ops
+    from fedjax_pfl.engine import engine as engine_lib
+    from fedjax_pfl.core import tree_ops
     from fedjax_pfl.methods.base import ClientRound, ServerRound
 
     client_update, server_update, gather = jitted
@@ -110,8 +110,9 @@ def per_batch_round(engine):
     import numpy as np
     import optax
 
-    from fedjax_pfl import aggregation, engine as engine_lib, losses
-    from fedjax_pfl.local_training import Batch
+    from fedjax_pfl import aggregation, losses
+    from fedjax_pfl.engine import engine as engine_lib
+    from fedjax_pfl.kernels.local_training import Batch
 
     method = engine.method
     setup = method.setup
@@ -153,7 +154,7 @@ def per_batch_round(engine):
 def measure(workload: dict, variant: str, rounds: int) -> dict:
     import jax
 
-    from fedjax_pfl import tree_ops
+    from fedjax_pfl.core import tree_ops
     from fedjax_pfl.data.client_data import padding_efficiency
 
     mapping = variant.replace("engine-", "") if variant.startswith("engine-") else "loop"

@@ -6,7 +6,7 @@ optimizer step per batch, clients one after another in a Python loop; the
 server sends its model (FedAvg) or its body (FedPer), averages what comes back
 with weights n_i, and every client is evaluated on its own test set (FedAvg:
 the global model; FedPer: global body + own head). The models match
-``fedjax_pfl.models`` layer for layer (conv 5x5 VALID, ReLU, 2x2 max-pool,
+``fedjax_pfl.models.networks`` layer for layer (conv 5x5 VALID, ReLU, 2x2 max-pool,
 twice, Dense 512 ReLU, Dense C for ``fedavgcnn``; Dense+ReLU per hidden size,
 Dense C for ``mlp``); their initial values are PyTorch's own, which does not
 change the time of a step. Data arrive as NumPy arrays already normalised,
@@ -48,7 +48,7 @@ class BodyHead(nn.Module):
 
 
 def build_model(name: str, input_shape, num_classes: int, hidden=(200, 200)) -> BodyHead:
-    """``fedavgcnn`` or ``mlp`` as fedjax_pfl.models builds them; ``input_shape`` is (H, W, C)."""
+    """``fedavgcnn`` or ``mlp`` as fedjax_pfl.models.networks builds them; ``input_shape`` is (H, W, C)."""
     if name == "fedavgcnn":
         h, w, c = input_shape
         side = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731 (two conv5 VALID + pool2)

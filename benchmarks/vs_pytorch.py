@@ -60,8 +60,8 @@ def workload_list(args) -> list[dict]:
 
 def build(workload: dict):
     """The fedjax_pfl Experiment of a workload (Fashion-MNIST from FEDJAX_PFL_DATA_DIR or --data-dir)."""
-    from fedjax_pfl import config as config_lib
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
 
     hidden = MODELS[workload["model"]]
     overrides = [
@@ -85,7 +85,7 @@ def measure_jax(workload: dict, rounds: int) -> dict:
     import jax
     import numpy as np
 
-    from fedjax_pfl.engine import round_keys, summarize_evaluation
+    from fedjax_pfl.engine.engine import round_keys, summarize_evaluation
 
     exp = build(workload)
     engine = exp.engine
@@ -138,7 +138,7 @@ def measure_torch(workload: dict, rounds: int) -> dict:
     import torch
 
     import torch_loop
-    from fedjax_pfl.engine import summarize_evaluation
+    from fedjax_pfl.engine.engine import summarize_evaluation
 
     threads = torch_loop.set_threads()
     exp = build(workload)
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        from fedjax_pfl.errors import UserError
+        from fedjax_pfl.core.errors import UserError
 
         spec = json.loads(args.child)
         measure = measure_jax if spec["side"] == "jax" else measure_torch

@@ -58,8 +58,8 @@ def softmax_weights(losses, mask=None, temperature: float = 1.0):
 
 
 # DiversiFed: pairwise model distances (one Gram matmul), the mixing matrix Xi
-# from the model-distance loss, and U = Xi @ W (fedjax_pfl/model_distance.py).
-from fedjax_pfl.model_distance import (  # noqa: E402,F401
+# from the model-distance loss, and U = Xi @ W (fedjax_pfl/kernels/model_distance.py).
+from fedjax_pfl.kernels.model_distance import (  # noqa: E402,F401
     apply_mixing,
     mix_models,
     mixing_matrix,
@@ -69,7 +69,7 @@ from fedjax_pfl.model_distance import (  # noqa: E402,F401
 )
 
 # FedPAC's simplex QP (classifier-combination weights), from its own module.
-from fedjax_pfl.simplex_qp import (  # noqa: E402,F401
+from fedjax_pfl.kernels.simplex_qp import (  # noqa: E402,F401
     combination_weights,
     combination_weights_batch,
     project_simplex,
@@ -79,5 +79,5 @@ from fedjax_pfl.simplex_qp import (  # noqa: E402,F401
 )
 
 # FedAMP's attentive message passing: attention weights from pairwise squared
-# distances and the personalized cloud models U = Xi @ W (fedjax_pfl/attentive_mixing.py).
-from fedjax_pfl.attentive_mixing import attention_weights, personalized_cloud_models  # noqa: E402,F401
+# distances and the personalized cloud models U = Xi @ W (fedjax_pfl/kernels/attentive_mixing.py).
+from fedjax_pfl.kernels.attentive_mixing import attention_weights, personalized_cloud_models  # noqa: E402,F401

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import tree_ops
+from fedjax_pfl.core import tree_ops
 
 
 def _mask(mask, batch: int):
@@ -146,9 +146,9 @@ def attention_transfer(student_map, teacher_map, mask=None):
 
 
 # DiversiFed's model-distance loss L(D, tau) and its closed-form gradient
-# (fedjax_pfl/model_distance.py).
-from fedjax_pfl.model_distance import model_distance_loss, model_distance_loss_grad  # noqa: E402,F401
+# (fedjax_pfl/kernels/model_distance.py).
+from fedjax_pfl.kernels.model_distance import model_distance_loss, model_distance_loss_grad  # noqa: E402,F401
 
 # pFedKD-WCL's server-side KL (both directions) and its gradient w.r.t. the
-# global model over a client's whole train set (fedjax_pfl/kd_server.py).
-from fedjax_pfl.kd_server import client_server_gradient, server_kl, server_kl_gradient  # noqa: E402,F401
+# global model over a client's whole train set (fedjax_pfl/kernels/kd_server.py).
+from fedjax_pfl.kernels.kd_server import client_server_gradient, server_kl, server_kl_gradient  # noqa: E402,F401

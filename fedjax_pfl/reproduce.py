@@ -37,8 +37,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from fedjax_pfl import config as config_lib
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.table_spec import TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
@@ -90,7 +90,7 @@ def checkpoint_every(rounds: int) -> int:
 def build_config(argv: list[str]) -> config_lib.RunConfig:
     """The RunConfig the training command builds from ``argv``, validated (names resolved), no data read."""
     from fedjax_pfl import train
-    from fedjax_pfl.experiment import validate
+    from fedjax_pfl.runs.experiment import validate
 
     args, overrides = train.parse_args(argv)
     cfg = train.config_from_args(args, overrides)
@@ -129,7 +129,7 @@ def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
     records = run_folder.read_records(folder)
     if summary.get("status") in ("finished", "failed") or (records and records[-1]["round"] == cfg.train.rounds - 1):
         return "finished"  # (the second: killed after its last evaluation, before summary.json)
-    from fedjax_pfl import checkpoint  # (imports jax: not at module level)
+    from fedjax_pfl.engine import checkpoint  # (imports jax: not at module level)
 
     return "resume" if checkpoint.exists(checkpoint.checkpoint_path(folder)) else "rerun"
 

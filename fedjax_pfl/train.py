@@ -27,12 +27,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fedjax_pfl import checkpoint
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import distributed
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import run_output
-from fedjax_pfl.errors import DivergedError, UserError
+from fedjax_pfl.engine import checkpoint
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import distributed
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.runs import run_output
+from fedjax_pfl.core.errors import DivergedError, UserError
 from fedjax_pfl.runs.results_writer import ResultsWriter
 
 DEFAULT_NOTE = "defaults: the FedAS paper's CIFAR-10 setting (fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)"
@@ -70,7 +70,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from fedjax_pfl.data.registry import dataset_names
     from fedjax_pfl.methods import method_names
-    from fedjax_pfl.models import model_names
+    from fedjax_pfl.models.networks import model_names
 
     p = _Parser(
         prog="python -m fedjax_pfl.train",
@@ -284,7 +284,7 @@ def _write_start(out: Path, cfg, exp, saved: dict | None, history: list[dict]) -
 
 def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) -> dict:
     """Run one configuration end to end; returns the final summary."""
-    from fedjax_pfl.experiment import build_experiment, validate
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
         from fedjax_pfl.runs.sweep import run_sweep
@@ -301,7 +301,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) 
 
 def _run(cfg: config_lib.RunConfig, out: Path, files: Path, progress: bool, resume: bool) -> dict:
     """`run` with the run folder ``out`` (checkpoint, resume) and ``files``, where this process writes."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     saved = saved_run(out) if resume else None
     if saved is not None:

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import local_training
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods.pfedkd import random_batch_index
 
 SIZES = [7, 23, 1, 16, 12]
@@ -107,8 +107,8 @@ def assert_close(a, b, tol=1e-5):
 def fmnist_run(data_dir, method_name, rounds, extra=()):
     """A small FMNIST pathological run (6 clients, 2 classes, 100/50 samples, MLP 32, Adam)
     -> (accuracy before training, summary after, last round's metrics, server, clients)."""
-    from fedjax_pfl import config as config_lib
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
 
     overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
                  "partition.num_clients=6", "partition.classes_per_client=2", "partition.train_per_client=100",

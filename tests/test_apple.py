@@ -12,13 +12,15 @@ import optax
 import pytest
 
 import pfl_reference as ref
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import core_mixing, losses, tree_ops
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import core_mixing
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.apple import APPLE, APPLEConfig
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 
 def _setup(epochs=1, lr=0.1, model_name="mlp"):

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_pfl import checkpoint, train
+from fedjax_pfl import train
+from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
         "--local-epochs", "1", "--rounds", "2", "--no-progress", "--offline"]

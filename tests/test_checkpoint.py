@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl import checkpoint
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.engine import checkpoint
+from fedjax_pfl.core.errors import UserError
 
 
 def _state(padded=4, real=3, width=2):

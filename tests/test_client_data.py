@@ -7,7 +7,7 @@ import pytest
 
 from fedjax_pfl.data.client_data import (ClientData, device_put, padding_efficiency, select_clients,
                                          stack_clients, unpad)
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 RNG = np.random.default_rng(0)
 X = RNG.integers(1, 256, size=(50, 4, 4, 3), dtype=np.uint8)  # nonzero, so padding is visible

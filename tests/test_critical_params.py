@@ -1,4 +1,4 @@
-"""FedCAC kernels (fedjax_pfl/critical_params.py) against float64 double loops
+"""FedCAC kernels (fedjax_pfl/kernels/critical_params.py) against float64 double loops
 written after the authors' code (Fling's fedcac_client / fedcac_group)."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl import critical_params
+from fedjax_pfl.kernels import critical_params
 
 
 def np_critical_mask(values, tau):

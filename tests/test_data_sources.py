@@ -20,7 +20,7 @@ import pytest
 
 from fedjax_pfl.data import cifar, files, idx, medmnist, registry, synthetic, tfds_source
 from fedjax_pfl.data.dataset import Dataset, channel_stats
-from fedjax_pfl.errors import DataNotFoundError, UserError
+from fedjax_pfl.core.errors import DataNotFoundError, UserError
 
 
 @pytest.fixture(autouse=True)

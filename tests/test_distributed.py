@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from forced_devices import cpu_devices_env
 
-from fedjax_pfl import checkpoint, distributed
-from fedjax_pfl import config as config_lib
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.engine import checkpoint, distributed
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.core.errors import UserError
 
 TINY = ["--dataset", "synthetic", "--model", "mlp", "model.hidden=[8]", "--num-clients", "5", "--partition", "natural",
         "--local-epochs", "1", "--rounds", "2", "--batch-size", "16", "--no-progress", "--offline",
@@ -63,7 +63,7 @@ def test_two_processes_equal_one_process(method, tmp_path):
 
 def _restored(out):
     """The (server, clients) state of the run's checkpoint, restored here on one device."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     saved = json.loads((out / "config.json").read_text())["config"]
     engine = build_experiment(config_lib.build(start=saved)).engine

@@ -9,16 +9,16 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import model_distance as md
-from fedjax_pfl import tree_ops
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.kernels import model_distance as md
+from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import stack_clients
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
 from fedjax_pfl.methods.diversifed import DiversiFed, DiversiFedConfig
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 N, FEATURES, CLASSES = 6, 8, 3
 
@@ -188,7 +188,7 @@ def test_partial_participation_round():
 # ------------------------------------------------------------------ learning
 def test_diversifed_learns_on_fmnist(data_dir):
     """10 FMNIST clients, 2 classes each, 150/50 samples, MLP 64, Adam 1e-3, all clients, 3 rounds."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
                  "partition.num_clients=10", "partition.classes_per_client=2", "partition.train_per_client=150",

@@ -16,12 +16,15 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import client_mapping, local_training, losses, tree_ops
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.engine import client_mapping
+from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 SIZES = [7, 23, 1, 16, 12]
 B, E, S = 5, 2, 3

@@ -14,15 +14,15 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import method_values
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.engine import method_values
 from fedjax_pfl.data.client_data import stack_clients
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.lr_schedule import LrSchedule
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
-from fedjax_pfl.models import build_model
-from fedjax_pfl.optim import make_optimizer
+from fedjax_pfl.models.networks import build_model
+from fedjax_pfl.kernels.optim import make_optimizer
 
 SIZES = [9, 30, 3, 17, 12, 21]
 

@@ -9,14 +9,17 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import aggregation, config, fisher, losses, tree_ops
-from fedjax_pfl import engine as engine_lib
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import fisher
+from fedjax_pfl.runs import config
+from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data.client_data import ClientData
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
 from fedjax_pfl.methods.fedas import FedAS, FedASConfig
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 C = 4
 SHAPE = (6, 6, 1)
@@ -87,7 +90,7 @@ def test_bad_option_is_a_user_error(options, match):
 
 
 def test_bad_option_fails_before_data_loads():
-    from fedjax_pfl.experiment import validate
+    from fedjax_pfl.runs.experiment import validate
 
     cfg = config.build(None, ["method_name=fedas", "method.fisher=exact", "data.name=fmnist"])
     with pytest.raises(UserError, match="batch, per_sample"):
@@ -283,7 +286,7 @@ def test_runs_with_stragglers_and_dropped_uploads():
 
 def _fmnist_clients(data_dir, count=3, n=480, classes=(0, 3, 7)):
     from fedjax_pfl.data.registry import load_dataset
-    from fedjax_pfl.experiment import make_normalize
+    from fedjax_pfl.runs.experiment import make_normalize
 
     ds = load_dataset("fmnist", data_dir=data_dir)
     rng = np.random.default_rng(0)
@@ -368,7 +371,7 @@ def test_measured_direction_reverses_once_the_model_fits(data_dir, form):
 
 def test_learns_on_fashion_mnist(data_dir):
     """20 clients, Dirichlet 0.1, join ratio 0.6, small MLP, 4 rounds: well above chance (0.1)."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     cfg = config.build(Path(__file__).resolve().parents[1] / "configs" / "fedas_fmnist.yaml", [
         f"data.data_dir={data_dir}", "partition.train_per_client=150", "partition.test_per_client=50",

@@ -11,17 +11,18 @@ import optax
 import pytest
 
 import pfl_reference as ref
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import fomo_weights as fw
-from fedjax_pfl import losses, tree_ops
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.kernels import fomo_weights as fw
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.methods.fedfomo import FedFomo, FedFomoConfig
-from fedjax_pfl.models import build_model
-from fedjax_pfl.validation_split import split_train_validation, validation_mask
+from fedjax_pfl.models.networks import build_model
+from fedjax_pfl.data.validation_split import split_train_validation, validation_mask
 
 
 def _tree(rng, scale=1.0):

@@ -11,14 +11,16 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import aggregation, prototypes, tree_ops
-from fedjax_pfl import config as config_lib
+from fedjax_pfl import aggregation
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import prototypes
+from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data.client_data import ClientData
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
 from fedjax_pfl.methods.fedpac import FedPAC, FedPACConfig, FedPACProto, prototype_losses, qp_matrices
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 
 # ------------------------------------------------------------ references --
@@ -314,7 +316,7 @@ def fmnist_config(data_dir, method, rounds):
 
 @pytest.mark.parametrize("method", ["fedpac", "fedpac_proto"])
 def test_learns_on_fmnist(data_dir, method):
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     cfg = fmnist_config(data_dir, method, rounds=4)
     eng = build_experiment(cfg).engine

@@ -1,4 +1,4 @@
-"""Fisher traces (fedjax_pfl.fisher) against float64 references, with padding.
+"""Fisher traces (fedjax_pfl.kernels.fisher) against float64 references, with padding.
 
 References: (1) a Python loop in float64 over the real samples / the real part
 of every batch, each gradient taken separately with jax.grad on float64
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl import fisher
-from fedjax_pfl.models import build_model
+from fedjax_pfl.kernels import fisher
+from fedjax_pfl.models.networks import build_model
 
 B = 8
 N_REAL = 21  # 3 batches: 8, 8, 5 real samples

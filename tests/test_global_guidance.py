@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl import conditional_valve, global_guidance
+from fedjax_pfl.kernels import global_guidance
+from fedjax_pfl.models import conditional_valve
 
 
 def _batch(seed=0, b=6, d=5, c=4):

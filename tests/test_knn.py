@@ -1,10 +1,10 @@
-"""kNN kernels (fedjax_pfl/knn.py) against float64 NumPy brute force."""
+"""kNN kernels (fedjax_pfl/kernels/knn.py) against float64 NumPy brute force."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl import knn
+from fedjax_pfl.kernels import knn
 
 
 def _memory(seed=0, q=13, n_max=40, n=31, d=7):

@@ -21,14 +21,14 @@ import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import local_training
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 SIZES = [7, 20, 2, 15, 10]  # ragged, padded to 20; batch shapes 5 and 2 only (few reference compiles)
 B, E, S, C = 5, 2, 3, 4
@@ -333,7 +333,7 @@ def fmnist(data_dir):
 
 def _fmnist_engine(fmnist, method, options=()):
     """6 clients, 2 classes each (DiversiFed's pathological preset, shrunk), MLP 32, half join per round."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     preset = Path(__file__).resolve().parents[1] / "configs" / "diversifed_fmnist_pathological.yaml"
     cfg = config_lib.build(preset, [

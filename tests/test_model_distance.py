@@ -1,4 +1,4 @@
-"""DiversiFed's kernel (fedjax_pfl/model_distance.py) against float64 pairwise loops.
+"""DiversiFed's kernel (fedjax_pfl/kernels/model_distance.py) against float64 pairwise loops.
 
 References are NumPy float64 double loops over pairs, computed from the same
 float32 inputs the kernel sees; gradients are checked against central finite
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_pfl import aggregation, losses
-from fedjax_pfl import model_distance as md
+from fedjax_pfl.kernels import model_distance as md
 
 REL = 1e-5
 

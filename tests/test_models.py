@@ -1,4 +1,4 @@
-"""Tests for fedjax_pfl.models and fedjax_pfl.conv."""
+"""Tests for fedjax_pfl.models.networks and fedjax_pfl.models.conv."""
 
 import functools
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from fedjax_pfl.conv import Conv2D, avg_pool, conv2d, max_pool, resolve_conv_impl
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.models import Model, ModelOutput, build_model, model_names
+from fedjax_pfl.models.conv import Conv2D, avg_pool, conv2d, max_pool, resolve_conv_impl
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.models.networks import Model, ModelOutput, build_model, model_names
 
 KEY = jax.random.PRNGKey(0)
 C = 10

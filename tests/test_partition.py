@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.data import partition as P
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 
 def _pool(per_class=700, num_classes=10, seed=0):
@@ -253,7 +253,7 @@ def test_bad_requests_raise_user_error(call, match):
 
 
 def test_max_classes_per_client_needs_the_dirichlet_scheme():
-    from fedjax_pfl import config
+    from fedjax_pfl.runs import config
 
     cfg = config.build(overrides=["partition.scheme=iid", "partition.max_classes_per_client=2"])
     with pytest.raises(UserError, match="applies to partition.scheme=dirichlet only"):

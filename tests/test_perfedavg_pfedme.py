@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl import config as config_lib
+from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, ServerRound
 from fedjax_pfl.methods.pfedkd import random_batch

@@ -17,17 +17,21 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import attentive_mixing, config as config_lib, engine as engine_lib, local_training, losses
-from fedjax_pfl import prototypes, tree_ops
+from fedjax_pfl import losses
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.kernels import attentive_mixing, local_training
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import prototypes
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.apfl import APFLConfig
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
 from fedjax_pfl.methods.ditto import DittoConfig
 from fedjax_pfl.methods.fedamp import FedAMPConfig
 from fedjax_pfl.methods.fedproto import FedProtoConfig
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 SIZES = [7, 15, 1, 10, 12]  # ragged, a one-sample client; few distinct batch shapes (fewer compiles)
 N, B, E, S, C, LR = len(SIZES), 5, 2, 3, 4, 0.1
@@ -467,7 +471,7 @@ def test_bad_options_raise_user_error(config_type, options):
 @pytest.fixture(scope="module")
 def fmnist_experiment(data_dir):
     """10 FMNIST clients, 2 classes each, 150/50 samples, MLP 64, Adam 1e-3, all clients per round."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
                  "partition.num_clients=10", "partition.classes_per_client=2", "partition.train_per_client=150",

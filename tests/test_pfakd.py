@@ -11,17 +11,19 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import local_training, losses, tree_ops
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.data.registry import load_dataset
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.experiment import build_experiment
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.runs.experiment import build_experiment
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
 from fedjax_pfl.methods.pfakd import PFAKD, PFAKDAT, PFAKDATConfig, PFAKDConfig, pfakd_objective
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 LR, B, E = 0.05, 5, 2
 

@@ -11,14 +11,15 @@ import optax
 import pytest
 
 import pfl_reference as ref
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import hypernetwork as hn
-from fedjax_pfl import losses, tree_ops
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.kernels import hypernetwork as hn
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import LocalSetup, ServerRound
 from fedjax_pfl.methods.pfedhn import PFedHN, PFedHNConfig
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 
 def _setup(lr=0.1):

@@ -9,15 +9,16 @@ import optax
 import pytest
 
 
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import kd_server, losses
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl import losses
+from fedjax_pfl.kernels import kd_server
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
 from fedjax_pfl.methods.pfedkd import PFedKDConfig, random_batch, random_batch_index
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 C = 3  # classes of the small problems
 
@@ -310,7 +311,7 @@ def mnist_config(data_dir, method, rounds=12, **method_options):
 
 
 def run_rounds(cfg):
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     eng = build_experiment(cfg).engine
     key = jax.random.key(cfg.seed)
@@ -334,7 +335,7 @@ def test_pfedkd_learns_on_mnist(data_dir):
 def test_presets_parse_and_the_facade_exports_the_kernels():
     from pathlib import Path
 
-    from fedjax_pfl import experiment
+    from fedjax_pfl.runs import experiment
 
     root = Path(__file__).resolve().parents[1] / "configs"
     seen = {}

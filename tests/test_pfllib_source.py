@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_pfl import config as config_lib
+from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data import client_data, registry
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.experiment import build_experiment
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.runs.experiment import build_experiment
 
 SIZES = {"train": [7, 1, 12], "test": [3, 2, 4]}
 

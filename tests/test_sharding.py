@@ -11,11 +11,11 @@ from forced_devices import cpu_devices_env
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax.sharding import PartitionSpec
-    from fedjax_pfl import engine as engine_lib, sharding
+    from fedjax_pfl.engine import engine as engine_lib, sharding
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods import get_method
     from fedjax_pfl.methods.base import LocalSetup
-    from fedjax_pfl.models import build_model
+    from fedjax_pfl.models.networks import build_model
     assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
     sizes = rng.integers(2, 9, 20)

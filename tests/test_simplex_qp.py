@@ -12,7 +12,7 @@ import pytest
 from scipy.optimize import minimize
 
 from fedjax_pfl import aggregation
-from fedjax_pfl import simplex_qp as sq
+from fedjax_pfl.kernels import simplex_qp as sq
 
 TOL = 1e-4
 

@@ -16,16 +16,18 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import local_training, losses, tree_ops
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
 from fedjax_pfl.methods.fedala import FedALAConfig, layer_paths
 from fedjax_pfl.methods.finetune import FineTuneConfig
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 
 SIZES = [7, 23, 1, 16, 12]
 C, B, E, S = 4, 5, 2, 3
@@ -452,7 +454,7 @@ def fmnist_small(data_dir):
 def test_learns_on_fashion_mnist(name, fmnist_small):
     """4 FMNIST clients with 2 classes each (100 train / 50 test), MLP 64, Adam 3e-3, B=20,
     E=2, all clients, 3 rounds. Chance is 10% for the untrained model, 50% within a client."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     cfg = config_lib.build(None, [
         f"method_name={name}", "data.name=fmnist", "partition.scheme=pathological", "partition.num_clients=4",

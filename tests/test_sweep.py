@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_pfl import train
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import sweep
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
@@ -81,7 +81,7 @@ def test_a_value_the_method_branches_on_in_python_is_refused(tmp_path, capsys):
 
 
 def test_chunks_follow_the_memory_guard_setting():
-    from fedjax_pfl import config as config_lib
+    from fedjax_pfl.runs import config as config_lib
 
     cfg = config_lib.build(overrides=["train.max_experiments_per_call=2"])
     assert sweep.experiments_per_call(None, cfg, 5) == 2

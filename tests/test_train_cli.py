@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from forced_devices import cpu_devices_env
 
-from fedjax_pfl import checkpoint
-from fedjax_pfl import config as config_lib
+from fedjax_pfl.engine import checkpoint
+from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl import train
 from fedjax_pfl.data.registry import load_dataset
-from fedjax_pfl.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +266,7 @@ def test_options_and_overrides_in_any_order(tmp_path):
 
 
 def test_summary_labels_the_best_round_on_both_accuracies():
-    from fedjax_pfl.run_output import final_summary
+    from fedjax_pfl.runs.run_output import final_summary
 
     rows = [(0, 0.5, 0.7), (1, 0.6, 0.65), (2, 0.55, 0.6)]
     summary = final_summary([{"round": r, "accuracy": a, "accuracy_weighted": w, "accuracy_std": 0.1, "loss": 1.0}

@@ -12,13 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl import engine as engine_lib
-from fedjax_pfl import local_training, tree_ops
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound
-from fedjax_pfl.models import build_model
+from fedjax_pfl.models.networks import build_model
 from test_engine import _OPT, _assert_close, _data, _setup, _sgd_step, _weighted_mean64
 
 MODEL = build_model("mlp", (6, 6, 1), 4, hidden=(8,))

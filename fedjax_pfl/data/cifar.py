@@ -27,7 +27,7 @@ import numpy as np
 
 from fedjax_pfl.data import files
 from fedjax_pfl.data.dataset import Dataset
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer',
                    'dog', 'frog', 'horse', 'ship', 'truck')

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 
 class ClientData(NamedTuple):

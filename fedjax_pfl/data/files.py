@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from fedjax_pfl.errors import DataNotFoundError, UserError
+from fedjax_pfl.core.errors import DataNotFoundError, UserError
 
 ENV_DATA_DIR = 'FEDJAX_PFL_DATA_DIR'
 ENV_CACHE_DIR = 'FEDJAX_PFL_CACHE_DIR'

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedjax_pfl.data import files
 from fedjax_pfl.data.dataset import Dataset
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 MNIST_URL = 'https://ossci-datasets.s3.amazonaws.com/mnist/'
 FASHION_MNIST_URL = 'http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/'

@@ -14,7 +14,7 @@ import numpy as np
 
 from fedjax_pfl.data import files
 from fedjax_pfl.data.dataset import Dataset, channel_stats
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 PATHMNIST_FILE = files.DataFile(
     'pathmnist.npz', 'a8b06965200029087d5bd730944a56c1',

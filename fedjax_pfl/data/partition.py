@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 Partition = list[np.ndarray]
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_pfl.data.dataset import Dataset, channel_stats
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 SPLITS = ('train', 'test')
 

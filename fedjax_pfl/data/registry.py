@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from fedjax_pfl.data import cifar, idx, medmnist, pfllib, synthetic, tfds_source
 from fedjax_pfl.data.dataset import Dataset
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
     'mnist': idx.load_mnist,

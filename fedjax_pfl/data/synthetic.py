@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_pfl.data.dataset import Dataset
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 DIMENSION = 60
 NUM_CLASSES = 10

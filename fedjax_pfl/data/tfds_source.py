@@ -14,7 +14,7 @@ import numpy as np
 
 from fedjax_pfl.data import cifar, idx
 from fedjax_pfl.data.dataset import Dataset
-from fedjax_pfl.errors import DataNotFoundError, UserError
+from fedjax_pfl.core.errors import DataNotFoundError, UserError
 
 # Our name -> (TFDS name, label feature, classes, mean, std).
 TFDS_DATASETS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method
 
 _INFRASTRUCTURE = {"anchored", "base", "options", "shared_body"}

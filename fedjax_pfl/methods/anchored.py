@@ -20,7 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import losses, tree_ops
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
 from fedjax_pfl.methods.base import Method, shared_init
 
 

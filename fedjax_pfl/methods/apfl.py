@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import losses, tree_ops
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.fedavg import FedAvg
 from fedjax_pfl.methods.options import require_choice, require_number

@@ -48,8 +48,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import core_mixing, losses, model_store
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import losses
+from fedjax_pfl.kernels import core_mixing, model_store
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method
 
 

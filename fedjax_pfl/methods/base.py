@@ -18,9 +18,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import local_training, losses, tree_ops
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.models import Model
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import local_training
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.models.networks import Model
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

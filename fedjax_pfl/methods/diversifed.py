@@ -50,8 +50,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fedjax_pfl import model_distance
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.kernels import model_distance
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
 
 

@@ -37,9 +37,10 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from fedjax_pfl import losses, tree_ops
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
 
 

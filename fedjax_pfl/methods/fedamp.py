@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_pfl import attentive_mixing
+from fedjax_pfl.kernels import attentive_mixing
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
 from fedjax_pfl.methods.options import require_choice, require_number
 

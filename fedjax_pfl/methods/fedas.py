@@ -20,7 +20,7 @@ Round t, for each selected client i (METHODS.md, "FedAS"):
 3. Fisher trace of the trained model (inference mode, parameters of body and
    head, true labels, the client's train batches in order with batch size B):
    ``fisher='batch'`` (default, authors' code) or ``'per_sample'``
-   (fedjax_pfl.fisher).
+   (fedjax_pfl.kernels.fisher).
 4. Server: alpha_i = F_i / sum over uploaded j of F_j
    (``aggregation.fisher_weights``; dropped uploads weigh 0), new global body
    = sum_i alpha_i body_i. ``fisher_weights=False``: n_i weights (FedPer's).
@@ -58,8 +58,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import aggregation, fisher, local_training, losses
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.kernels import fisher, local_training
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 ALIGNMENTS = ("class_mean", "per_sample")

@@ -2,7 +2,7 @@
 parameters; non-critical ones are averaged over all clients, critical ones only
 over the clients whose critical sets overlap enough.
 
-Round t, each selected client i (kernels in fedjax_pfl/critical_params.py):
+Round t, each selected client i (kernels in fedjax_pfl/kernels/critical_params.py):
 1. Starts from its personalized model theta_i (below; the initial model before
    it has ever trained) and trains E epochs of CE on the whole model.
 2. Sensitivity s = |(theta_trained - theta_start) * theta_trained| and the
@@ -48,7 +48,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import aggregation, critical_params, losses, tree_ops
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import critical_params
 from fedjax_pfl.methods.base import Method
 from fedjax_pfl.methods.options import require_choice, require_number
 

@@ -55,10 +55,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import fomo_weights, losses, model_store, tree_ops
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import fomo_weights, model_store
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method, shared_init
-from fedjax_pfl.validation_split import split_train_validation
+from fedjax_pfl.data.validation_split import split_train_validation
 
 SELF_AFFINITY = 0.1  # the authors' --client_initial_self_weight
 

@@ -60,8 +60,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import aggregation, losses, optim, prototypes, simplex_qp, tree_ops
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import optim, prototypes, simplex_qp
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 

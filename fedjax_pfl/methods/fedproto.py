@@ -38,7 +38,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import aggregation, losses, prototypes
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.kernels import prototypes
 from fedjax_pfl.methods.base import Method, shared_init
 from fedjax_pfl.methods.options import require_choice, require_number
 

@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from fedjax_pfl import losses
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
 from fedjax_pfl.methods.finetune import FineTuneConfig
 

@@ -24,8 +24,9 @@ hypernetwork variant of the paper is not implemented.
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import losses, tree_ops
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
 
 PERSONAL = "personal"  # the personal head's key beside 'body' and 'head' in the trained params

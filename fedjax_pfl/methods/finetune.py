@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.tree_ops import PARTS
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.core.tree_ops import PARTS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@ conditional valve (CoV) that splits the feature into a global and a
 personalized route.
 
 Model: the body f (shared, averaged with weights n_i), the CoV
-(fedjax_pfl/conditional_valve.py; shared, averaged), the GCE embeddings
+(fedjax_pfl/models/conditional_valve.py; shared, averaged), the GCE embeddings
 E [C, d] (shared, averaged) and the head h (private). Per batch, with the
 client's conditional inputs z_G, z_P (below):
 
@@ -47,14 +47,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import aggregation, losses, tree_ops
-from fedjax_pfl.conditional_valve import ConditionalValve, conditional_inputs, label_prior
-from fedjax_pfl.global_guidance import REDUCTIONS, angle_level_guidance, magnitude_level_guidance
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.models.conditional_valve import ConditionalValve, conditional_inputs, label_prior
+from fedjax_pfl.kernels.global_guidance import REDUCTIONS, angle_level_guidance, magnitude_level_guidance
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
-from fedjax_pfl.models import ModelOutput
+from fedjax_pfl.models.networks import ModelOutput
 from fedjax_pfl.methods.options import require_choice, require_number
-from fedjax_pfl.prediction_model import PREDICTION, OwnPrediction, model_variables
+from fedjax_pfl.models.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 GUIDANCE = ("gce", "cov")  # trained beside body and head, under variables['params']
 

@@ -13,7 +13,7 @@ every train sample). A test sample x is predicted with
     p(x) = lamda * p_kNN(x) + (1 - lamda) * softmax(h(f(x)))
 
 where p_kNN comes from the k nearest memory features in squared Euclidean
-distance (exact search, fedjax_pfl/knn.py) weighted by the authors' Gaussian
+distance (exact search, fedjax_pfl/kernels/knn.py) weighted by the authors' Gaussian
 kernel exp(-d^2 / (feature_dim * length_scale)). The reported test loss is the
 NLL of p. lamda = 0 is the global model; lamda = 1 is the kNN classifier alone.
 The memory is rebuilt at every evaluation; nothing is stored.
@@ -39,11 +39,11 @@ import dataclasses
 
 import jax
 
-from fedjax_pfl import knn
+from fedjax_pfl.kernels import knn
 from fedjax_pfl.methods.fedavg import FedAvg
-from fedjax_pfl.models import ModelOutput
+from fedjax_pfl.models.networks import ModelOutput
 from fedjax_pfl.methods.options import require_choice, require_number
-from fedjax_pfl.prediction_model import PREDICTION, OwnPrediction, model_variables
+from fedjax_pfl.models.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 INTERPOLATIONS = ("probabilities", "logits")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 
 def require_number(name: str, value, low: float = 0.0, *, strict: bool = False, high: float | None = None):

@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl import losses
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 

@@ -46,8 +46,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import hypernetwork, losses, tree_ops
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import hypernetwork
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.pfedkd import StepMethod
 
 AGGREGATES = ("sum", "mean")

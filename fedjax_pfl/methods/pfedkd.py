@@ -38,8 +38,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import aggregation, kd_server, local_training, losses, tree_ops
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import kd_server, local_training
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method
 
 

@@ -32,8 +32,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import aggregation, losses, tree_ops
-from fedjax_pfl.errors import UserError
+from fedjax_pfl import aggregation, losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.pfedkd import StepMethod, _check_positive_int_or_none
 

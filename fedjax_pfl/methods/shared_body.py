@@ -19,7 +19,8 @@ trained itself in its last round (a client never selected: the initial body).
 A model without body parameters (``mlr``) cannot share a body: the run stops.
 """
 
-from fedjax_pfl import aggregation, tree_ops
+from fedjax_pfl import aggregation
+from fedjax_pfl.core import tree_ops
 from fedjax_pfl.methods.base import Method, shared_init
 
 

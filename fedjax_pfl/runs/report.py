@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.run_output import final_summary
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.runs.run_output import final_summary
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.results_writer import matplotlib_available
 from fedjax_pfl.runs.tables import write_atomically

@@ -14,7 +14,7 @@ import csv
 import json
 from pathlib import Path
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 
 def is_run(path: Path) -> bool:

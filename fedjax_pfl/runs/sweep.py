@@ -44,10 +44,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import checkpoint
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import method_values, run_output
-from fedjax_pfl.errors import DivergedError, UserError
+from fedjax_pfl.engine import checkpoint
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import method_values
+from fedjax_pfl.runs import run_output
+from fedjax_pfl.core.errors import DivergedError, UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.runs.results_writer import ResultsWriter
 
@@ -164,7 +165,7 @@ def _stack_values(points: list[Point]) -> dict:
 
 def experiments_by_data_seed(points: list[Point]) -> dict:
     """{data seed: Experiment} for the points' partitions; one-line error when their shapes differ."""
-    from fedjax_pfl.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment
 
     exps: dict = {}
     for point in points:
@@ -284,7 +285,7 @@ def sweep_markdown(summary: dict) -> str:
 def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) -> dict:
     """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md."""
     from fedjax_pfl import train
-    from fedjax_pfl.experiment import validate
+    from fedjax_pfl.runs.experiment import validate
 
     if resume:
         raise UserError("--resume continues one run: resume a point of a sweep in its own folder "

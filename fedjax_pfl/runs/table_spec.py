@@ -30,8 +30,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from fedjax_pfl.config import load_yaml
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.runs.config import load_yaml
+from fedjax_pfl.core.errors import UserError
 
 TABLES_DIR = Path(__file__).resolve().parents[2] / "configs" / "tables"
 METRICS = {"best": "best accuracy over rounds (optimistic: the round is picked by test accuracy)",

@@ -13,7 +13,7 @@ import math
 from numbers import Real
 from pathlib import Path
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 MISSING = ("--tensorboard (log.tensorboard=true) needs tensorboardX: pip install 'fedjax_pfl[tensorboard]', "
            "or run without it")

@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import local_training
+from fedjax_pfl.kernels import local_training
 
 VARIANCES = ("code", "paper")
 

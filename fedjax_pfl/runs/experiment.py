@@ -14,17 +14,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import config as config_lib
-from fedjax_pfl import engine as engine_lib
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data import client_data, files, partition
 from fedjax_pfl.data.dataset import Dataset
 from fedjax_pfl.data.registry import load_dataset
-from fedjax_pfl.errors import DataNotFoundError, UserError
-from fedjax_pfl.lr_schedule import LrSchedule
+from fedjax_pfl.core.errors import DataNotFoundError, UserError
+from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
-from fedjax_pfl.models import build_model
-from fedjax_pfl.optim import make_optimizer
+from fedjax_pfl.models.networks import build_model
+from fedjax_pfl.kernels.optim import make_optimizer
 
 
 @dataclasses.dataclass
@@ -163,7 +163,7 @@ def validate(cfg: config_lib.RunConfig) -> None:
     the method's default protocol, so config.json records what was used.
     """
     from fedjax_pfl.data.registry import SOURCES, canonical_name
-    from fedjax_pfl.models import model_names
+    from fedjax_pfl.models.networks import model_names
 
     method_cls = get_method(cfg.method_name)
     config_lib.method_options(method_cls.hparams_type, cfg.method)

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax.linen.dtypes import promote_dtype
 from jax import lax
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 CONV_IMPLS = ("im2col", "native")
 

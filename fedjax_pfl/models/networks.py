@@ -53,8 +53,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl.conv import Conv2D, Padding, max_pool, resolve_conv_impl
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.models.conv import Conv2D, Padding, max_pool, resolve_conv_impl
+from fedjax_pfl.core.errors import UserError
 
 
 class ModelOutput(NamedTuple):

@@ -80,4 +80,5 @@ def client_server_gradient(global_logits_fn: Callable, global_params, personal_l
 
 # Imported last: fedjax_pfl.losses re-exports this module's functions, so either
 # module may be imported first without a circular-import failure.
-from fedjax_pfl import losses, tree_ops  # noqa: E402
+from fedjax_pfl import losses  # noqa: E402
+from fedjax_pfl.core import tree_ops  # noqa: E402

@@ -23,7 +23,7 @@ import os
 
 import jax
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 # launcher -> (variables that must all be set, variable holding the process count)
 LAUNCHERS = {

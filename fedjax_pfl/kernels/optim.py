@@ -2,7 +2,7 @@
 
 import optax
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 OPTIMIZERS = ("sgd", "adam")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 FOLDER = "checkpoint"
 KEEP = 1  # saved rounds kept (Orbax deletes older ones only after the newest is complete)

@@ -71,7 +71,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import tree_ops
+from fedjax_pfl.core import tree_ops
 
 NORMALIZATIONS = ("mean", "sqrt_params", "none")
 _HIGHEST = jax.lax.Precision.HIGHEST

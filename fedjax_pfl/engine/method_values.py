@@ -20,7 +20,7 @@ import typing
 
 import jax
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 LR = "lr"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from fedjax_pfl.errors import UserError
+from fedjax_pfl.core.errors import UserError
 
 
 @dataclasses.dataclass
@@ -284,7 +284,7 @@ def _check(ok: bool, message: str) -> None:
 
 def validate_values(cfg: RunConfig) -> None:
     """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
-    from fedjax_pfl.client_mapping import MAPPINGS
+    from fedjax_pfl.engine.client_mapping import MAPPINGS
 
     t, p = cfg.train, cfg.partition
     for name in ("rounds", "local_epochs", "batch_size", "chunk_size"):

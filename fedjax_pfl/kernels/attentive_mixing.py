@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_pfl import model_distance
+from fedjax_pfl.kernels import model_distance
 
 
 def attention_derivative(sq_distances, sigma):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl.simplex_qp import project_simplex
+from fedjax_pfl.kernels.simplex_qp import project_simplex
 
 SCHEDULES = ("exponential", "cosine")
 EXPONENTIAL_FLOOR = 1e-3  # the authors' epsilon: coef falls from mu to mu * 1e-3 over reg_rounds

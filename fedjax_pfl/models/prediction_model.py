@@ -20,7 +20,7 @@ import dataclasses
 import functools
 from typing import Callable
 
-from fedjax_pfl.models import Model, ModelOutput
+from fedjax_pfl.models.networks import Model, ModelOutput
 
 PREDICTION = "prediction"
 

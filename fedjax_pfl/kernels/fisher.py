@@ -31,7 +31,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import losses, tree_ops
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
 
 LogitsFn = Callable[..., jax.Array]
 """``logits_fn(params, x [B, ...]) -> logits [B, C]``."""

@@ -29,8 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import tree_ops
-from fedjax_pfl.model_distance import apply_mixing
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels.model_distance import apply_mixing
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 

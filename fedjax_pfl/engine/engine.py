@@ -30,10 +30,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl import client_mapping, local_training, losses, method_values, sharding, tree_ops
+from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.engine import client_mapping, method_values, sharding
+from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData
-from fedjax_pfl.errors import UserError
-from fedjax_pfl.lr_schedule import LrSchedule
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods.base import ClientRound, Method, ServerRound
 
 

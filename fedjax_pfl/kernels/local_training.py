@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import tree_ops
+from fedjax_pfl.core import tree_ops
 
 
 class Batch(NamedTuple):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedjax_pfl.losses import _mask, cross_entropy, masked_mean
-from fedjax_pfl.model_distance import safe_sqrt
+from fedjax_pfl.kernels.model_distance import safe_sqrt
 
 REDUCTIONS = ("code", "paper")
 
