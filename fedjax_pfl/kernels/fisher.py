@@ -31,8 +31,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import batch_losses
 
 LogitsFn = Callable[..., jax.Array]
 """``logits_fn(params, x [B, ...]) -> logits [B, C]``."""
@@ -47,7 +47,7 @@ def batch_gradient_sq_norm(logits_fn: LogitsFn, params, x, y, mask=None):
     """
 
     def loss(p):
-        return losses.cross_entropy(logits_fn(p, x), y, mask)
+        return batch_losses.cross_entropy(logits_fn(p, x), y, mask)
 
     return tree_ops.squared_norm(jax.grad(loss)(params))
 
@@ -61,7 +61,7 @@ def per_sample_gradient_sq_norms(logits_fn: LogitsFn, params, x, y):
 
     def one(xi, yi):
         def loss(p):
-            return losses.cross_entropy(logits_fn(p, xi[None]), yi[None])
+            return batch_losses.cross_entropy(logits_fn(p, xi[None]), yi[None])
 
         return tree_ops.squared_norm(jax.grad(loss)(params))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_pfl.losses import _mask, cross_entropy, masked_mean
+from fedjax_pfl.kernels.batch_losses import cross_entropy, masked_mean, sample_mask
 from fedjax_pfl.kernels.model_distance import safe_sqrt
 
 REDUCTIONS = ("code", "paper")
@@ -38,7 +38,7 @@ def angle_level_guidance(features, labels, embeddings, mask=None):
 def magnitude_level_guidance(features, targets, mask=None, reduction: str = "code"):
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    m = _mask(mask, features.shape[0])
+    m = sample_mask(mask, features.shape[0])
     per_sample = jnp.sum(jnp.square(features.astype(jnp.float32) - targets), axis=-1) * m
     if reduction == "code":
         return safe_sqrt(jnp.sum(per_sample))

@@ -5,7 +5,7 @@ Two directions (METHODS.md, pFedKD-WCL):
 - ``teacher_first`` (default; the authors' code, ``F.kl_div(log p_theta, p_w)``):
   KL(p_w || p_theta), the same direction as the client's distillation term;
 - ``student_first`` (the paper's text): KL(p_theta || p_w).
-Both carry the T^2 factor of `losses.kd_kl` and average over real samples.
+Both carry the T^2 factor of `batch_losses.kd_kl` and average over real samples.
 
 Pure, jit-able functions of arrays and parameter pytrees; no method logic, no
 engine. The method (methods/pfedkd.py) averages the per-client gradients with
@@ -20,6 +20,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import batch_losses
+
 DIRECTIONS = ("teacher_first", "student_first")
 
 
@@ -30,9 +33,9 @@ def server_kl(global_logits, personal_logits, temperature: float = 1.0, directio
     """
     personal_logits = jax.lax.stop_gradient(personal_logits)
     if direction == "teacher_first":
-        return losses.kd_kl(global_logits, personal_logits, temperature, mask)
+        return batch_losses.kd_kl(global_logits, personal_logits, temperature, mask)
     if direction == "student_first":
-        return losses.kd_kl(personal_logits, global_logits, temperature, mask)
+        return batch_losses.kd_kl(personal_logits, global_logits, temperature, mask)
     raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
 
@@ -76,9 +79,3 @@ def client_server_gradient(global_logits_fn: Callable, global_params, personal_l
     value_sum, grad_sum = jax.lax.fori_loop(0, real_chunks, body, (jnp.zeros((), jnp.float32), zeros))
     scale = 1.0 / jnp.maximum(jnp.asarray(n, jnp.float32), 1.0)
     return value_sum * scale, tree_ops.scale(grad_sum, scale)
-
-
-# Imported last: fedjax_pfl.losses re-exports this module's functions, so either
-# module may be imported first without a circular-import failure.
-from fedjax_pfl import losses  # noqa: E402
-from fedjax_pfl.core import tree_ops  # noqa: E402
