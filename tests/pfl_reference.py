@@ -3,7 +3,7 @@
 They share only the documented key contracts with the library: how a round
 key is split (selection, stragglers, clients), how local training derives its
 per-epoch shuffles (`local_training.epoch_order`) and how step-counted methods
-draw their random batches (`pfedkd.random_batch_index`). Training runs over
+draw their random batches (`step_counted.random_batch_index`). Training runs over
 real samples only (no padding, no masks), one jitted gradient per batch.
 """
 
@@ -17,7 +17,7 @@ import optax
 
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
-from fedjax_pfl.methods.pfedkd import random_batch_index
+from fedjax_pfl.methods.step_counted import random_batch_index
 
 SIZES = [7, 23, 1, 16, 12]
 B, E, S = 5, 2, 3

@@ -19,7 +19,8 @@ from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
-from fedjax_pfl.methods.fedpac import FedPAC, FedPACConfig, FedPACProto, prototype_losses, qp_matrices
+from fedjax_pfl.kernels.classifier_combination import prototype_losses, qp_matrices
+from fedjax_pfl.methods.fedpac import FedPAC, FedPACConfig, FedPACProto
 from fedjax_pfl.models.networks import build_model
 
 

@@ -12,7 +12,7 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, ServerRound
-from fedjax_pfl.methods.pfedkd import random_batch
+from fedjax_pfl.methods.step_counted import random_batch
 from test_pfedkd import _data, _method, mnist_config, run_rounds
 
 

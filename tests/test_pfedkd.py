@@ -17,7 +17,8 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
-from fedjax_pfl.methods.pfedkd import PFedKDConfig, random_batch, random_batch_index
+from fedjax_pfl.methods.pfedkd import PFedKDConfig
+from fedjax_pfl.methods.step_counted import random_batch, random_batch_index
 from fedjax_pfl.models.networks import build_model
 
 C = 3  # classes of the small problems

@@ -25,7 +25,8 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
-from fedjax_pfl.methods.fedala import FedALAConfig, layer_paths
+from fedjax_pfl.kernels.adaptive_aggregation import layer_paths
+from fedjax_pfl.methods.fedala import FedALAConfig
 from fedjax_pfl.methods.finetune import FineTuneConfig
 from fedjax_pfl.models.networks import build_model
 

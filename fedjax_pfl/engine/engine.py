@@ -144,6 +144,7 @@ class Engine:
                 jax.vmap(self._rounds_impl, in_axes=(0, 0, data_axis, data_axis, 0, None, None, 0, None, None, None)),
                 donate_argnums=(0, 1), static_argnums=(8, 9, 10))
             for data_axis in (None, 0)}
+        self._init = jax.jit(self._padded_init)  # one compile, not one dispatch per op of the method's init
         self._init_batched = jax.jit(jax.vmap(self._padded_init))
 
     # ------------------------------------------------------- traced values
@@ -165,7 +166,7 @@ class Engine:
         return server, sharding.pad_clients(clients, self.padded_clients)
 
     def init(self, key):
-        server, clients = self._padded_init(key)
+        server, clients = self._init(key)
         if self.mesh is not None:
             server, clients = sharding.replicate(server, self.mesh), sharding.shard_clients(clients, self.mesh)
         return server, clients

@@ -1,5 +1,8 @@
-"""Client optimizers, PyTorch-equivalent: SGD (momentum, L2 weight decay) and Adam."""
+"""Client optimizers, PyTorch-equivalent: SGD (momentum, L2 weight decay) and Adam; and
+projected SGD onto [0, 1] for mixing weights (APFL's alpha, FedALA's ALA weights)."""
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.core.errors import UserError
@@ -20,3 +23,25 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: fl
     if weight_decay:
         return optax.chain(optax.add_decayed_weights(weight_decay), core)
     return core
+
+
+def projected_sgd(lr, decay: float = 0.0, every_step: bool = True) -> optax.GradientTransformation:
+    """w <- clip(w - lr * (g + decay * w), 0, 1) per leaf, as an optax update.
+
+    ``every_step=False`` steps at the first update only and leaves later
+    updates zero (APFL's authors update alpha once per round).
+    """
+
+    def init(params):
+        return jnp.zeros((), jnp.int32)
+
+    def update(grads, count, params):
+        active = jnp.logical_or(every_step, count == 0)
+
+        def step(g, w):
+            new = jnp.clip(w - lr * (g + decay * w), 0.0, 1.0)
+            return jnp.where(active, new - w, jnp.zeros_like(w))
+
+        return jax.tree.map(step, grads, params), count + 1
+
+    return optax.GradientTransformation(init, update)

@@ -12,7 +12,7 @@ import pkgutil
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method
 
-_INFRASTRUCTURE = {"anchored", "base", "options", "shared_body"}
+_INFRASTRUCTURE = {"anchored", "base", "finetune", "options", "shared_body", "step_counted"}
 
 
 def _discover() -> dict[str, type[Method]]:

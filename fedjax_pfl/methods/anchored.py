@@ -41,9 +41,6 @@ class AnchoredPersonalMethod(Method):
         raise NotImplementedError
 
     def init(self, key, num_clients):
-        return jax.jit(self._init, static_argnums=1)(key, num_clients)  # one compile, not one per op
-
-    def _init(self, key, num_clients):
         _, clients = shared_init(self, key, num_clients)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)  # distinct buffers: the engine donates state
         return {"params": copy(clients["params"])}, {"variables": clients, "anchor": copy(clients["params"])}

@@ -44,48 +44,25 @@ import optax
 
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import optim
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.fedavg import FedAvg
-from fedjax_pfl.methods.options import require_choice, require_number
+from fedjax_pfl.methods.options import Options, option
 
 MIXES = ("output", "params")
 ALPHA_SCHEDULES = ("round_start", "every_step")
 
 
 @dataclasses.dataclass(frozen=True)
-class APFLConfig:
-    alpha: float = 0.5  # initial mixing weight of the personal model
-    adapt_alpha: bool = True
-    alpha_lr: float | None = None  # None: train.lr
-    alpha_decay: float = 0.02
-    alpha_schedule: str = "round_start"
-    mix: str = "output"
-
-    def __post_init__(self):
-        require_number("alpha", self.alpha, 0.0, high=1.0)
-        if self.alpha_lr is not None:  # None: train.lr
-            require_number("alpha_lr", self.alpha_lr, 0.0, strict=True)
-        require_number("alpha_decay", self.alpha_decay)
-        require_choice("alpha_schedule", self.alpha_schedule, ALPHA_SCHEDULES)
-        require_choice("mix", self.mix, MIXES)
-
-
-def projected_alpha_sgd(lr: float, decay: float, every_step: bool) -> optax.GradientTransformation:
-    """alpha <- clip(alpha - lr * (g + decay * alpha), 0, 1), at every step or at the first step only."""
-
-    def init(params):
-        return jnp.zeros((), jnp.int32)
-
-    def update(grads, count, params):
-        active = jnp.logical_or(every_step, count == 0)
-
-        def step(g, a):
-            new = jnp.clip(a - lr * (g + decay * a), 0.0, 1.0)
-            return jnp.where(active, new - a, jnp.zeros_like(a))
-
-        return jax.tree.map(step, grads, params), count + 1
-
-    return optax.GradientTransformation(init, update)
+class APFLConfig(Options):
+    alpha: float = option(0.5, "initial mixing weight alpha of the personal model", at_least=0.0, at_most=1.0)
+    adapt_alpha: bool = option(True, "learn alpha by projected SGD (false: keep it fixed, the authors' code default)")
+    alpha_lr: float | None = option(None, "step size of alpha", more_than=0.0, none="train.lr")
+    alpha_decay: float = option(0.02, "weight decay on alpha (the authors' code; the paper has 0)", at_least=0.0)
+    alpha_schedule: str = option("round_start", "when alpha steps: first local step of a round (code) or every step "
+                                 "(paper)", choices=ALPHA_SCHEDULES)
+    mix: str = option("output", "mixed model: logits mixture (code) or parameter interpolation (paper)",
+                      choices=MIXES)
 
 
 class APFL(FedAvg):
@@ -148,7 +125,7 @@ class APFL(FedAvg):
     def joint_optimizer(self):
         hp = self.hparams
         if hp.adapt_alpha:
-            alpha_tx = projected_alpha_sgd(self.alpha_lr, hp.alpha_decay, hp.alpha_schedule == "every_step")
+            alpha_tx = optim.projected_sgd(self.alpha_lr, hp.alpha_decay, hp.alpha_schedule == "every_step")
         else:
             alpha_tx = optax.set_to_zero()
 

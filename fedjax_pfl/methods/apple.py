@@ -42,7 +42,6 @@ Options (``method.<name>=value``): mu, reg_rounds, schedule, p_lr, simplex, same
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -52,27 +51,18 @@ from fedjax_pfl import losses
 from fedjax_pfl.kernels import core_mixing, model_store
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class APPLEConfig:
-    mu: float = 0.1
-    reg_rounds: int = 16
-    schedule: str = "exponential"
-    p_lr: float = 0.001
-    simplex: bool = False
-    same_init: bool = False
-
-    def __post_init__(self):
-        if not (self.mu >= 0 and math.isfinite(self.mu)):
-            raise UserError(f"method.mu must be a finite number >= 0, got {self.mu}")
-        if isinstance(self.reg_rounds, bool) or int(self.reg_rounds) != self.reg_rounds or self.reg_rounds < 0:
-            raise UserError(f"method.reg_rounds must be a whole number >= 0, got {self.reg_rounds!r}")
-        if self.schedule not in core_mixing.SCHEDULES:
-            raise UserError(f"method.schedule must be one of {', '.join(core_mixing.SCHEDULES)}, "
-                            f"got {self.schedule!r}")
-        if not (self.p_lr > 0 and math.isfinite(self.p_lr)):
-            raise UserError(f"method.p_lr must be a finite number > 0, got {self.p_lr}")
+class APPLEConfig(Options):
+    mu: float = option(0.1, "initial coefficient of the proximal term coef(r) ||p_i - p^0||^2", at_least=0.0)
+    reg_rounds: int = option(16, "rounds L over which the coefficient decays to 0 (authors: 10% of the rounds)",
+                             at_least=0)
+    schedule: str = option("exponential", "decay shape of the coefficient", choices=core_mixing.SCHEDULES)
+    p_lr: float = option(0.001, "SGD step size (momentum 0.9) of the relationship vector p_i", more_than=0.0)
+    simplex: bool = option(False, "project p_i onto the probability simplex after every step")
+    same_init: bool = option(False, "every client's core starts from the same initialization")
 
 
 class APPLE(Method):
@@ -86,9 +76,6 @@ class APPLE(Method):
         return variables
 
     def init(self, key, num_clients):
-        return jax.jit(self._init, static_argnums=1)(key, num_clients)
-
-    def _init(self, key, num_clients):
         keys = jax.random.split(key, num_clients)
         if self.hparams.same_init:
             keys = jnp.broadcast_to(keys[:1], keys.shape)

@@ -32,15 +32,13 @@ import dataclasses
 from fedjax_pfl import losses
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.fedavg import FedAvg
-from fedjax_pfl.methods.options import require_number
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class DittoConfig:
-    lamda: float = 1.0
-
-    def __post_init__(self):
-        require_number("lamda", self.lamda)
+class DittoConfig(Options):
+    lamda: float = option(1.0, "weight of the proximal term (lamda/2) ||v_i - w||^2 of the personal model "
+                          "(0: Local)", at_least=0.0)
 
 
 class Ditto(FedAvg):

@@ -48,30 +48,22 @@ eta=0.005 stayed stable over 60 rounds. Keep eta * 2(N-2) / tau well below 1
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from fedjax_pfl.kernels import model_distance
-from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class DiversiFedConfig:
-    lamda: float = 1.0
-    tau: float = 3.0
-    eta: float = 0.005
-    normalization: str = "mean"
-
-    def __post_init__(self):
-        if not (self.lamda >= 0 and math.isfinite(self.lamda)):
-            raise UserError(f"method.lamda must be a finite number >= 0, got {self.lamda}")
-        if not (self.tau > 0 and math.isfinite(self.tau)):
-            raise UserError(f"method.tau must be a finite number > 0, got {self.tau}")
-        if not (self.eta >= 0 and math.isfinite(self.eta)):
-            raise UserError(f"method.eta must be a finite number >= 0, got {self.eta}")
-        if self.normalization not in model_distance.NORMALIZATIONS:
-            raise UserError(f"method.normalization must be one of {', '.join(model_distance.NORMALIZATIONS)}, "
-                            f"got {self.normalization!r}")
+class DiversiFedConfig(Options):
+    lamda: float = option(1.0, "weight of the proximal term (lambda/2) ||w - u_i||^2 to the server's anchor",
+                          at_least=0.0)
+    tau: float = option(3.0, "temperature of the model-distance loss, in units of the normalised distance",
+                        more_than=0.0)
+    eta: float = option(0.005, "server step size of the incremental proximal step on the model-distance loss",
+                        at_least=0.0)
+    normalization: str = option("mean", "distances divided by the round's mean off-diagonal distance, by "
+                                "sqrt(P), or raw", choices=model_distance.NORMALIZATIONS)
 
 
 class DiversiFed(AnchoredPersonalMethod):

@@ -34,78 +34,26 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import optax
-from flax import traverse_util
 
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.data.client_data import ClientData
+from fedjax_pfl.kernels import adaptive_aggregation as ala, optim
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class FedALAConfig:
-    eta: float = 1.0
-    rand_percent: float = 80.0
-    layers: int = 1
-    threshold: float = 0.1
-    num_pre_loss: int = 10
-    max_start_epochs: int = 50
-
-    def __post_init__(self):
-        if not 0 < self.rand_percent <= 100:
-            raise UserError(f"method.rand_percent must be in (0, 100], got {self.rand_percent}")
-        if self.layers < 1:
-            raise UserError(f"method.layers must be >= 1, got {self.layers}")
-        if self.eta <= 0:
-            raise UserError(f"method.eta must be > 0, got {self.eta}")
-        if self.num_pre_loss < 1 or self.max_start_epochs < 1:
-            raise UserError("method.num_pre_loss and method.max_start_epochs must be >= 1")
-
-
-def layer_paths(params) -> list[tuple]:
-    """Paths of the modules that hold parameter arrays, in the dict's (creation) order."""
-    paths = []
-    for path in traverse_util.flatten_dict(params):
-        if path[:-1] not in paths:
-            paths.append(path[:-1])
-    return paths
-
-
-def top_of(params, modules) -> dict:
-    """{'a/b/kernel': array} of the parameters inside ``modules``."""
-    flat = traverse_util.flatten_dict(params)
-    return {"/".join(p): a for p, a in flat.items() if p[:-1] in modules}
-
-
-def with_top(params, top: dict):
-    flat = traverse_util.flatten_dict(params)
-    flat.update({tuple(k.split("/")): v for k, v in top.items()})
-    return traverse_util.unflatten_dict(flat)
-
-
-def mix(local, global_, weights):
-    """l + (g - l) * W, leafwise."""
-    return jax.tree.map(lambda l, g, w: l + (g - l) * w, local, global_, weights)
-
-
-def clipped_sgd(eta: float) -> optax.GradientTransformation:
-    """W <- clip(W - eta * grad, 0, 1), as an optax update."""
-
-    def update(grads, state, params):
-        return jax.tree.map(lambda g, w: jnp.clip(w - eta * g, 0.0, 1.0) - w, grads, params), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
-def random_slice(data: ClientData, key, fraction: float) -> ClientData:
-    """int(fraction * n) consecutive samples from a random start, moved to the front."""
-    n_max = data.y.shape[0]
-    size = (fraction * data.n).astype(jnp.int32)
-    start = jax.random.randint(key, (), 0, data.n - size + 1)
-    index = jnp.minimum(start + jnp.arange(n_max), n_max - 1)
-    return ClientData(data.x[index], data.y[index], size)
+class FedALAConfig(Options):
+    eta: float = option(1.0, "step size of the ALA weights W", more_than=0.0)
+    rand_percent: float = option(80.0, "percent of the client's train data (a contiguous slice) ALA learns W on",
+                                 more_than=0.0, at_most=100.0)
+    layers: int = option(1, "top layers adapted element-wise (the rest take the global values)", at_least=1)
+    threshold: float = option(0.1, "std of the last num_pre_loss epoch losses that ends the first ALA phase",
+                              at_least=0.0)
+    num_pre_loss: int = option(10, "epoch losses in the first phase's convergence test", at_least=1)
+    max_start_epochs: int = option(50, "cap on the first phase's epochs (the authors' loop is unbounded)",
+                                   at_least=1)
 
 
 class FedALA(FedAvg):
@@ -115,22 +63,22 @@ class FedALA(FedAvg):
 
     def __init__(self, setup, hparams=None):
         super().__init__(setup, hparams)
-        layers = layer_paths(self.model.init(jax.random.key(0))["params"])
+        layers = ala.layer_paths(self.model.init(jax.random.key(0))["params"])
         if self.hparams.layers > len(layers):
             raise UserError(f"method.layers={self.hparams.layers} exceeds the {len(layers)} layers of {self.model.name}")
         self.top_layers = layers[-self.hparams.layers:]
 
     def init(self, key, num_clients):
         variables = self.init_variables(key)
-        weights = jax.tree.map(jnp.ones_like, top_of(variables["params"], self.top_layers))
+        weights = jax.tree.map(jnp.ones_like, ala.top_of(variables["params"], self.top_layers))
         client = {"variables": variables, "weights": weights, "started": jnp.zeros((), bool)}
         return {"variables": variables}, tree_ops.broadcast(client, num_clients)
 
     def ala_objective(self, base, local_top, global_top):
-        """CE of the model whose top layers are mix(local, global, W); W is the trained variable."""
+        """CE of the model whose top layers are ala.mix(local, global, W); W is the trained variable."""
 
         def objective(v, batch, key):
-            params = with_top(base["params"], mix(local_top, global_top, v["params"]))
+            params = ala.with_top(base["params"], ala.mix(local_top, global_top, v["params"]))
             out = self.model.apply({**base, "params": params}, batch.x, train=True)
             return losses.cross_entropy(out.logits, batch.y, batch.mask), None
 
@@ -139,7 +87,7 @@ class FedALA(FedAvg):
     def learn_weights(self, objective, weights, data, key, started, skip):
         """One epoch of W updates, or (start phase) epochs until the losses settle; none if ``skip``."""
         hp = self.hparams
-        optimizer = clipped_sgd(hp.eta)
+        optimizer = optim.projected_sgd(hp.eta)
         limit = jnp.where(skip, 0, jnp.where(started, 1, hp.max_start_epochs))
 
         def epoch(carry):
@@ -166,14 +114,14 @@ class FedALA(FedAvg):
         base = dict(global_vars)
         if "batch_stats" in local and not self.setup.share_batch_stats:
             base["batch_stats"] = local["batch_stats"]
-        local_top = top_of(local["params"], self.top_layers)
-        global_top = top_of(global_vars["params"], self.top_layers)
-        subset = random_slice(data, k_slice, self.hparams.rand_percent / 100.0)
+        local_top = ala.top_of(local["params"], self.top_layers)
+        global_top = ala.top_of(global_vars["params"], self.top_layers)
+        subset = ala.random_slice(data, k_slice, self.hparams.rand_percent / 100.0)
         same = jnp.all(jnp.stack([jnp.array_equal(a, b) for a, b in
                                   zip(jax.tree.leaves(local["params"]), jax.tree.leaves(global_vars["params"]))]))
         objective = self.ala_objective(base, local_top, global_top)
         weights = self.learn_weights(objective, client["weights"], subset, k_epochs, client["started"], same)
-        mixed = {**base, "params": with_top(base["params"], mix(local_top, global_top, weights))}
+        mixed = {**base, "params": ala.with_top(base["params"], ala.mix(local_top, global_top, weights))}
         return tree_ops.select(same, local, mixed), weights, client["started"] | ~same
 
     def client_update(self, server, client, data, key, info):

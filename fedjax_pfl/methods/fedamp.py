@@ -46,23 +46,19 @@ import dataclasses
 
 from fedjax_pfl.kernels import attentive_mixing
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
-from fedjax_pfl.methods.options import require_choice, require_number
+from fedjax_pfl.methods.options import Options, option
 
 STARTS = ("anchor", "own")
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAMPConfig:
-    alpha_k: float = 0.02
-    sigma: float = 1.0
-    lamda: float = 0.02
-    start: str = "anchor"
-
-    def __post_init__(self):
-        require_number("alpha_k", self.alpha_k, strict=True)
-        require_number("sigma", self.sigma, strict=True)
-        require_number("lamda", self.lamda)
-        require_choice("start", self.start, STARTS)
+class FedAMPConfig(Options):
+    alpha_k: float = option(0.02, "message-passing step: weight of the attention over other clients' models",
+                            more_than=0.0)
+    sigma: float = option(1.0, "attention scale, in units of squared parameter distance", more_than=0.0)
+    lamda: float = option(0.02, "proximal weight (divided by alpha_k) of ||w - u_i||^2", at_least=0.0)
+    start: str = option("anchor", "local training starts from the cloud model u_i or from the client's own w_i",
+                        choices=STARTS)
 
 
 class FedAMP(AnchoredPersonalMethod):

@@ -62,33 +62,24 @@ from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import fisher, local_training
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
+from fedjax_pfl.methods.options import Options, option
 
 ALIGNMENTS = ("class_mean", "per_sample")
 
 
 @dataclasses.dataclass(frozen=True)
-class FedASConfig:
+class FedASConfig(Options):
     """FedAS options (``method.<field>=value``)."""
 
-    align: bool = True  # parameter alignment before local training (off: FedPer-like)
-    fisher_weights: bool = True  # Fisher-trace aggregation weights (off: n_i)
-    fisher: str = "batch"  # 'batch' (authors' code) | 'per_sample' (textbook empirical Fisher)
-    alignment: str = "class_mean"  # 'class_mean' (authors' code) | 'per_sample' (paper text)
-    align_epochs: int = 1
-    align_batch_size: int = 16
-    align_lr: float = 0.01
-
-    def __post_init__(self):
-        if self.fisher not in fisher.FORMS:
-            raise UserError(f"method.fisher must be one of {', '.join(fisher.FORMS)}, got {self.fisher!r}")
-        if self.alignment not in ALIGNMENTS:
-            raise UserError(f"method.alignment must be one of {', '.join(ALIGNMENTS)}, got {self.alignment!r}")
-        if self.align_epochs < 1:
-            raise UserError(f"method.align_epochs must be >= 1, got {self.align_epochs}")
-        if self.align_batch_size < 1:
-            raise UserError(f"method.align_batch_size must be >= 1, got {self.align_batch_size}")
-        if not self.align_lr > 0:
-            raise UserError(f"method.align_lr must be > 0, got {self.align_lr}")
+    align: bool = option(True, "parameter alignment of the received body before local training (false: FedPer-like)")
+    fisher_weights: bool = option(True, "Fisher-trace aggregation weights (false: n_i)")
+    fisher: str = option("batch", "Fisher trace from squared batch gradients (authors' code) or per-sample "
+                         "(textbook empirical Fisher)", choices=fisher.FORMS)
+    alignment: str = option("class_mean", "align each sample to its class mean (authors' code) or to the old "
+                            "body's feature of the same sample (paper text)", choices=ALIGNMENTS)
+    align_epochs: int = option(1, "epochs of the alignment phase", at_least=1)
+    align_batch_size: int = option(16, "batch size of the alignment phase", at_least=1)
+    align_lr: float = option(0.01, "plain-SGD step size of the alignment phase", more_than=0.0)
 
 
 class FedAS(SharedBodyMethod):

@@ -17,14 +17,17 @@ the body (``train.share_batch_stats``).
 
 import dataclasses
 
+from fedjax_pfl.core.tree_ops import PARTS
 from fedjax_pfl.methods.finetune import FineTuneConfig, finetuned
+from fedjax_pfl.methods.options import option
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 
 @dataclasses.dataclass(frozen=True)
 class FedBABUConfig(FineTuneConfig):
-    finetune_epochs: int = 5
-    finetune_part: str = "head"
+    finetune_epochs: int = option(5, "epochs each client fine-tunes the global body and head on its train data "
+                                  "before testing (the paper's tau)", at_least=0)
+    finetune_part: str = option("head", "which part is fine-tuned", choices=PARTS)
 
 
 class FedBABU(SharedBodyMethod):

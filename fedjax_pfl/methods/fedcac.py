@@ -52,21 +52,18 @@ from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import critical_params
 from fedjax_pfl.methods.base import Method
-from fedjax_pfl.methods.options import require_choice, require_number
+from fedjax_pfl.methods.options import Options, option
 
 SENSITIVITIES = ("update", "gradient")
 
 
 @dataclasses.dataclass(frozen=True)
-class FedCACConfig:
-    tau: float = 0.5
-    beta: float = 100.0
-    sensitivity: str = "update"
-
-    def __post_init__(self):
-        require_number("tau", self.tau, 0.0, high=1.0)
-        require_number("beta", self.beta, 0.0, strict=True)
-        require_choice("sensitivity", self.sensitivity, SENSITIVITIES)
+class FedCACConfig(Options):
+    tau: float = option(0.5, "critical ratio: fraction of each parameter tensor marked critical", at_least=0.0,
+                        at_most=1.0)
+    beta: float = option(100.0, "threshold schedule length in rounds (bold early, cautious late)", more_than=0.0)
+    sensitivity: str = option("update", "sensitivity from the local update (authors' code) or the gradient "
+                              "(paper)", choices=SENSITIVITIES)
 
 
 class FedCAC(Method):
@@ -74,9 +71,6 @@ class FedCAC(Method):
     hparams_type = FedCACConfig
 
     def init(self, key, num_clients):
-        return jax.jit(self._init, static_argnums=1)(key, num_clients)
-
-    def _init(self, key, num_clients):
         variables = self.init_variables(key)
         params = variables["params"]
         stacked = lambda: jax.tree.map(lambda a: jnp.tile(a, (num_clients,) + (1,) * a.ndim), params)

@@ -50,7 +50,6 @@ val_fraction, norm.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -61,30 +60,22 @@ from fedjax_pfl.kernels import fomo_weights, model_store
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method, shared_init
 from fedjax_pfl.data.validation_split import split_train_validation
+from fedjax_pfl.methods.options import Options, option
 
 SELF_AFFINITY = 0.1  # the authors' --client_initial_self_weight
 
 
 @dataclasses.dataclass(frozen=True)
-class FedFomoConfig:
-    num_received: int = 4  # M other clients' models per round (plus the client's own)
-    epsilon: float = 0.3
-    epsilon_decay: float = 0.05
-    val_fraction: float = 0.2
-    norm: str = "l1"
-
-    def __post_init__(self):
-        if isinstance(self.num_received, bool) or int(self.num_received) != self.num_received \
-                or self.num_received < 1:
-            raise UserError(f"method.num_received must be a whole number >= 1, got {self.num_received!r}")
-        for name in ("epsilon", "epsilon_decay"):
-            v = getattr(self, name)
-            if not (0.0 <= v <= 1.0):
-                raise UserError(f"method.{name} must be in [0, 1], got {v}")
-        if not (0.0 < self.val_fraction < 1.0 and math.isfinite(self.val_fraction)):
-            raise UserError(f"method.val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.norm not in fomo_weights.NORMS:
-            raise UserError(f"method.norm must be one of {', '.join(fomo_weights.NORMS)}, got {self.norm!r}")
+class FedFomoConfig(Options):
+    num_received: int = option(4, "M other clients' models downloaded per round (plus the client's own)",
+                               at_least=1)
+    epsilon: float = option(0.3, "initial probability of a random (not highest-affinity) pick", at_least=0.0,
+                            at_most=1.0)
+    epsilon_decay: float = option(0.05, "decrease of epsilon per round", at_least=0.0, at_most=1.0)
+    val_fraction: float = option(0.2, "fraction of each client's own train samples held out for validation",
+                                 more_than=0.0, less_than=1.0)
+    norm: str = option("l1", "norm of the parameter difference in the weights (l1: authors' code, l2: paper)",
+                       choices=fomo_weights.NORMS)
 
 
 def _prepend(single, stacked):
@@ -97,9 +88,6 @@ class FedFomo(Method):
     hparams_type = FedFomoConfig
 
     def init(self, key, num_clients):
-        return jax.jit(self._init, static_argnums=1)(key, num_clients)
-
-    def _init(self, key, num_clients):
         _, clients = shared_init(self, key, num_clients)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)  # distinct buffers: the engine donates state
         affinity = SELF_AFFINITY * jnp.eye(num_clients, dtype=jnp.float32)

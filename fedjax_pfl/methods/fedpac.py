@@ -62,51 +62,32 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import optim, prototypes, simplex_qp
-from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.kernels import classifier_combination, optim, prototypes, simplex_qp
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
-
-
-def _check(cond, message):
-    if not cond:
-        raise UserError(message)
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class FedPACLocalConfig:
+class FedPACLocalConfig(Options):
     """Options of the client step shared by fedpac and fedpac_proto."""
 
-    lam: float = 1.0  # weight of the feature-alignment MSE
-    head_epochs: int = 1
-    head_lr: float = 0.1
-    head_momentum: float = 0.5
-    head_weight_decay: float = 5e-4
-    variance: str = "code"  # 'code' (authors') | 'paper' (within-class)
-
-    def __post_init__(self):
-        _check(self.lam >= 0, f"method.lam must be >= 0, got {self.lam}")
-        _check(self.head_epochs >= 1, f"method.head_epochs must be >= 1, got {self.head_epochs}")
-        _check(self.head_lr > 0, f"method.head_lr must be > 0, got {self.head_lr}")
-        _check(0 <= self.head_momentum < 1, f"method.head_momentum must be in [0, 1), got {self.head_momentum}")
-        _check(self.head_weight_decay >= 0, f"method.head_weight_decay must be >= 0, got {self.head_weight_decay}")
-        _check(self.variance in prototypes.VARIANCES,
-               f"method.variance must be one of {', '.join(prototypes.VARIANCES)}, got {self.variance!r}")
+    lam: float = option(1.0, "weight of the feature-alignment MSE to the global class prototypes", at_least=0.0)
+    head_epochs: int = option(1, "head-only epochs before the body epochs", at_least=1)
+    head_lr: float = option(0.1, "SGD step size of the head epochs", more_than=0.0)
+    head_momentum: float = option(0.5, "SGD momentum of the head epochs", at_least=0.0, less_than=1.0)
+    head_weight_decay: float = option(5e-4, "weight decay of the head epochs", at_least=0.0)
+    variance: str = option("code", "feature variance V_i as the authors' code computes it or the paper's "
+                           "within-class reading", choices=prototypes.VARIANCES)
 
 
 @dataclasses.dataclass(frozen=True)
 class FedPACConfig(FedPACLocalConfig):
-    psd_floor: float = 0.01  # eigenvalue floor of the PSD repair
-    psd_repair: str = "drop"  # 'drop' eigenpairs below the floor (authors') | 'clip' them to it
-    min_weight: float = 1e-3  # weights <= this are zeroed, then renormalised
-    qp_iters: int = 1000  # accelerated projected-gradient iterations
-
-    def __post_init__(self):
-        super().__post_init__()
-        _check(self.psd_floor >= 0, f"method.psd_floor must be >= 0, got {self.psd_floor}")
-        _check(self.psd_repair in simplex_qp.REPAIRS,
-               f"method.psd_repair must be one of {', '.join(simplex_qp.REPAIRS)}, got {self.psd_repair!r}")
-        _check(0 <= self.min_weight < 1, f"method.min_weight must be in [0, 1), got {self.min_weight}")
-        _check(self.qp_iters >= 1, f"method.qp_iters must be >= 1, got {self.qp_iters}")
+    psd_floor: float = option(0.01, "eigenvalue floor of the PSD repair of the QP matrix", at_least=0.0)
+    psd_repair: str = option("drop", "drop eigenpairs below the floor (authors') or clip them to it",
+                             choices=simplex_qp.REPAIRS)
+    min_weight: float = option(1e-3, "combination weights <= this are zeroed, then renormalised", at_least=0.0,
+                               less_than=1.0)
+    qp_iters: int = option(1000, "accelerated projected-gradient iterations of the simplex QP", at_least=1)
 
 
 DIRECTIONS = ("forward", "reverse")
@@ -114,40 +95,9 @@ DIRECTIONS = ("forward", "reverse")
 
 @dataclasses.dataclass(frozen=True)
 class FedPACProtoConfig(FedPACLocalConfig):
-    direction: str = "forward"  # forward: j's prototypes through i's head; reverse: i's through j's
-    temperature: float = 1.0
-
-    def __post_init__(self):
-        super().__post_init__()
-        _check(self.direction in DIRECTIONS,
-               f"method.direction must be one of {', '.join(DIRECTIONS)}, got {self.direction!r}")
-        _check(self.temperature > 0, f"method.temperature must be > 0, got {self.temperature}")
-
-
-def qp_matrices(V, H):
-    """FedPAC's P_i = diag(V) + D_i for every client i: V [S], H [S, C, d] -> [S, S, S]."""
-    S = V.shape[0]
-    flat = H.reshape(S, -1).astype(jnp.float32)
-
-    def one(h_i):
-        diff = h_i[None, :] - flat  # [S, C*d]
-        return jnp.diag(V.astype(jnp.float32)) + jnp.matmul(diff, diff.T, precision=jax.lax.Precision.HIGHEST)
-
-    return jax.vmap(one)(flat)
-
-
-def prototype_losses(model, heads, protos, counts):
-    """f_ij = sum_k pi_jk CE(head_i(c_j^k), k): heads stacked [S, ...], protos [S, C, d], counts [S, C]."""
-    counts = counts.astype(jnp.float32)
-    prior = counts / jnp.maximum(counts.sum(axis=1, keepdims=True), 1.0)
-    labels = jnp.arange(protos.shape[1])
-
-    def loss(head, proto, pri):
-        logits = model.apply_head({"params": {"head": head["params"]}}, proto)
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-        return -jnp.sum(pri * logp[labels, labels])
-
-    return jax.vmap(lambda h: jax.vmap(lambda p, q: loss(h, p, q))(protos, prior))(heads)
+    direction: str = option("forward", "forward: client j's prototypes through client i's head; reverse: i's "
+                            "through j's", choices=DIRECTIONS)
+    temperature: float = option(1.0, "softmax temperature of the prototype-loss weights", more_than=0.0)
 
 
 class FedPAC(SharedBodyMethod):
@@ -211,7 +161,7 @@ class FedPAC(SharedBodyMethod):
     def head_weights(self, uploads, info):
         """[S, S]: row i = the weights client i gives the uploaded heads."""
         h = self.hparams
-        P = qp_matrices(uploads["V"], uploads["h"])
+        P = classifier_combination.qp_matrices(uploads["V"], uploads["h"])
         return simplex_qp.combination_weights_batch(
             P, info.uploaded, floor=h.psd_floor, repair=h.psd_repair, min_weight=h.min_weight,
             num_iters=h.qp_iters)
@@ -246,7 +196,7 @@ class FedPACProto(FedPAC):
     hparams_type = FedPACProtoConfig
 
     def head_weights(self, uploads, info):
-        f = prototype_losses(self.model, uploads["head"], uploads["prototypes"], uploads["counts"])
+        f = classifier_combination.prototype_losses(self.model, uploads["head"], uploads["prototypes"], uploads["counts"])
         if self.hparams.direction == "reverse":
             f = f.T
         return aggregation.softmax_weights(f, mask=info.uploaded, temperature=self.hparams.temperature)

@@ -41,22 +41,19 @@ import jax.numpy as jnp
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import prototypes
 from fedjax_pfl.methods.base import Method, shared_init
-from fedjax_pfl.methods.options import require_choice, require_number
+from fedjax_pfl.methods.options import Options, option
 
 PROTO_WEIGHTS = ("clients", "counts")
 EVAL_BY = ("head", "prototype")
 
 
 @dataclasses.dataclass(frozen=True)
-class FedProtoConfig:
-    lam: float = 1.0
-    proto_weights: str = "clients"
-    eval_by: str = "head"
-
-    def __post_init__(self):
-        require_number("lam", self.lam)
-        require_choice("proto_weights", self.proto_weights, PROTO_WEIGHTS)
-        require_choice("eval_by", self.eval_by, EVAL_BY)
+class FedProtoConfig(Options):
+    lam: float = option(1.0, "weight of the prototype-distance term in the local loss", at_least=0.0)
+    proto_weights: str = option("clients", "global prototype of a class: mean over the clients that hold it, or "
+                                "weighted by their sample counts", choices=PROTO_WEIGHTS)
+    eval_by: str = option("head", "predict with the model's head or by the nearest global prototype",
+                          choices=EVAL_BY)
 
 
 def prototype_weights(counts, uploaded, mode: str):

@@ -4,22 +4,16 @@ Evaluation (``eval.model``): ``global``, as FedAvg: the global model, optionally
 (``method.finetune_epochs``, FedProx-FT; methods/finetune.py)."""
 
 import dataclasses
-import math
 
 from fedjax_pfl import losses
-from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.fedavg import FedAvg
 from fedjax_pfl.methods.finetune import FineTuneConfig
+from fedjax_pfl.methods.options import option
 
 
 @dataclasses.dataclass(frozen=True)
 class FedProxConfig(FineTuneConfig):
-    mu: float = 0.01
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not (math.isfinite(self.mu) and self.mu >= 0):
-            raise UserError(f"method.mu must be a finite number >= 0, got {self.mu}")
+    mu: float = option(0.01, "weight of the proximal term (mu/2) ||w - w_global||^2", at_least=0.0)
 
 
 class FedProx(FedAvg):

@@ -9,11 +9,12 @@ import dataclasses
 import jax
 
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class FedRepConfig:
-    head_epochs: int = 1
+class FedRepConfig(Options):
+    head_epochs: int = option(1, "head-only epochs (body fixed) before the E body-only epochs", at_least=1)
 
 
 class FedRep(SharedBodyMethod):

@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.core.tree_ops import PARTS
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class FineTuneConfig:
-    finetune_epochs: int = 0  # 0: test the model as it is
-    finetune_part: str = "all"  # all | head | body
-
-    def __post_init__(self):
-        if self.finetune_epochs < 0:
-            raise UserError(f"method.finetune_epochs must be >= 0, got {self.finetune_epochs}")
-        if self.finetune_part not in PARTS:
-            raise UserError(f"method.finetune_part must be one of {', '.join(PARTS)}, got {self.finetune_part!r}")
+class FineTuneConfig(Options):
+    finetune_epochs: int = option(0, "epochs each client fine-tunes the evaluated model on its train data "
+                                  "before testing (0: test it as it is)", at_least=0)
+    finetune_part: str = option("all", "which part is fine-tuned", choices=PARTS)
 
 
 def finetuned(method, variables, data, key, options: FineTuneConfig):

@@ -54,22 +54,19 @@ from fedjax_pfl.kernels.global_guidance import REDUCTIONS, angle_level_guidance,
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 from fedjax_pfl.models.networks import ModelOutput
-from fedjax_pfl.methods.options import require_choice, require_number
+from fedjax_pfl.methods.options import Options, option
 from fedjax_pfl.models.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 GUIDANCE = ("gce", "cov")  # trained beside body and head, under variables['params']
 
 
 @dataclasses.dataclass(frozen=True)
-class GPFLConfig:
-    lamda: float = 0.01
-    mu: float = 0.1
-    magnitude: str = "code"
-
-    def __post_init__(self):
-        require_number("lamda", self.lamda)
-        require_number("mu", self.mu)
-        require_choice("magnitude", self.magnitude, REDUCTIONS)
+class GPFLConfig(Options):
+    lamda: float = option(0.01, "weight of the magnitude-level global guidance", at_least=0.0)
+    mu: float = option(0.1, "weight decay (mu/2) ||.||^2 of the conditional valve and the category embeddings",
+                       at_least=0.0)
+    magnitude: str = option("code", "magnitude term as the Frobenius norm over the batch (authors' code) or the "
+                            "mean per-sample L2 norm (paper)", choices=REDUCTIONS)
 
 
 class GPFL(OwnPrediction, SharedBodyMethod):
@@ -84,9 +81,6 @@ class GPFL(OwnPrediction, SharedBodyMethod):
 
     # ---- state -------------------------------------------------------------
     def init(self, key, num_clients):
-        return jax.jit(self._init, static_argnums=1)(key, num_clients)
-
-    def _init(self, key, num_clients):
         k_model, k_gce, k_cov = jax.random.split(key, 3)
         variables, clients = shared_init(self, k_model, num_clients)
         d, c = self.setup.model.feature_dim, self.setup.model.num_classes

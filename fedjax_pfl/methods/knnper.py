@@ -42,24 +42,20 @@ import jax
 from fedjax_pfl.kernels import knn
 from fedjax_pfl.methods.fedavg import FedAvg
 from fedjax_pfl.models.networks import ModelOutput
-from fedjax_pfl.methods.options import require_choice, require_number
+from fedjax_pfl.methods.options import Options, option
 from fedjax_pfl.models.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 INTERPOLATIONS = ("probabilities", "logits")
 
 
 @dataclasses.dataclass(frozen=True)
-class KNNPerConfig:
-    k: int = 10
-    lamda: float = 0.5
-    length_scale: float = 1.0
-    interpolate: str = "probabilities"
-
-    def __post_init__(self):
-        require_number("k", self.k, 1)
-        require_number("lamda", self.lamda, 0.0, high=1.0)
-        require_number("length_scale", self.length_scale, 0.0, strict=True)
-        require_choice("interpolate", self.interpolate, INTERPOLATIONS)
+class KNNPerConfig(Options):
+    k: int = option(10, "neighbours in the client's memory", at_least=1)
+    lamda: float = option(0.5, "weight of the kNN distribution (0: the global model, 1: kNN alone)",
+                          at_least=0.0, at_most=1.0)
+    length_scale: float = option(1.0, "Gaussian kernel length scale, times the feature width", more_than=0.0)
+    interpolate: str = option("probabilities", "mix probabilities (paper) or the model's logits (authors' "
+                              "script)", choices=INTERPOLATIONS)
 
 
 class KNNPer(OwnPrediction, FedAvg):

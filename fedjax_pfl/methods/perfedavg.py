@@ -31,28 +31,21 @@ import jax
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.pfedkd import StepMethod, _check_positive_int_or_none, _check_positive_or_none, random_batch
+from fedjax_pfl.methods.options import Options, option
+from fedjax_pfl.methods.step_counted import StepMethod, random_batch
 
 VARIANTS = ("fo", "hf")
 
 
 @dataclasses.dataclass(frozen=True)
-class PerFedAvgConfig:
-    beta: float = 0.001  # outer (meta) step size
-    alpha: float | None = None  # inner step size; None: train.lr
-    variant: str = "fo"  # fo | hf
-    local_steps: int | None = None  # R; None: train.local_epochs read as steps
-    eval_steps: int = 1  # SGD steps of size alpha from the global model at evaluation
-
-    def __post_init__(self):
-        if not self.beta > 0:
-            raise UserError(f"method.beta must be > 0, got {self.beta}")
-        _check_positive_or_none("alpha", self.alpha)
-        if self.variant not in VARIANTS:
-            raise UserError(f"method.variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        _check_positive_int_or_none("local_steps", self.local_steps)
-        _check_positive_int_or_none("eval_steps", self.eval_steps)
+class PerFedAvgConfig(Options):
+    beta: float = option(0.001, "outer (meta) step size", more_than=0.0)
+    alpha: float | None = option(None, "inner step size", more_than=0.0, none="train.lr")
+    variant: str = option("fo", "first-order MAML (fo) or Hessian-free with exact Hessian-vector products (hf)",
+                          choices=VARIANTS)
+    local_steps: int | None = option(None, "R local steps per round", at_least=1,
+                                     none="train.local_epochs read as steps")
+    eval_steps: int = option(1, "SGD steps of size alpha from the global model at evaluation", at_least=1)
 
 
 class PerFedAvg(StepMethod):

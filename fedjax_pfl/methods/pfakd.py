@@ -50,7 +50,6 @@ This module holds no loop over clients and no device logic.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -58,32 +57,21 @@ import jax.numpy as jnp
 from fedjax_pfl import losses
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
-
-
-def _check_weight(name: str, value: float):
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise UserError(f"method.{name} must be a finite number >= 0, got {value!r}")
+from fedjax_pfl.methods.options import Options, option
 
 
 @dataclasses.dataclass(frozen=True)
-class PFAKDConfig:
-    beta: float = 1.0  # weight of the per-sample feature MSE to the frozen global body
-    teacher_train_mode: bool = True  # BatchNorm only: teacher on batch statistics (authors' code)
-
-    def __post_init__(self):
-        _check_weight("beta", self.beta)
+class PFAKDConfig(Options):
+    beta: float = option(1.0, "weight of the per-sample feature MSE to the frozen global body", at_least=0.0)
+    teacher_train_mode: bool = option(True, "BatchNorm only: the teacher runs on batch statistics (authors' "
+                                      "code); false: on the received running statistics")
 
 
 @dataclasses.dataclass(frozen=True)
 class PFAKDATConfig(PFAKDConfig):
-    gamma: float = 1.0  # weight of attention transfer
-    at_layers: tuple[int, ...] | None = None  # indices into ModelOutput.maps; None = all
-
-    def __post_init__(self):
-        super().__post_init__()
-        _check_weight("gamma", self.gamma)
-        if self.at_layers is not None and len(self.at_layers) == 0:
-            raise UserError("method.at_layers must name at least one conv map index (or be left unset for all)")
+    gamma: float = option(1.0, "weight of attention transfer between local and teacher conv maps", at_least=0.0)
+    at_layers: tuple[int, ...] | None = option(None, "indices of the conv maps that attention transfer compares "
+                                               "(negative: from the last)", none="all conv maps")
 
 
 def teacher_outputs(model, teacher, x, train: bool = True, mask=None):

@@ -34,13 +34,12 @@ Evaluation protocol: each client's generated model h(phi; v_i), no fine-tuning
 (initial, random) embedding.
 
 Options (``method.<name>=value``): local_steps (k), server_lr, server_momentum,
-server_wd, embed_dim (-1: 1 + N/4), hidden, n_hidden, aggregate.
+server_wd, embed_dim (empty: 1 + N/4), hidden, n_hidden, aggregate.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -49,42 +48,24 @@ import optax
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import hypernetwork
-from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.pfedkd import StepMethod
+from fedjax_pfl.methods.options import Options, option
+from fedjax_pfl.methods.step_counted import StepMethod
 
 AGGREGATES = ("sum", "mean")
 GRAD_CLIP = 50.0  # both the inner and the hypernetwork gradient norms (the authors' clip_grad_norm_)
 
 
 @dataclasses.dataclass(frozen=True)
-class PFedHNConfig:
-    local_steps: int = 50
-    server_lr: float = 0.01
-    server_momentum: float = 0.9
-    server_wd: float = 0.001
-    embed_dim: int = -1
-    hidden: int = 100
-    n_hidden: int = 3
-    aggregate: str = "mean"  # | sum
-
-    def __post_init__(self):
-        for name in ("local_steps", "hidden"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise UserError(f"method.{name} must be a whole number >= 1, got {v!r}")
-        if isinstance(self.n_hidden, bool) or int(self.n_hidden) != self.n_hidden or self.n_hidden < 0:
-            raise UserError(f"method.n_hidden must be a whole number >= 0, got {self.n_hidden!r}")
-        if isinstance(self.embed_dim, bool) or int(self.embed_dim) != self.embed_dim \
-                or (self.embed_dim < 1 and self.embed_dim != -1):
-            raise UserError(f"method.embed_dim must be a whole number >= 1, or -1 for 1 + N/4, got {self.embed_dim!r}")
-        if not (self.server_lr > 0 and math.isfinite(self.server_lr)):
-            raise UserError(f"method.server_lr must be a finite number > 0, got {self.server_lr}")
-        if self.aggregate not in AGGREGATES:
-            raise UserError(f"method.aggregate must be one of {', '.join(AGGREGATES)}, got {self.aggregate!r}")
-        for name in ("server_momentum", "server_wd"):
-            v = getattr(self, name)
-            if not (v >= 0 and math.isfinite(v)):
-                raise UserError(f"method.{name} must be a finite number >= 0, got {v}")
+class PFedHNConfig(Options):
+    local_steps: int = option(50, "inner SGD steps k of the client on its generated model", at_least=1)
+    server_lr: float = option(0.01, "step size of the hypernetwork optimizer", more_than=0.0)
+    server_momentum: float = option(0.9, "momentum of the hypernetwork optimizer", at_least=0.0)
+    server_wd: float = option(0.001, "weight decay of the hypernetwork optimizer", at_least=0.0)
+    embed_dim: int | None = option(None, "width of the client embeddings", at_least=1, none="1 + N/4")
+    hidden: int = option(100, "width of the hypernetwork's hidden layers", at_least=1)
+    n_hidden: int = option(3, "hidden layers of the hypernetwork", at_least=0)
+    aggregate: str = option("mean", "combine the selected clients' hypernetwork gradients by mean or sum",
+                            choices=AGGREGATES)
 
 
 class PFedHN(StepMethod):
@@ -103,12 +84,9 @@ class PFedHN(StepMethod):
                            optax.sgd(hp.server_lr, momentum=hp.server_momentum or None))
 
     def embed_dim(self, num_clients: int) -> int:
-        return self.hparams.embed_dim if self.hparams.embed_dim > 0 else int(1 + num_clients / 4)
+        return self.hparams.embed_dim or int(1 + num_clients / 4)
 
     def init(self, key, num_clients):
-        return jax.jit(self._init, static_argnums=1)(key, num_clients)  # one compile, not one per op
-
-    def _init(self, key, num_clients):
         hp = self.hparams
         phi = hypernetwork.init_hypernetwork(key, num_clients, self.target, self.embed_dim(num_clients),
                                              hp.hidden, hp.n_hidden)

@@ -25,14 +25,13 @@ R is ``method.local_steps`` (default: ``train.local_epochs``, read as a step
 count, as the authors' ``--local_epochs``). A straggler with e < E epochs
 takes max(1, R * e // E) steps. server_lr defaults to ``train.lr`` (the authors
 use one learning rate for both). The three step-counted methods of the pFedKD
-comparison (this one, Per-FedAvg, pFedMe) share `random_batch_steps` below.
+comparison (this one, Per-FedAvg, pFedMe) share methods/step_counted.py.
 They support models without BatchNorm (MLR, MLP: the papers' models).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,117 +39,24 @@ import optax
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import kd_server, local_training
-from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.kernels import kd_server
+from fedjax_pfl.methods.options import Options, option
+from fedjax_pfl.methods.step_counted import StepMethod
 
 
-# ---------------------------------------------------------------- random-batch local steps
-def random_batch_index(key, n, n_max: int, batch_size: int):
-    """(index [B], mask [B]): B distinct random valid rows of a padded client (all n if n < B)."""
-    order = local_training.epoch_order(key, n, n_max)
-    if n_max < batch_size:
-        order = jnp.pad(order, (0, batch_size - n_max))
-    return order[:batch_size], jnp.arange(batch_size) < n
-
-
-def random_batch(key, data, batch_size: int, normalize: Callable) -> local_training.Batch:
-    """One random batch of B distinct samples of one client's padded data."""
-    index, mask = random_batch_index(key, data.n, data.y.shape[0], batch_size)
-    return local_training.make_batch(data, index, mask, normalize)
-
-
-def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: int, batch_size: int,
-                       normalize: Callable, batches_per_step: int = 1):
-    """Run ``step(carry, batches, key) -> (carry, loss)`` ``max_steps`` times, masked after ``steps``.
-
-    Each step gets a tuple of ``batches_per_step`` fresh random batches of B
-    distinct samples; masked steps (index >= ``steps``, or a client with no
-    samples) leave the carry unchanged. Returns (carry, mean loss over real steps).
-    """
-    keys = jax.random.split(key, max_steps)
-    valid = (jnp.arange(max_steps) < steps) & (data.n > 0)
-
-    def body(state, xs):
-        carry, loss_sum = state
-        k, ok = xs
-        k_step, *k_batches = jax.random.split(k, batches_per_step + 1)
-        batches = tuple(random_batch(kb, data, batch_size, normalize) for kb in k_batches)
-        new, loss = step(carry, batches, k_step)
-        carry = tree_ops.select(ok, new, carry)
-        return (carry, loss_sum + jnp.where(ok, loss, 0.0)), None
-
-    (carry, loss_sum), _ = jax.lax.scan(body, (carry, jnp.zeros((), jnp.float32)), (keys, valid))
-    return carry, loss_sum / jnp.maximum(valid.sum(), 1)
-
-
-class StepMethod(Method):
-    """Helpers of the step-counted methods: R, straggler steps, train.lr, BatchNorm check."""
-
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        if setup.learning_rate is None:
-            raise ValueError(f"{self.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
-        if setup.drop_last:
-            raise UserError(f"method {self.name!r} draws a random batch of B samples per step, not epochs of "
-                            "batches: train.drop_last does not apply; leave it false")
-        self.train_lr = setup.learning_rate
-
-    def local_steps(self) -> int:
-        r = getattr(self.hparams, "local_steps", None)
-        return int(r) if r else int(self.setup.local_epochs)
-
-    def steps_this_round(self, info):
-        """R, or max(1, R * e // E) for a straggler that trains e < E epochs."""
-        r, e_max = self.local_steps(), int(self.setup.local_epochs)
-        return jnp.clip(r * info.epochs // e_max, 1, r)
-
-    def init_variables(self, key):
-        variables = self.model.init(key)
-        if "batch_stats" in variables:
-            raise UserError(f"method {self.name!r} supports models without BatchNorm (e.g. --model mlr or mlp)")
-        return variables
-
-    def run_steps(self, step, carry, data, key, info, batches_per_step: int = 1):
-        return random_batch_steps(step, carry, data, key, steps=self.steps_this_round(info),
-                                  max_steps=self.local_steps(), batch_size=self.setup.batch_size,
-                                  normalize=self.setup.normalize, batches_per_step=batches_per_step)
-
-    def logits(self, params, x, train: bool = False):
-        return self.model.apply({"params": params}, x, train=train).logits
-
-
-def _check_positive_int_or_none(name, value):
-    if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
-        raise UserError(f"method.{name} must be a whole number >= 1 (or empty for the default), got {value!r}")
-
-
-def _check_positive_or_none(name, value):
-    if value is not None and not value > 0:
-        raise UserError(f"method.{name} must be > 0 (or empty for the default), got {value!r}")
-
-
-# ---------------------------------------------------------------- pFedKD-WCL
 @dataclasses.dataclass(frozen=True)
-class PFedKDConfig:
-    alpha: float = 0.1  # weight of the KL term in the client loss
-    temperature: float = 1.0
-    local_steps: int | None = None  # R; None: train.local_epochs read as steps
-    server_lr: float | None = None  # None: train.lr
-    server_kl: str = "teacher_first"  # | student_first
-    grad_chunk: int = 1024  # rows per chunk of the full-train-set gradient pass (memory only)
-
-    def __post_init__(self):
-        if not 0.0 <= self.alpha <= 1.0:
-            raise UserError(f"method.alpha must be in [0, 1], got {self.alpha}")
-        if not self.temperature > 0:
-            raise UserError(f"method.temperature must be > 0, got {self.temperature}")
-        _check_positive_int_or_none("local_steps", self.local_steps)
-        _check_positive_or_none("server_lr", self.server_lr)
-        if self.server_kl not in kd_server.DIRECTIONS:
-            choices = ", ".join(kd_server.DIRECTIONS)
-            raise UserError(f"method.server_kl must be one of {choices}, got {self.server_kl!r}")
-        _check_positive_int_or_none("grad_chunk", self.grad_chunk)
+class PFedKDConfig(Options):
+    alpha: float = option(0.1, "weight of the KL term in the client loss (1 - alpha) NLL + alpha KL",
+                          at_least=0.0, at_most=1.0)
+    temperature: float = option(1.0, "distillation temperature T", more_than=0.0)
+    local_steps: int | None = option(None, "R local minibatch steps per round", at_least=1,
+                                     none="train.local_epochs read as steps")
+    server_lr: float | None = option(None, "step size of the server's SGD step on the global model",
+                                     more_than=0.0, none="train.lr")
+    server_kl: str = option("teacher_first", "server KL direction: KL(p_w || p_theta) (authors' code) or "
+                            "KL(p_theta || p_w) (paper text)", choices=kd_server.DIRECTIONS)
+    grad_chunk: int = option(1024, "rows per chunk of the whole-train-set gradient pass (memory only)",
+                             at_least=1)
 
 
 class PFedKD(StepMethod):

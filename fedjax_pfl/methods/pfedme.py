@@ -34,28 +34,20 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import shared_init
-from fedjax_pfl.methods.pfedkd import StepMethod, _check_positive_int_or_none
+from fedjax_pfl.methods.options import Options, option
+from fedjax_pfl.methods.step_counted import StepMethod
 
 
 @dataclasses.dataclass(frozen=True)
-class PFedMeConfig:
-    lamda: float = 15.0  # Moreau-envelope regularization
-    personal_lr: float = 0.1  # step size of the K inner steps
-    K: int = 5  # inner steps per local step
-    beta: float = 1.0  # server mixing: 1 is plain averaging
-    local_steps: int | None = None  # R; None: train.local_epochs read as steps
-
-    def __post_init__(self):
-        if not self.lamda > 0:
-            raise UserError(f"method.lamda must be > 0, got {self.lamda}")
-        if not self.personal_lr > 0:
-            raise UserError(f"method.personal_lr must be > 0, got {self.personal_lr}")
-        _check_positive_int_or_none("K", self.K)
-        if not self.beta > 0:
-            raise UserError(f"method.beta must be > 0, got {self.beta}")
-        _check_positive_int_or_none("local_steps", self.local_steps)
+class PFedMeConfig(Options):
+    lamda: float = option(15.0, "Moreau-envelope regularization lambda", more_than=0.0)
+    personal_lr: float = option(0.1, "step size of the K inner steps on the personalized model", more_than=0.0)
+    K: int = option(5, "inner steps per local step", at_least=1)
+    beta: float = option(1.0, "server mixing of the old and averaged global model (1: plain averaging)",
+                         more_than=0.0)
+    local_steps: int | None = option(None, "R local steps per round", at_least=1,
+                                     none="train.local_epochs read as steps")
 
 
 class PFedMe(StepMethod):

@@ -1,0 +1,96 @@
+"""The step-counted methods' shape: R local SGD steps, each on one random batch of B distinct samples.
+
+pFedKD-WCL, Per-FedAvg, pFedMe and pFedHN count local work in minibatch
+steps, as their authors' code does (their "local epochs" are steps: each step
+draws ``torch.randperm(n)[:B]``), not in epochs over the client's data.
+`random_batch_steps` runs such steps with a masked scan (stragglers take
+fewer); `StepMethod` gives those methods R (``method.local_steps``, else
+``train.local_epochs`` read as steps), the straggler step count, train.lr and
+the no-BatchNorm check. Nothing here is specific to one of them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_pfl.core import tree_ops
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.kernels import local_training
+from fedjax_pfl.methods.base import Method
+
+
+def random_batch_index(key, n, n_max: int, batch_size: int):
+    """(index [B], mask [B]): B distinct random valid rows of a padded client (all n if n < B)."""
+    order = local_training.epoch_order(key, n, n_max)
+    if n_max < batch_size:
+        order = jnp.pad(order, (0, batch_size - n_max))
+    return order[:batch_size], jnp.arange(batch_size) < n
+
+
+def random_batch(key, data, batch_size: int, normalize: Callable) -> local_training.Batch:
+    """One random batch of B distinct samples of one client's padded data."""
+    index, mask = random_batch_index(key, data.n, data.y.shape[0], batch_size)
+    return local_training.make_batch(data, index, mask, normalize)
+
+
+def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: int, batch_size: int,
+                       normalize: Callable, batches_per_step: int = 1):
+    """Run ``step(carry, batches, key) -> (carry, loss)`` ``max_steps`` times, masked after ``steps``.
+
+    Each step gets a tuple of ``batches_per_step`` fresh random batches of B
+    distinct samples; masked steps (index >= ``steps``, or a client with no
+    samples) leave the carry unchanged. Returns (carry, mean loss over real steps).
+    """
+    keys = jax.random.split(key, max_steps)
+    valid = (jnp.arange(max_steps) < steps) & (data.n > 0)
+
+    def body(state, xs):
+        carry, loss_sum = state
+        k, ok = xs
+        k_step, *k_batches = jax.random.split(k, batches_per_step + 1)
+        batches = tuple(random_batch(kb, data, batch_size, normalize) for kb in k_batches)
+        new, loss = step(carry, batches, k_step)
+        carry = tree_ops.select(ok, new, carry)
+        return (carry, loss_sum + jnp.where(ok, loss, 0.0)), None
+
+    (carry, loss_sum), _ = jax.lax.scan(body, (carry, jnp.zeros((), jnp.float32)), (keys, valid))
+    return carry, loss_sum / jnp.maximum(valid.sum(), 1)
+
+
+class StepMethod(Method):
+    """Helpers of the step-counted methods: R, straggler steps, train.lr, BatchNorm check."""
+
+    def __init__(self, setup, hparams=None):
+        super().__init__(setup, hparams)
+        if setup.learning_rate is None:
+            raise ValueError(f"{self.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
+        if setup.drop_last:
+            raise UserError(f"method {self.name!r} draws a random batch of B samples per step, not epochs of "
+                            "batches: train.drop_last does not apply; leave it false")
+        self.train_lr = setup.learning_rate
+
+    def local_steps(self) -> int:
+        r = getattr(self.hparams, "local_steps", None)
+        return int(r) if r else int(self.setup.local_epochs)
+
+    def steps_this_round(self, info):
+        """R, or max(1, R * e // E) for a straggler that trains e < E epochs."""
+        r, e_max = self.local_steps(), int(self.setup.local_epochs)
+        return jnp.clip(r * info.epochs // e_max, 1, r)
+
+    def init_variables(self, key):
+        variables = self.model.init(key)
+        if "batch_stats" in variables:
+            raise UserError(f"method {self.name!r} supports models without BatchNorm (e.g. --model mlr or mlp)")
+        return variables
+
+    def run_steps(self, step, carry, data, key, info, batches_per_step: int = 1):
+        return random_batch_steps(step, carry, data, key, steps=self.steps_this_round(info),
+                                  max_steps=self.local_steps(), batch_size=self.setup.batch_size,
+                                  normalize=self.setup.normalize, batches_per_step=batches_per_step)
+
+    def logits(self, params, x, train: bool = False):
+        return self.model.apply({"params": params}, x, train=train).logits
