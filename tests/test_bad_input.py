@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files
 from fedjax_pfl.core.errors import UserError

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_pfl import reproduce, train
+from fedjax_pfl.runs import cli as train, reproduce
 from fedjax_pfl.runs import results_writer, table_spec
 
 TINY = """

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import figures, report, run_folder
 from fedjax_pfl.runs.results_writer import ResultsWriter

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import sweep
 

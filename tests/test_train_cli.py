@@ -13,7 +13,7 @@ from forced_devices import cpu_devices_env
 
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.runs.experiment import build_experiment
 

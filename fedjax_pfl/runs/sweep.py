@@ -122,7 +122,7 @@ class PointOutput:
     """The run folder of one point: config.json, partition.json, metrics, tables, figures, summary."""
 
     def __init__(self, point: Point, exp, start: float):
-        from fedjax_pfl import train
+        from fedjax_pfl.runs import cli as train
 
         self.point, self.start = point, start
         train.check_output_folder(point.out, resume=False)
@@ -137,7 +137,7 @@ class PointOutput:
 
     def record(self, metrics: dict, evaluations: dict, rounds: int) -> None:
         """The host outputs of one call (``rounds`` real rounds) for this point."""
-        from fedjax_pfl import train
+        from fedjax_pfl.runs import cli as train
 
         per_round = [{k: v[j] for k, v in metrics.items()} for j in range(rounds)]
         try:
@@ -190,7 +190,7 @@ def _stacked_data(exps: list):
 
 def _run_chunk(exps: dict, points: list[Point], outputs: list[PointOutput], progress: bool, stop) -> bool:
     """Run one chunk of points to the end (or to a Ctrl-C); False when stopped early."""
-    from fedjax_pfl import train
+    from fedjax_pfl.runs import cli as train
 
     cfg = points[0].cfg
     exp = exps[cfg.data_seed]
@@ -284,7 +284,7 @@ def sweep_markdown(summary: dict) -> str:
 
 def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) -> dict:
     """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md."""
-    from fedjax_pfl import train
+    from fedjax_pfl.runs import cli as train
     from fedjax_pfl.runs.experiment import validate
 
     if resume:
