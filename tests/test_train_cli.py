@@ -14,6 +14,7 @@ from forced_devices import cpu_devices_env
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import cli as train
+from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.runs.experiment import build_experiment
 
@@ -306,11 +307,11 @@ def test_eval_model_global_is_the_global_body_with_the_own_head(uninterrupted):
 
 
 def test_call_planner_fuses_after_a_timed_round_and_ends_calls_at_checkpoints():
-    fixed = train.CallPlanner(4, total_rounds=10, checkpoint_every=3)
+    fixed = CallPlanner(4, total_rounds=10, checkpoint_every=3)
     assert [fixed.stop_after(t) for t in (0, 3, 6, 9)] == [3, 6, 9, 10]  # calls end at checkpoint rounds
-    plain = train.CallPlanner(4, total_rounds=10, checkpoint_every=0)
+    plain = CallPlanner(4, total_rounds=10, checkpoint_every=0)
     assert [plain.stop_after(t) for t in (0, 4, 8)] == [4, 8, 10]
-    auto = train.CallPlanner(0, total_rounds=100, checkpoint_every=0, target_seconds=2.0)
+    auto = CallPlanner(0, total_rounds=100, checkpoint_every=0, target_seconds=2.0)
     assert auto.count == 1 and auto.compiling
     auto.done(1, 5.0, 99)  # the first call compiles: not timed
     assert auto.count == 1 and not auto.compiling
@@ -318,12 +319,12 @@ def test_call_planner_fuses_after_a_timed_round_and_ends_calls_at_checkpoints():
     assert auto.count == 8 and auto.compiling
     auto.done(8, 2.0, 90)
     assert auto.count == 8 and not auto.compiling  # fused once, then kept
-    slow = train.CallPlanner(0, total_rounds=100, checkpoint_every=0)
+    slow = CallPlanner(0, total_rounds=100, checkpoint_every=0)
     slow.done(1, 9.0, 99), slow.done(1, 3.0, 98)
     assert slow.count == 1 and not slow.compiling  # a round longer than the target stays alone
-    short = train.CallPlanner(0, total_rounds=3, checkpoint_every=0)
+    short = CallPlanner(0, total_rounds=3, checkpoint_every=0)
     short.done(1, 1.0, 2), short.done(1, 0.01, 1)
     assert short.count == 1  # one round left: no second program compiled for it
-    tiny = train.CallPlanner(0, total_rounds=1000, checkpoint_every=0)
+    tiny = CallPlanner(0, total_rounds=1000, checkpoint_every=0)
     tiny.done(1, 1.0, 999), tiny.done(1, 1e-4, 998)
     assert tiny.count == 50  # at most 50 rounds per call

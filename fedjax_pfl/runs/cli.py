@@ -20,7 +20,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +32,10 @@ from fedjax_pfl.engine import distributed
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.runs import run_output
 from fedjax_pfl.core.errors import DivergedError, UserError
+from fedjax_pfl.runs.call_planner import CallPlanner
+from fedjax_pfl.runs.progress import progress_bar
 from fedjax_pfl.runs.results_writer import ResultsWriter
+from fedjax_pfl.runs.stop_request import StopRequest
 
 DEFAULT_NOTE = "defaults: the FedAS paper's CIFAR-10 setting (fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)"
 
@@ -237,29 +239,6 @@ def check_rounds(records: list[dict]) -> list[dict]:
     return host
 
 
-class _StopRequest:
-    """While active, the first Ctrl-C asks the round loop to stop after the round in
-    flight; a second one interrupts at once."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-
 def _test_signal(t: int) -> None:
     spec = os.environ.get(TEST_SIGNAL_ENV, "")
     if spec and int(spec.split(":")[0]) == t:
@@ -325,12 +304,12 @@ def _run(cfg: config_lib.RunConfig, out: Path, files: Path, progress: bool, resu
     print(exp.partition_text)
     log = run_output.MetricsLog(files / "metrics.jsonl")
     rounds = cfg.train.rounds
-    bar = _progress(rounds, progress)
+    bar = progress_bar(rounds, progress)
     bar.update(first)
     status = {"status": "interrupted"}
     start = time.perf_counter() - seconds_done
     try:
-        with _StopRequest() as stop:
+        with StopRequest() as stop:
             calls = CallPlanner(cfg.train.rounds_per_call, rounds, cfg.checkpoint_every)
             t = first
             while t < rounds:
@@ -402,55 +381,6 @@ def _record(per_client: dict, round_metrics: dict, t: int, start: float, eval_mo
         )
     return {"round": t, **evaluation, "train_loss": float(round_metrics["train_loss"]), "eval_model": eval_model,
             "seconds": time.perf_counter() - start}
-
-
-class CallPlanner:
-    """How many rounds each compiled call runs (``train.rounds_per_call``).
-
-    A fixed K > 0 is used as given. Auto (0) runs single-round calls until one
-    has been timed without compilation, then fuses as many rounds as take about
-    ``target_seconds`` (at most 50), so small models are not dominated by
-    dispatch and the progress bar still moves. A call always ends at a
-    checkpoint round; every call of one K reuses one compiled program.
-    """
-
-    def __init__(self, rounds_per_call: int, total_rounds: int, checkpoint_every: int,
-                 target_seconds: float = 2.0, max_count: int = 50):
-        self.fixed = rounds_per_call > 0
-        self.count = rounds_per_call if self.fixed else 1
-        self.total, self.checkpoint_every = total_rounds, checkpoint_every
-        self.target, self.max_count = target_seconds, max_count
-        self.compiling = True
-        self._calls_of_count = 0
-
-    def checkpoint_due(self, t: int) -> bool:
-        ce = self.checkpoint_every
-        return bool(ce) and ((t + 1) % ce == 0 or t == self.total - 1)
-
-    def stop_after(self, t: int) -> int:
-        """Exclusive end of the call starting at round ``t``."""
-        stop = min(t + self.count, self.total)
-        if self.checkpoint_every:
-            stop = min(stop, (t // self.checkpoint_every + 1) * self.checkpoint_every)
-        return stop
-
-    def done(self, rounds_run: int, seconds: float, rounds_left: int) -> None:
-        """Record a call of ``rounds_run`` rounds that took ``seconds``; ``rounds_left`` remain."""
-        self._calls_of_count += 1
-        self.compiling = False
-        if self.fixed or self.count > 1 or self._calls_of_count < 2:
-            return
-        per_round = seconds / max(rounds_run, 1)
-        # never compile a program with more round slots than the run has left
-        count = int(min(self.max_count, rounds_left, max(1, self.target // max(per_round, 1e-6))))
-        if count > 1:
-            self.count, self.compiling, self._calls_of_count = count, True, 0
-
-
-def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="rounds", unit="round", disable=not enabled, file=sys.stderr)
 
 
 def main(argv=None) -> int:

@@ -50,7 +50,10 @@ from fedjax_pfl.engine import method_values
 from fedjax_pfl.runs import run_output
 from fedjax_pfl.core.errors import DivergedError, UserError
 from fedjax_pfl.methods import get_method
+from fedjax_pfl.runs.call_planner import CallPlanner
+from fedjax_pfl.runs.progress import progress_bar
 from fedjax_pfl.runs.results_writer import ResultsWriter
+from fedjax_pfl.runs.stop_request import StopRequest
 
 STATE_COPIES = 4
 
@@ -190,8 +193,6 @@ def _stacked_data(exps: list):
 
 def _run_chunk(exps: dict, points: list[Point], outputs: list[PointOutput], progress: bool, stop) -> bool:
     """Run one chunk of points to the end (or to a Ctrl-C); False when stopped early."""
-    from fedjax_pfl.runs import cli as train
-
     cfg = points[0].cfg
     exp = exps[cfg.data_seed]
     data = _stacked_data([exps[p.cfg.data_seed] for p in points]) if len(exps) > 1 else None
@@ -200,8 +201,8 @@ def _run_chunk(exps: dict, points: list[Point], outputs: list[PointOutput], prog
     init_keys, run_keys = keys[:, 0], keys[:, 1]
     servers, clients = exp.engine.init_batched(init_keys)
     values = _stack_values(points)
-    calls = train.CallPlanner(cfg.train.rounds_per_call, rounds, cfg.checkpoint_every)
-    bar = train._progress(rounds, progress)
+    calls = CallPlanner(cfg.train.rounds_per_call, rounds, cfg.checkpoint_every)
+    bar = progress_bar(rounds, progress)
     t = 0
     try:
         while t < rounds:
@@ -305,7 +306,7 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
           f"({jax.default_backend()}) ...", flush=True)
     start = time.perf_counter()
     summaries: list[dict] = []
-    with train._StopRequest() as stop:
+    with StopRequest() as stop:
         for i in range(0, len(points), per_call):
             chunk = points[i:i + per_call]
             outputs = [PointOutput(p, exps[p.cfg.data_seed], start) for p in chunk]
