@@ -5,15 +5,19 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from forced_devices import cpu_devices_env
+from signal_after_round import signal_after
 
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import cli as train
+from fedjax_pfl.core.errors import DivergedError
+from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.runs.experiment import build_experiment
@@ -72,9 +76,12 @@ def test_cli_writes_output_folder(tmp_path, data_dir):
     assert summary["last"]["round"] == 2 and summary["last"]["accuracy"] > 0.3
 
 
-def _cli(args, env_extra=None):
+def _cli(args, env_extra=None, signal_at=None):
+    """The training command in a subprocess; ``signal_at=(rounds, "KILL")`` signals it after that many rounds."""
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "fedjax_pfl.train", "--no-progress", *args],
+    command = ["-m", "fedjax_pfl.train"] if signal_at is None else [
+        str(Path(__file__).parent / "signal_after_round.py"), *map(str, signal_at)]
+    return subprocess.run([sys.executable, *command, "--no-progress", *args],
                           capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -177,7 +184,7 @@ def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(un
     args = ["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1", "--out", str(out),
             "--rounds-per-call", "1"]  # one compiled program per process
     devices = cpu_devices_env
-    killed = _cli(args, {**devices(4), train.TEST_SIGNAL_ENV: "1:KILL"})
+    killed = _cli(args, devices(4), signal_at=(2, "KILL"))
     assert killed.returncode == -9 and not (out / "summary.json").exists(), killed.stderr[-3000:]
     killed_seconds = _records(out)[-1]["seconds"]
     resumed = _cli([*args, "--resume"], devices(2))
@@ -191,19 +198,17 @@ def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(un
     assert [(r["after_round"], r["rounds"]) for r in resumed] == [(0, 4)]
 
 
-def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(uninterrupted, tmp_path, capsys,
-                                                                          monkeypatch):
+def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(uninterrupted, tmp_path, capsys):
     """Ctrl-C in round 1 of 3 (no --checkpoint-every): checkpoint + summary written, exit 130; then
     --resume --rounds 4 with no other flag (the rest comes from config.json) equals the 4-round run."""
     out = tmp_path / "run"
-    monkeypatch.setenv(train.TEST_SIGNAL_ENV, "1:INT")
-    assert train.main(["--method", "fedper", *TINY, "--rounds", "3", "--out", str(out)]) == 130
+    assert train.main(["--method", "fedper", *TINY, "--rounds", "3", "--out", str(out)],
+                      observe=signal_after(2, "INT")) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "interrupted after round 1" in err[0] and "--resume" in err[0]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_evaluated"] == 2
     assert checkpoint.exists(checkpoint.checkpoint_path(out))
-    monkeypatch.delenv(train.TEST_SIGNAL_ENV)
     assert train.main(["--out", str(out), "--resume", "--rounds", "4", "--no-progress"]) == 0
     assert json.loads((out / "summary.json").read_text()) == json.loads((uninterrupted / "summary.json").read_text())
     assert _without_seconds(_records(out)) == _without_seconds(_records(uninterrupted))
@@ -248,10 +253,10 @@ def test_first_bad_round_reads_a_list_of_round_metrics():
     records = [{"round": 3, "client_loss": np.array([0.5, 0.4]), "selected": np.array([4, 1])},
                {"round": 4, "client_loss": np.array([0.5, nan, np.inf]), "selected": np.array([2, 0, 5])},
                {"round": 5, "client_loss": np.array([nan]), "selected": np.array([3])}]
-    assert train.first_bad_round(records) == (4, [0, 5])
-    assert train.first_bad_round(records[:1]) is None
-    with pytest.raises(train.DivergedError, match="round 4: .* client\\(s\\) 0, 5"):
-        train.check_rounds(records)
+    assert records_lib.first_bad_round(records) == (4, [0, 5])
+    assert records_lib.first_bad_round(records[:1]) is None
+    with pytest.raises(DivergedError, match="round 4: .* client\\(s\\) 0, 5"):
+        records_lib.check_rounds(records)
 
 
 def test_options_and_overrides_in_any_order(tmp_path):

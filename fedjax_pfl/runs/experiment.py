@@ -1,6 +1,6 @@
 """From a RunConfig to a ready Engine: data, partition, model, optimizer, method.
 
-The one place that wires the pieces together; train.py (the CLI), benchmarks
+The one place that wires the pieces together; the training command (cli.py), benchmarks
 and tests call `build_experiment`. Name checks happen before any data loads,
 so a typo costs no time.
 """

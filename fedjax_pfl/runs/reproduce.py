@@ -2,7 +2,7 @@
 
 Runs every cell (method x setting x seed) of the table configs/tables/NAME.yaml
 (`fedjax_pfl.runs.table_spec`) through the training command, in this process
-(``fedjax_pfl.train.main``, so JAX starts once), printing each cell's
+(``runs.cli.main``, so JAX starts once), printing each cell's
 equivalent shell command, and writes the table (`fedjax_pfl.runs.paper_table`):
 
     reproductions/NAME/table.md, table.csv, runs/<method>-<setting>/seed<k>/
@@ -89,11 +89,11 @@ def checkpoint_every(rounds: int) -> int:
 
 def build_config(argv: list[str]) -> config_lib.RunConfig:
     """The RunConfig the training command builds from ``argv``, validated (names resolved), no data read."""
-    from fedjax_pfl.runs import cli as train
+    from fedjax_pfl.runs import cli
     from fedjax_pfl.runs.experiment import validate
 
-    args, overrides = train.parse_args(argv)
-    cfg = train.config_from_args(args, overrides)
+    args, overrides = cli.parse_args(argv)
+    cfg = cli.config_from_args(args, overrides)
     validate(cfg)
     return cfg
 
@@ -149,19 +149,19 @@ def seeds_argv(argv: list[str], seeds: list[int], folder: Path) -> list[str]:
     return [*rest, "--seeds", ",".join(map(str, seeds)), "vary_data_with_seed=true"]
 
 
-def run_cell(argv: list[str], state: str, folder: Path, progress: bool) -> int:
+def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=None) -> int:
     """Train one cell (continuing or restarting it per ``state``); the training command's exit status.
 
     A crash (not a user error) prints its traceback and counts as a failed cell, so one broken
     method does not stop the rest of a long table.
     """
-    from fedjax_pfl.runs import cli as train
+    from fedjax_pfl.runs import cli
 
     if state == "rerun":
         shutil.rmtree(folder)  # an unfinished run of this very cell without a checkpoint
     flags = (["--resume"] if state == "resume" else []) + ([] if progress else ["--no-progress"])
     try:
-        return train.main([*argv, *flags])
+        return cli.main([*argv, *flags], observe=observe)
     except Exception:  # noqa: BLE001 -- reported, then the next cell runs
         traceback.print_exc()
         return 1
@@ -192,7 +192,7 @@ def list_tables(folder: Path = TABLES_DIR) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reproduce(args, extra: list[str]) -> int:
+def reproduce(args, extra: list[str], observe=None) -> int:
     """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status."""
     from fedjax_pfl.runs.paper_table import write_table
 
@@ -232,7 +232,7 @@ def reproduce(args, extra: list[str]) -> int:
               f"{'' if state == 'finished' else ': ' + command}", flush=True)
         if args.dry_run or state == "finished":
             continue
-        rc = run_cell(argv, state, folder, not args.no_progress)
+        rc = run_cell(argv, state, folder, not args.no_progress, observe)
         if rc == 130:
             status = 130
             print("interrupted: the table below holds the cells run so far; run the same command again to continue",
@@ -261,7 +261,8 @@ def _groups(cells: list[Cell]) -> list[list[Cell]]:
     return list(groups.values())
 
 
-def main(argv=None) -> int:
+def main(argv=None, observe=None) -> int:
+    """The command's exit status; ``observe(rounds_done)`` is passed to every cell's run (runs/cli.py)."""
     try:
         args, rest = build_parser().parse_known_args(argv)
         extra = [t for t in rest if "=" in t and not t.startswith("-")]
@@ -272,14 +273,10 @@ def main(argv=None) -> int:
         if args.list:
             print(list_tables(), end="")
             return 0
-        return reproduce(args, extra)
+        return reproduce(args, extra, observe)
     except UserError as e:
         print("error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; run the same command again to continue", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Continuing a run (``--resume --out RUN``): what its folder must hold and what may change.
+
+A resumed run uses the configuration saved in RUN/config.json (only
+``train.rounds`` may grow, plus the settings in
+`config.RESUME_MAY_CHANGE`), the same partition, and its checkpoint; every
+mismatch is a one-line `UserError` raised before anything in the folder
+changes. Reads only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.runs import run_output
+
+
+def saved_run(out: Path, cfg=None) -> dict:
+    """The config.json of the run in ``out`` (to resume it), or UserError."""
+    if cfg is not None and not cfg.out:
+        raise UserError("--resume needs --out FOLDER, the folder of the run to continue")
+    saved = run_output.read_json(Path(out) / "config.json")
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        raise UserError(f"nothing to resume in {out} (no readable config.json); run without --resume to start afresh")
+    return saved
+
+
+def check_same_config(saved: dict, cfg) -> None:
+    """A resumed run must use the configuration it was started with (train.rounds may grow)."""
+    changed = config_lib.resume_differences(saved["config"], config_lib.to_dict(cfg))
+    if changed:
+        raise UserError(f"--resume must use the configuration the run was started with; changed: {'; '.join(changed)}"
+                        " (only train.rounds may grow)")
+
+
+def check_resume(saved: dict, cfg, done: int, partition_now: dict, partition_saved) -> list[dict]:
+    """Checks a resume against what the run was started with -> the updated resume history."""
+    check_same_config(saved, cfg)
+    before = saved["config"]["train"]["rounds"]
+    rounds = cfg.train.rounds
+    if cfg.train.lr_schedule == "cosine" and rounds != before:
+        raise UserError(f"a cosine lr schedule spans the run's {before} rounds; it cannot be extended to {rounds}")
+    if done >= rounds - 1:
+        if rounds == before:
+            raise UserError(f"the run in {cfg.out} already finished its {rounds} rounds; to extend it, "
+                            f"pass a larger --rounds with --resume")
+        raise UserError(f"the checkpoint is after round {done + 1}; --rounds must be more than {done + 1}")
+    if partition_saved is not None and run_output.as_json(partition_now) != partition_saved:
+        raise UserError("the data give a different partition than the run was started with; resume with the same "
+                        "dataset files")
+    return [*saved.get("resumed", []), {"after_round": done, "rounds_before": before, "rounds": rounds}]
