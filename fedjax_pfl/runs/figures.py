@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from fedjax_pfl.runs.run_folder import partition_label
-from fedjax_pfl.runs.tables import write_atomically
+from fedjax_pfl.runs.atomic_file import atomic_write
 
 DPI = 120
 RUN_FIGURES = ("accuracy.png", "loss.png", "client_accuracy.png", "partition.png")
@@ -165,7 +165,8 @@ def save_png(fig: Figure, path: Path) -> None:
     """Write ``fig`` as PNG; readers never see a half-written file."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    write_atomically(path, lambda f: f.write(buffer.getvalue()), binary=True)
+    with atomic_write(path, "wb") as f:
+        f.write(buffer.getvalue())
 
 
 def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clients: list[dict] | None,

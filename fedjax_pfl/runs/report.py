@@ -30,7 +30,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs.run_output import final_summary
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.results_writer import matplotlib_available
-from fedjax_pfl.runs.tables import write_atomically
+from fedjax_pfl.runs.atomic_file import atomic_write
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
 NOT_RESULT_SETTINGS = ("seed", "out", "data.data_dir", "data.allow_download", "checkpoint_every", "log")
@@ -169,12 +169,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    def write(f):
+    with atomic_write(path, newline="") as f:
         out = csv.DictWriter(f, list(rows[0]))
         out.writeheader()
         out.writerows(rows)
-
-    write_atomically(path, write)
 
 
 def group_curve(group: list[RunResult]) -> dict:
@@ -218,7 +216,8 @@ def report(paths, out: Path, redraw: bool = False) -> str:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(rows)
-    write_atomically(out / "report.md", lambda f: f.write(text))
+    with atomic_write(out / "report.md") as f:
+        f.write(text)
     write_csv(out / "report.csv", rows)
     if not matplotlib_available():
         print("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]')", file=sys.stderr)

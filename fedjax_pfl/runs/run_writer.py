@@ -21,8 +21,10 @@ from pathlib import Path
 from fedjax_pfl.core.errors import DivergedError, UserError
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.runs import metrics_file
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.runs import run_output
+from fedjax_pfl.runs.metrics_file import read_metrics
 from fedjax_pfl.runs.results_writer import ResultsWriter
 
 
@@ -65,9 +67,10 @@ class RunWriter:
         self.out, self.files, self.cfg = Path(out), Path(files), cfg
         write_start(self.files, cfg, data_files, partition_summary, saved, history)
         self.results = ResultsWriter(self.files, tensorboard=cfg.log.tensorboard)
-        if first_round:
-            run_output.truncate_metrics(self.files / "metrics.jsonl", last_round=first_round - 1)
-        self.log = run_output.MetricsLog(self.files / "metrics.jsonl")
+        if first_round:  # the rounds after the checkpoint run again
+            kept = [r for r in read_metrics(self.files / "metrics.jsonl").records if r["round"] < first_round]
+            metrics_file.rewrite(self.files / "metrics.jsonl", kept)
+        self.log = metrics_file.MetricsLog(self.files / "metrics.jsonl")
         self.start = time.perf_counter() - seconds_done
         self.status: dict = {"status": "running"}
         self.error: UserError | None = None  # why the run failed (DivergedError), raised by the caller

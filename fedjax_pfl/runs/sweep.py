@@ -49,6 +49,7 @@ from fedjax_pfl.engine import method_values
 from fedjax_pfl.runs import run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
+from fedjax_pfl.runs.atomic_file import atomic_write
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs.experiment import build_experiment, validate
 from fedjax_pfl.runs.loop import run_calls
@@ -271,7 +272,7 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
     summary = sweep_summary(points[:len(summaries)], summaries)
     summary["seconds"] = time.perf_counter() - start
     run_output.write_json(root / "sweep.json", summary)
-    with run_output.atomic_write(root / "sweep.md") as f:
+    with atomic_write(root / "sweep.md") as f:
         f.write(sweep_markdown(summary))
     print(sweep_markdown(summary), end="")
     print(f"wrote {root}/ ({len(summaries)} run folders, sweep.json, sweep.md)")
