@@ -48,7 +48,7 @@ def test_metrics_csv_equals_metrics_jsonl(run_dir):
     records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["round"] for r in records] == [0, 1, 2]
+    assert [r["round"] for r in records] == [1, 2, 3]
     assert len(rows) == len(records)
     for row, record in zip(rows, records):
         assert list(row) == list(record)
@@ -100,7 +100,7 @@ def test_tensorboard_events_hold_the_metrics(run_dir):
     numeric = {k for k, v in records[0].items() if not isinstance(v, str)}
     assert set(scalars) == numeric - {"round"}
     for tag, by_step in scalars.items():
-        assert by_step == {r["round"] + 1: float(np.float32(r[tag])) for r in records}, tag
+        assert by_step == {r["round"]: float(np.float32(r[tag])) for r in records}, tag
 
 
 def test_tensorboard_asked_for_but_missing_is_a_user_error(tmp_path, monkeypatch):

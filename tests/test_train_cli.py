@@ -69,11 +69,11 @@ def test_cli_writes_output_folder(tmp_path, data_dir):
     assert partition["num_clients"] == 20 and len(partition["train"]["histograms"]) == 20
     assert partition["info"]["scheme"] == "dirichlet"
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in lines] == [0, 1, 2]
+    assert [r["round"] for r in lines] == [1, 2, 3]  # counted from 1
     for r in lines:
         assert {"accuracy", "accuracy_weighted", "accuracy_std", "loss", "seconds"} <= set(r)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["last"]["round"] == 2 and summary["last"]["accuracy"] > 0.3
+    assert summary["last"]["round"] == 3 and summary["last"]["accuracy"] > 0.3
 
 
 def _cli(args, env_extra=None, signal_at=None):
@@ -175,8 +175,8 @@ def _assert_close(got, want):
 
 
 def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(uninterrupted, tmp_path):
-    """kill -9 (a real SIGKILL from the test hook) during round 1 of a run whose client state is split
-    over 4 (forced CPU) devices (6 clients padded to 8), then --resume from round 0's checkpoint on 2
+    """kill -9 (a real SIGKILL from the test hook) during round 2 of a run whose client state is split
+    over 4 (forced CPU) devices (6 clients padded to 8), then --resume from round 1's checkpoint on 2
     devices (padded to 6: the checkpoint's empty rows are cut): summary.json and every metrics record
     equal the uninterrupted one-device run's up to float rounding (exact equality on one device: the
     Ctrl-C test below)."""
@@ -195,17 +195,17 @@ def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(un
         _assert_close(got, want)
     assert _records(out)[1]["seconds"] > killed_seconds  # time continues, it does not restart from zero
     resumed = json.loads((out / "config.json").read_text())["resumed"]
-    assert [(r["after_round"], r["rounds"]) for r in resumed] == [(0, 4)]
+    assert [(r["after_round"], r["rounds"]) for r in resumed] == [(1, 4)]
 
 
 def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(uninterrupted, tmp_path, capsys):
-    """Ctrl-C in round 1 of 3 (no --checkpoint-every): checkpoint + summary written, exit 130; then
+    """Ctrl-C in round 2 of 3 (no --checkpoint-every): checkpoint + summary written, exit 130; then
     --resume --rounds 4 with no other flag (the rest comes from config.json) equals the 4-round run."""
     out = tmp_path / "run"
     assert train.main(["--method", "fedper", *TINY, "--rounds", "3", "--out", str(out)],
                       observe=signal_after(2, "INT")) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "interrupted after round 1" in err[0] and "--resume" in err[0]
+    assert len(err) == 1 and "interrupted after round 2" in err[0] and "--resume" in err[0]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_evaluated"] == 2
     assert checkpoint.exists(checkpoint.checkpoint_path(out))
@@ -214,7 +214,7 @@ def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(unint
     assert _without_seconds(_records(out)) == _without_seconds(_records(uninterrupted))
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["train"]["rounds"] == 4
-    assert [(r["after_round"], r["rounds_before"], r["rounds"]) for r in config["resumed"]] == [(1, 3, 4)]
+    assert [(r["after_round"], r["rounds_before"], r["rounds"]) for r in config["resumed"]] == [(2, 3, 4)]
 
 
 def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
@@ -222,12 +222,37 @@ def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
         assert (uninterrupted / name).stat().st_mode & 0o777 == 0o640, name
     saved = [p for p in checkpoint.checkpoint_path(uninterrupted).rglob("*") if p.is_file()]
     assert saved and {p.stat().st_mode & 0o777 for p in saved} == {0o640}
-    assert [p.name for p in checkpoint.checkpoint_path(uninterrupted).iterdir()] == ["3"]  # the last round only
+    assert [p.name for p in checkpoint.checkpoint_path(uninterrupted).iterdir()] == ["4"]  # the last round only
     config = json.loads((uninterrupted / "config.json").read_text())
     assert config["config"]["eval"]["model"] == "global"  # fedper's default, resolved from 'auto'
     assert config["data_files"] == []  # generated data
     assert {r["eval_model"] for r in _records(uninterrupted)} == {"global"}
     assert json.loads((uninterrupted / "summary.json").read_text())["eval_model"] == "global"
+
+
+def test_round_numbers_count_from_one_everywhere(uninterrupted):
+    """metrics.jsonl, metrics.csv, summary.json, config.json and the checkpoint's folder name agree."""
+    records = _records(uninterrupted)
+    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    csv_rounds = [int(line.split(",")[0]) for line in (uninterrupted / "metrics.csv").read_text().splitlines()[1:]]
+    assert csv_rounds == [1, 2, 3, 4]
+    summary = json.loads((uninterrupted / "summary.json").read_text())
+    assert summary["last"]["round"] == 4 and summary["best_optimistic"]["by_accuracy"]["round"] in (1, 2, 3, 4)
+    assert json.loads((uninterrupted / "config.json").read_text())["rounds_counted_from"] == 1
+    assert [p.name for p in checkpoint.checkpoint_path(uninterrupted).iterdir()] == ["4"]
+
+
+def test_a_run_folder_that_counted_rounds_from_zero_is_read_from_one(uninterrupted, tmp_path):
+    from fedjax_pfl.runs import run_folder
+
+    old = tmp_path / "old"
+    old.mkdir()
+    config = json.loads((uninterrupted / "config.json").read_text())
+    del config["rounds_counted_from"]
+    (old / "config.json").write_text(json.dumps(config))
+    (old / "metrics.jsonl").write_text("".join(json.dumps({**r, "round": r["round"] - 1}) + "\n"
+                                               for r in _records(uninterrupted)))
+    assert [r["round"] for r in run_folder.read_records(old)] == [1, 2, 3, 4]
 
 
 def test_data_files_read_are_recorded(data_dir):
@@ -243,7 +268,7 @@ def test_non_finite_loss_names_the_first_bad_round_and_clients_between_evaluatio
                        "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "round 0: training loss is not finite for client(s) " in err and "--lr" in err
+    assert "round 1: training loss is not finite for client(s) " in err and "--lr" in err
     assert (out / "config.json").is_file()  # what was written stays
     assert json.loads((out / "summary.json").read_text())["status"] == "failed"
 
@@ -255,7 +280,7 @@ def test_first_bad_round_reads_a_list_of_round_metrics():
                {"round": 5, "client_loss": np.array([nan]), "selected": np.array([3])}]
     assert records_lib.first_bad_round(records) == (4, [0, 5])
     assert records_lib.first_bad_round(records[:1]) is None
-    with pytest.raises(DivergedError, match="round 4: .* client\\(s\\) 0, 5"):
+    with pytest.raises(DivergedError, match="round 5: .* client\\(s\\) 0, 5"):
         records_lib.check_rounds(records)
 
 

@@ -5,7 +5,7 @@ from plain data (metrics records, the partition summary, clients.csv rows);
 `save_png` writes one atomically. Figures never go through pyplot, so drawing
 in a background thread neither needs nor changes a global backend, and a
 notebook that imports this keeps its own. Accuracy is shown in percent, the x
-axis counts rounds completed (metrics ``round`` + 1). Needs the ``plots``
+axis counts rounds from 1 (metrics ``round``: the evaluation after that round). Needs the ``plots``
 extra (``pip install 'fedjax_pfl[plots]'``); importing this module without
 matplotlib raises ImportError, which callers turn into a one-line note.
 """
@@ -35,7 +35,7 @@ def _new(width: float = 6.4, height: float = 4.0) -> Figure:
 
 
 def _rounds_axis(ax) -> None:
-    ax.set_xlabel("rounds completed")
+    ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
 
@@ -56,7 +56,7 @@ def accuracy_curves(records: list[dict], title: str = "") -> Figure:
     """Mean over clients with a +-1 std band over clients, and the sample-weighted accuracy."""
     fig = _new()
     ax = fig.add_subplot()
-    x = _column(records, "round") + 1
+    x = _column(records, "round")
     mean, std = 100 * _column(records, "accuracy"), 100 * _column(records, "accuracy_std")
     weighted = 100 * _column(records, "accuracy_weighted")
     line, = ax.plot(x, mean, marker="." if len(x) <= 30 else None, label="mean over clients")
@@ -74,7 +74,7 @@ def loss_curves(records: list[dict], title: str = "") -> Figure:
     """Test loss (per sample, all clients pooled) and the mean local training loss of the selected clients."""
     fig = _new()
     ax = fig.add_subplot()
-    x = _column(records, "round") + 1
+    x = _column(records, "round")
     ax.plot(x, _column(records, "loss"), label="test (per sample, all clients)")
     if any("train_loss" in r for r in records):
         ax.plot(x, _column(records, "train_loss"), linestyle="--", label="local training (selected clients)")

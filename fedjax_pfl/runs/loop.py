@@ -63,7 +63,7 @@ def run_calls(program: Program, writers: Sequence[RunWriter], planner: CallPlann
                 continue
             writer.record(metrics, evaluations, t, stop_at)
             if writer.running and (stopping or planner.checkpoint_due(last)):
-                writer.checkpoint(program.state(i), last)
+                writer.checkpoint(program.state(i), stop_at)
             if writer.running and (last == rounds - 1 or planner.checkpoint_due(last)):
                 final = evaluations.get(last)
                 writer.snapshot(final if final is not None else program.evaluate(i, last))
@@ -74,7 +74,7 @@ def run_calls(program: Program, writers: Sequence[RunWriter], planner: CallPlann
         t = stop_at
         if stopping:
             for writer in writers:
-                writer.stopped({"status": "interrupted", "after_round": last})
+                writer.stopped({"status": "interrupted", "after_round": stop_at})
             return
     for writer in writers:
         writer.stopped({"status": "finished"})

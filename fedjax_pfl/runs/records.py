@@ -1,8 +1,9 @@
 """metrics.jsonl records from the host outputs of a compiled call, and the checks that stop a diverged run.
 
 The engine returns each call's round metrics and evaluations as host NumPy
-(it reads them after every call); here they become one record per evaluated
-round, after checking that no selected client's training loss and no test
+(it reads them after every call), keyed by its round index t (0, 1, ...);
+here they become one record per evaluated round, numbered as people count
+rounds (``round`` = t + 1: the first round is round 1), after checking that no selected client's training loss and no test
 loss is NaN or infinite (`DivergedError`, naming the first bad round and its
 clients). Pure functions of host data: nothing here touches JAX or files.
 """
@@ -23,10 +24,10 @@ def rounds_of_call(metrics: dict, rounds: int) -> list[dict]:
 
 
 def first_bad_round(records: list[dict]):
-    """(round, client ids) of the first non-finite client training loss, or None.
+    """(round index, client ids) of the first non-finite client training loss, or None.
 
-    ``records``: host per-round metrics, each with 'round', 'client_loss' [S]
-    and 'selected' [S] (the engine's round metrics).
+    ``records``: host per-round metrics, each with 'round' (the engine's
+    index, from 0), 'client_loss' [S] and 'selected' [S].
     """
     for r in records:
         bad = ~np.isfinite(np.asarray(r["client_loss"]))
@@ -40,20 +41,21 @@ def check_rounds(records: list[dict]) -> None:
     bad = first_bad_round(records)
     if bad is not None:
         t, clients = bad
-        raise DivergedError(f"round {t}: training loss is not finite for client(s) {', '.join(map(str, clients))}; "
+        raise DivergedError(f"round {t + 1}: training loss is not finite for client(s) {', '.join(map(str, clients))}; "
                             "lower the learning rate (--lr) or check the data normalisation")
 
 
 def evaluation_record(per_client: dict, round_metrics: dict, t: int, seconds: float, eval_model: str) -> dict:
-    """The metrics.jsonl record of evaluated round ``t``; DivergedError if the test loss is not finite.
+    """The metrics.jsonl record of the evaluation after round index ``t`` (``round`` t + 1);
+    DivergedError if the test loss is not finite.
 
     ``seconds``: the run's wall time when the call holding round ``t`` returned.
     """
     evaluation = summarize_evaluation(per_client)
     if not math.isfinite(evaluation["loss"]):
         raise DivergedError(
-            f"round {t}: test loss is not finite ({evaluation['loss']}); "
+            f"round {t + 1}: test loss is not finite ({evaluation['loss']}); "
             "lower the learning rate (--lr) or check the data normalisation"
         )
-    return {"round": t, **evaluation, "train_loss": float(round_metrics["train_loss"]), "eval_model": eval_model,
+    return {"round": t + 1, **evaluation, "train_loss": float(round_metrics["train_loss"]), "eval_model": eval_model,
             "seconds": seconds}

@@ -50,7 +50,7 @@ class RunResult:
     mean_last_10: float
     best: float
     wall_seconds: float | None
-    rounds: np.ndarray  # rounds completed at each evaluation
+    rounds: np.ndarray  # the round (counted from 1) after which each evaluation ran
     accuracy: np.ndarray
 
 
@@ -63,12 +63,12 @@ def load_run(path: Path) -> RunResult:
     return RunResult(
         path=Path(path), config=config,
         status=summary["status"] if summary else "unfinished",
-        rounds_done=records[-1]["round"] + 1 if records else 0,
+        rounds_done=records[-1]["round"] if records else 0,
         last=stats["last"]["accuracy"] if stats else nan,
         mean_last_10=stats["mean_last_10"]["accuracy"] if stats else nan,
         best=stats["best_optimistic"]["by_accuracy"]["accuracy"] if stats else nan,
         wall_seconds=run_folder.wall_seconds(records),
-        rounds=np.array([r["round"] + 1 for r in records], int),
+        rounds=np.array([r["round"] for r in records], int),
         accuracy=np.array([r["accuracy"] for r in records], float),
     )
 

@@ -127,7 +127,7 @@ def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
                         "pass another --out, or remove that folder")
     summary = run_folder.read_summary(folder) or {}
     records = run_folder.read_records(folder)
-    if summary.get("status") in ("finished", "failed") or (records and records[-1]["round"] == cfg.train.rounds - 1):
+    if summary.get("status") in ("finished", "failed") or (records and records[-1]["round"] == cfg.train.rounds):
         return "finished"  # (the second: killed after its last evaluation, before summary.json)
     from fedjax_pfl.engine import checkpoint  # (imports jax: not at module level)
 

@@ -35,17 +35,18 @@ def check_same_config(saved: dict, cfg) -> None:
 
 
 def check_resume(saved: dict, cfg, done: int, partition_now: dict, partition_saved) -> list[dict]:
-    """Checks a resume against what the run was started with -> the updated resume history."""
+    """Checks a resume from a checkpoint after round ``done`` against what the run was started with
+    -> the updated resume history."""
     check_same_config(saved, cfg)
     before = saved["config"]["train"]["rounds"]
     rounds = cfg.train.rounds
     if cfg.train.lr_schedule == "cosine" and rounds != before:
         raise UserError(f"a cosine lr schedule spans the run's {before} rounds; it cannot be extended to {rounds}")
-    if done >= rounds - 1:
+    if done >= rounds:
         if rounds == before:
             raise UserError(f"the run in {cfg.out} already finished its {rounds} rounds; to extend it, "
                             f"pass a larger --rounds with --resume")
-        raise UserError(f"the checkpoint is after round {done + 1}; --rounds must be more than {done + 1}")
+        raise UserError(f"the checkpoint is after round {done}; --rounds must be more than {done}")
     if partition_saved is not None and run_output.as_json(partition_now) != partition_saved:
         raise UserError("the data give a different partition than the run was started with; resume with the same "
                         "dataset files")

@@ -35,11 +35,11 @@ def write_start(files: Path, cfg, data_files, partition_summary: dict, saved: di
         files.mkdir(parents=True, exist_ok=True)
         if saved is None:
             record = {"config": config_lib.to_dict(cfg), "versions": run_output.versions(),
-                      "data_files": list(data_files)}
+                      "data_files": list(data_files), **metrics_file.NUMBERING}
         else:
             history = list(history)
             history[-1] = {**history[-1], "versions": run_output.versions()}
-            record = {**saved, "config": config_lib.to_dict(cfg), "resumed": history}
+            record = {**saved, "config": config_lib.to_dict(cfg), "resumed": history, **metrics_file.NUMBERING}
         run_output.write_json(files / "config.json", record)
         run_output.write_json(files / "partition.json", partition_summary)
     except OSError as e:
@@ -57,19 +57,19 @@ def one_line(error: BaseException) -> str:
 class RunWriter:
     """One run folder during training (see the module docstring).
 
-    ``first_round``: the round the loop starts at (> 0 when resuming: the
+    ``rounds_done``: rounds already done (> 0 when resuming: the
     metrics.jsonl lines after the checkpoint's round are dropped, as those
     rounds run again); ``seconds_done``: wall time the run already spent.
     """
 
     def __init__(self, out: Path, files: Path, cfg, data_files, partition_summary: dict, saved: dict | None = None,
-                 history: list[dict] = (), first_round: int = 0, seconds_done: float = 0.0):
+                 history: list[dict] = (), rounds_done: int = 0, seconds_done: float = 0.0):
         self.out, self.files, self.cfg = Path(out), Path(files), cfg
+        kept = [r for r in read_metrics(self.files / "metrics.jsonl").records if r["round"] <= rounds_done]
         write_start(self.files, cfg, data_files, partition_summary, saved, history)
-        self.results = ResultsWriter(self.files, tensorboard=cfg.log.tensorboard)
-        if first_round:  # the rounds after the checkpoint run again
-            kept = [r for r in read_metrics(self.files / "metrics.jsonl").records if r["round"] < first_round]
+        if rounds_done:  # the rounds after the checkpoint run again (older files: renumbered from 1)
             metrics_file.rewrite(self.files / "metrics.jsonl", kept)
+        self.results = ResultsWriter(self.files, tensorboard=cfg.log.tensorboard)
         self.log = metrics_file.MetricsLog(self.files / "metrics.jsonl")
         self.start = time.perf_counter() - seconds_done
         self.status: dict = {"status": "running"}
@@ -100,8 +100,10 @@ class RunWriter:
             self.error = e
             self.status = {"status": "failed", "error": str(e)}
 
-    def checkpoint(self, state, last: int) -> None:
-        checkpoint.save(checkpoint.checkpoint_path(self.out), state, last, {"seconds": self.seconds()})
+    def checkpoint(self, state, rounds_done: int) -> None:
+        """Save ``state`` after round ``rounds_done`` (counted from 1, the checkpoint folder's name)."""
+        checkpoint.save(checkpoint.checkpoint_path(self.out), state, rounds_done,
+                        {"seconds": self.seconds(), "rounds_done": rounds_done})
 
     def snapshot(self, per_client: dict | None) -> None:
         """clients.csv (from ``per_client``, when given), metrics.csv and the figures."""

@@ -72,22 +72,23 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe) -
     exp = build_experiment(cfg)
     init_key, key = jax.random.split(jax.random.key(cfg.seed))
     server, clients = exp.engine.init(init_key)
-    first, seconds_done, history = 0, 0.0, []
+    done, seconds_done, history = 0, 0.0, []
     if resume:
-        (server, clients), done, meta = checkpoint.restore(checkpoint.checkpoint_path(out), (server, clients),
+        (server, clients), step, meta = checkpoint.restore(checkpoint.checkpoint_path(out), (server, clients),
                                                            num_clients=exp.engine.num_clients)
+        done = int(meta.get("rounds_done", step + 1))  # (older checkpoints: named by the round index from 0)
         history = resume_lib.check_resume(saved, cfg, done, exp.partition_summary,
                                           run_output.read_json(out / "partition.json"))
-        first, seconds_done = done + 1, float(meta.get("seconds", 0.0))
-    writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, first, seconds_done)
+        seconds_done = float(meta.get("seconds", 0.0))
+    writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done)
     print(exp.partition_text)
     program = SingleProgram(exp.engine, server, clients, key, cfg)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     bar = progress_bar(cfg.train.rounds, progress)
-    bar.update(first)
+    bar.update(done)
     try:
         with StopRequest() as stop:
-            run_calls(program, [writer], planner, first, stop, bar, observe)
+            run_calls(program, [writer], planner, done, stop, bar, observe)
     except BaseException as e:
         writer.crashed(e)
         raise
