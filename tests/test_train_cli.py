@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -228,6 +229,60 @@ def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
     assert config["data_files"] == []  # generated data
     assert {r["eval_model"] for r in _records(uninterrupted)} == {"global"}
     assert json.loads((uninterrupted / "summary.json").read_text())["eval_model"] == "global"
+
+
+@pytest.fixture(scope="module")
+def stopped_after_three(tmp_path_factory):
+    """The 4-round FedPer run of `uninterrupted`, stopped by Ctrl-C after round 3 (checkpoint and records 1-3)."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    assert train.main(["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1", "--out", str(out)],
+                      observe=signal_after(3, "INT")) == 130
+    assert [r["round"] for r in _records(out)] == [1, 2, 3]
+    return out
+
+
+def _damaged_copy(run, tmp_path, line: int):
+    """A copy of ``run`` whose metrics.jsonl line ``line`` (from 1) is cut in half."""
+    copy = tmp_path / f"damaged{line}"
+    shutil.copytree(run, copy)
+    lines = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[line - 1] = lines[line - 1][: len(lines[line - 1]) // 2] + "\n"
+    (copy / "metrics.jsonl").write_text("".join(lines))
+    return copy
+
+
+@pytest.mark.parametrize("line", [1, 2, 3], ids=["first", "middle", "last"])
+def test_resume_refuses_a_damaged_record_it_would_lose(stopped_after_three, tmp_path, capsys, line):
+    run = _damaged_copy(stopped_after_three, tmp_path, line)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert train.main(["--out", str(run), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and f"metrics.jsonl line {line} is damaged" in err[0]
+    assert f"held round {line}" in err[0] and "restore that line" in err[0]
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # nothing touched
+
+
+def test_resume_drops_a_torn_line_of_a_round_after_the_checkpoint(stopped_after_three, uninterrupted, tmp_path,
+                                                                   capsys):
+    """A kill while writing round 4's line (after round 3's checkpoint): round 4 runs again, no record lost."""
+    run = tmp_path / "torn"
+    shutil.copytree(stopped_after_three, run)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(_records(uninterrupted)[3])[:40])
+    assert train.main(["--out", str(run), "--resume", "--no-progress"]) == 0
+    assert "line 4 is damaged (a write cut short)" in capsys.readouterr().err
+    assert _without_seconds(_records(run)) == _without_seconds(_records(uninterrupted))
+
+
+@pytest.mark.parametrize("line", [1, 2, 3], ids=["first", "middle", "last"])
+def test_report_warns_on_a_damaged_line_and_reads_every_valid_record(stopped_after_three, tmp_path, capsys, line):
+    from fedjax_pfl.runs import report
+
+    run = _damaged_copy(stopped_after_three, tmp_path, line)
+    loaded = report.load_run(run)
+    err = capsys.readouterr().err
+    assert f"metrics.jsonl line {line} is not a metrics record (damaged); read the 2 valid record(s)" in err
+    assert loaded.rounds.tolist() == [r for r in (1, 2, 3) if r != line]
 
 
 def test_round_numbers_count_from_one_everywhere(uninterrupted):

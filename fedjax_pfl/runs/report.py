@@ -31,6 +31,7 @@ from fedjax_pfl.runs.run_output import final_summary
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.results_writer import matplotlib_available
 from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.runs.metrics_file import read_metrics
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
 NOT_RESULT_SETTINGS = ("seed", "out", "data.data_dir", "data.allow_download", "checkpoint_every", "log")
@@ -55,8 +56,12 @@ class RunResult:
 
 
 def load_run(path: Path) -> RunResult:
+    """A run folder's results; a damaged metrics.jsonl line is reported on stderr and skipped."""
     config = run_folder.read_config(path)
-    records = run_folder.read_records(path)
+    metrics = read_metrics(Path(path) / "metrics.jsonl")
+    if metrics.warning():
+        print("warning: " + metrics.warning(), file=sys.stderr)
+    records = metrics.records
     summary = run_folder.read_summary(path)
     stats = final_summary(records)
     nan = float("nan")

@@ -4,7 +4,11 @@ A resumed run uses the configuration saved in RUN/config.json (only
 ``train.rounds`` may grow, plus the settings in
 `config.RESUME_MAY_CHANGE`), the same partition, and its checkpoint; every
 mismatch is a one-line `UserError` raised before anything in the folder
-changes. Reads only.
+changes. metrics.jsonl keeps the records up to the checkpoint's round and
+loses none: a damaged line that held a later round (a write cut short by a
+kill) is dropped, as that round runs again; a damaged line that held an
+earlier one stops the resume with the line's number and how to repair it.
+Reads only.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import run_output
+from fedjax_pfl.runs.metrics_file import read_metrics
 
 
 def saved_run(out: Path, cfg=None) -> dict:
@@ -51,3 +56,29 @@ def check_resume(saved: dict, cfg, done: int, partition_now: dict, partition_sav
         raise UserError("the data give a different partition than the run was started with; resume with the same "
                         "dataset files")
     return [*saved.get("resumed", []), {"after_round": done, "rounds_before": before, "rounds": rounds}]
+
+
+def evaluated_rounds(saved: dict) -> set[int]:
+    """The rounds (from 1) after which the saved run evaluated, up to its planned rounds (and earlier ends)."""
+    config = saved["config"]
+    rounds, every = config["train"]["rounds"], config["eval_every"]
+    ends = {rounds, *(h.get("rounds_before", rounds) for h in saved.get("resumed", []))}
+    return {r for r in range(1, rounds + 1) if r % every == 0 or r in ends}
+
+
+def check_metrics(out: Path, saved: dict, done: int) -> list[str]:
+    """UserError when a damaged line of ``out``/metrics.jsonl held a round <= ``done`` (it would be lost);
+    otherwise the warnings for the damaged lines that are dropped (their rounds run again)."""
+    metrics = read_metrics(Path(out) / "metrics.jsonl")
+    evaluated = sorted(evaluated_rounds(saved))
+    warnings = []
+    for number in metrics.damaged:
+        before = [r["round"] for r, at in zip(metrics.records, metrics.line_of) if at < number]
+        held = next((r for r in evaluated if r > (before[-1] if before else 0)), None)  # the round it must hold
+        if held is not None and held <= done:
+            raise UserError(f"{metrics.path} line {number} is damaged (not a metrics record) and held round {held}, "
+                            f"at or before the checkpoint's round {done}: resuming would lose it; restore that line "
+                            "(e.g. from a backup), or delete it to resume without that evaluation")
+        warnings.append(f"warning: {metrics.path} line {number} is damaged (a write cut short); it held a round after "
+                        f"the checkpoint's round {done}, which runs again")
+    return warnings

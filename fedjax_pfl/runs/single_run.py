@@ -79,6 +79,8 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe) -
         done = int(meta.get("rounds_done", step + 1))  # (older checkpoints: named by the round index from 0)
         history = resume_lib.check_resume(saved, cfg, done, exp.partition_summary,
                                           run_output.read_json(out / "partition.json"))
+        for warning in resume_lib.check_metrics(out, saved, done):
+            print(warning, file=sys.stderr)
         seconds_done = float(meta.get("seconds", 0.0))
     writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done)
     print(exp.partition_text)
