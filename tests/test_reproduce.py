@@ -129,8 +129,8 @@ def test_a_failing_cell_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("args, message", [
     (["no_such_table"], "unknown table 'no_such_table'"),
     (["pfedkd_table1", "--methods", "fedavg,nope"], "unknown method(s) nope"),
-    (["pfedkd_table1", "--seeds", "a"], "--seeds must be"),
-    (["pfedkd_table1", "--rounds", "0"], "--rounds must be >= 1"),
+    (["pfedkd_table1", "--seeds", "a"], "--seeds takes comma-separated whole numbers"),
+    (["pfedkd_table1", "--rounds", "0"], "--rounds must be a whole number from 1"),
     ([], "name a table"),
     (["pfedkd_table1", "--bogus"], "unrecognized arguments: --bogus"),
 ])

@@ -12,14 +12,15 @@ writes a checkpoint and the summary (status "interrupted") and exits 130;
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
-from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.engine import distributed
 from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.runs.command import INTERRUPTED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.experiment import validate
+from fedjax_pfl.runs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import saved_run
-from fedjax_pfl.runs.single_run import run_folder_of, run_single
+from fedjax_pfl.runs.single_run import run_single
 from fedjax_pfl.runs.sweep import run_sweep
 
 DEFAULT_NOTE = "defaults: the FedAS paper's CIFAR-10 setting (fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)"
@@ -39,24 +40,12 @@ FLAGS = {
 }
 
 
-def _seed_list(text: str) -> list[int]:
-    try:
-        return [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated whole numbers, got {text!r}") from None
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (through main), instead of usage + message
-        raise UserError(f"{message} (see --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from fedjax_pfl.data.registry import dataset_names
     from fedjax_pfl.methods import method_names
     from fedjax_pfl.models.networks import model_names
 
-    p = _Parser(
+    p = OneLineParser(
         prog="python -m fedjax_pfl.train",
         usage="%(prog)s [options] [key.sub=value ...]",
         description="Run a personalized federated learning method. " + DEFAULT_NOTE + ".",
@@ -84,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--model")
     p.add_argument("--seed", type=int)
-    p.add_argument("--seeds", type=_seed_list,
+    p.add_argument("--seeds", type=seed_list,
                    help="several seeds run as one vmapped program, e.g. 0,1,2,3,4 (a run folder each under --out)")
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-model", help="whose model each client is evaluated with: auto (the method's default), "
@@ -109,11 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     """-> (options, dotted overrides); overrides may stand anywhere among the options."""
     args, rest = build_parser().parse_known_args(argv)
-    overrides = [t for t in rest if "=" in t and not t.startswith("-")]
-    unknown = [t for t in rest if t not in overrides]
-    if unknown:
-        raise UserError(f"unrecognized arguments: {' '.join(unknown)} (see --help; overrides look like key.sub=value)")
-    return args, overrides
+    return args, split_overrides(rest)
 
 
 def config_from_args(args, overrides=()) -> config_lib.RunConfig:
@@ -136,7 +121,7 @@ def config_from_args(args, overrides=()) -> config_lib.RunConfig:
         base.setdefault("partition", {})["scheme"] = "natural"  # a PFLlib folder is its own partition
     cfg = config_lib.build(args.config, overrides, base)
     if args.resume:
-        cfg = config_lib.build(args.config, overrides, base, start=saved_run(run_folder_of(cfg), cfg)["config"])
+        cfg = config_lib.build(args.config, overrides, base, start=saved_run(cfg.out, cfg)["config"])
     if not args.offline and "allow_download" not in base.get("data", {}) and not args.config:
         cfg.data.allow_download = True
     return cfg
@@ -147,27 +132,34 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
 
     ``observe(rounds_done)``: called after every compiled call (runs/loop.py).
     """
+    settle(cfg)
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
         return run_sweep(cfg, progress, resume, observe)
-    validate(cfg)
     return run_single(cfg, progress, resume, observe)
 
 
+def settle(cfg: config_lib.RunConfig) -> None:
+    """Validate ``cfg`` (names resolved in place) and fix its output folder (default: runs/<method>-<data>-<time>)."""
+    validate(cfg)
+    kind = "sweep" if cfg.seeds or cfg.sweep else ""
+    cfg.out = cfg.out or str(default_run_folder(cfg.method_name, cfg.data.name, kind))
+
+
 def main(argv=None, observe=None) -> int:
-    """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C.
+    """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C, 1 on an internal error
+    (its traceback in RUN/error.log; runs/command.py).
 
     ``observe(rounds_done)`` is called after every compiled call (see `run`).
     """
-    try:
+    command = Command("interrupted; nothing more was written (a run with checkpoints continues with --resume)")
+
+    def body() -> int:
         args, overrides = parse_args(argv)
         distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id)
         cfg = config_from_args(args, overrides)
+        settle(cfg)
+        command.folder = Path(cfg.out)
         summary = run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe)
-    except UserError as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; nothing more was written (a run with checkpoints continues with --resume)",
-              file=sys.stderr)
-        return 130
-    return 130 if summary.get("status") == "interrupted" else 0
+        return INTERRUPTED if summary.get("status") == "interrupted" else 0
+
+    return command.run(body)

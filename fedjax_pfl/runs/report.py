@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs.run_output import final_summary
 from fedjax_pfl.runs import run_folder
+from fedjax_pfl.runs.output_folder import check_writable
 from fedjax_pfl.runs.results_writer import matplotlib_available
 from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.runs.command import Command, OneLineParser
 from fedjax_pfl.runs.metrics_file import read_metrics
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
@@ -204,8 +205,8 @@ def curve_labels(rows: list[dict]) -> tuple[list[str], str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fedjax_pfl.report",
-                                description="Table and accuracy figure of runs; seeds of one setting grouped.")
+    p = OneLineParser(prog="python -m fedjax_pfl.report",
+                      description="Table and accuracy figure of runs; seeds of one setting grouped.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, or folders holding run folders")
     p.add_argument("--out", default="report", help="folder for report.md, report.csv, accuracy.png (default: report)")
     p.add_argument("--redraw", action="store_true", help="also draw each run's own plots/ from its files")
@@ -240,15 +241,15 @@ def report(paths, out: Path, redraw: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    """The command's exit status (runs/command.py): 0, 2 on bad input, 1 on an internal error."""
+    command = Command("interrupted; the report was not written")
+
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        check_writable(Path(args.out))
+        command.folder = Path(args.out)
         print(report(args.runs, Path(args.out), args.redraw), end="")
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}/ (report.md, report.csv{', accuracy.png' if matplotlib_available() else ''})")
-    return 0
+        print(f"wrote {args.out}/ (report.md, report.csv{', accuracy.png' if matplotlib_available() else ''})")
+        return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return command.run(body)

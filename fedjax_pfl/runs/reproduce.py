@@ -34,24 +34,20 @@ import math
 import shlex
 import shutil
 import sys
-import traceback
 from pathlib import Path
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import run_folder
+from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.runs.output_folder import check_writable
 from fedjax_pfl.runs.table_spec import TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
 TRAIN = "python -m fedjax_pfl.train"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (through main)
-        raise UserError(f"{message} (see --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m fedjax_pfl.reproduce", usage="%(prog)s NAME [options] [key.sub=value ...]",
+    p = OneLineParser(prog="python -m fedjax_pfl.reproduce", usage="%(prog)s NAME [options] [key.sub=value ...]",
                 description="Run the cells of a paper's table and write table.md / table.csv beside their runs.")
     p.add_argument("name", nargs="?", help="table name (see --list)")
     p.add_argument("--list", action="store_true", help="list the tables and exit")
@@ -152,30 +148,26 @@ def seeds_argv(argv: list[str], seeds: list[int], folder: Path) -> list[str]:
 def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=None) -> int:
     """Train one cell (continuing or restarting it per ``state``); the training command's exit status.
 
-    A crash (not a user error) prints its traceback and counts as a failed cell, so one broken
-    method does not stop the rest of a long table.
+    A crash (not a user error) is one line here, its traceback in the cell's error.log, and
+    counts as a failed cell, so one broken method does not stop the rest of a long table.
     """
     from fedjax_pfl.runs import cli
 
     if state == "rerun":
         shutil.rmtree(folder)  # an unfinished run of this very cell without a checkpoint
     flags = (["--resume"] if state == "resume" else []) + ([] if progress else ["--no-progress"])
-    try:
-        return cli.main([*argv, *flags], observe=observe)
-    except Exception:  # noqa: BLE001 -- reported, then the next cell runs
-        traceback.print_exc()
-        return 1
+    cell = Command("interrupted")
+    cell.folder = folder
+    return cell.run(lambda: cli.main([*argv, *flags], observe=observe))
 
 
 def pick_seeds(text: str | None, spec: TableSpec) -> list[int]:
+    """``--seeds`` (distinct whole numbers >= 0), else the table file's seeds."""
     if text is None:
         return list(spec.seeds)
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds or min(seeds) < 0:
-        raise UserError(f"--seeds must be comma-separated whole numbers >= 0, e.g. 0,1; got {text!r}")
+    seeds = seed_list(text)
+    if len(set(seeds)) != len(seeds) or max(seeds) > config_lib.MAX_WHOLE:
+        raise UserError(f"--seeds must be distinct whole numbers from 0 to {config_lib.MAX_WHOLE}; got {text!r}")
     return seeds
 
 
@@ -192,8 +184,10 @@ def list_tables(folder: Path = TABLES_DIR) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reproduce(args, extra: list[str], observe=None) -> int:
-    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status."""
+def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
+    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status.
+
+    ``command.folder`` is set to the output folder (for error.log)."""
     from fedjax_pfl.runs.paper_table import write_table
 
     if args.table_file and args.name:
@@ -201,12 +195,15 @@ def reproduce(args, extra: list[str], observe=None) -> int:
     if not (args.table_file or args.name):
         raise UserError("name a table (see --list), or pass --table-file FILE")
     spec = load_table(args.table_file) if args.table_file else find_table(args.name)
-    if args.rounds is not None and args.rounds < 1:
-        raise UserError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
+        raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
     methods = parse_list(args.methods, [m.name for m in spec.methods], "method(s)")
     settings = parse_list(args.settings, [s.name for s in spec.settings], "setting(s)")
     seeds = pick_seeds(args.seeds, spec)
     out = Path(args.out or Path("reproductions") / spec.name)
+    if not args.dry_run:
+        check_writable(out)
+    command.folder = out
     cells = spec.cells(methods, settings, seeds)
     published = {c.setting.name: paper_rounds(c, extra) for c in cells}
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
@@ -262,21 +259,18 @@ def _groups(cells: list[Cell]) -> list[list[Cell]]:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command's exit status; ``observe(rounds_done)`` is passed to every cell's run (runs/cli.py)."""
-    try:
+    """The command's exit status (runs/command.py); ``observe(rounds_done)`` is passed to every cell's run
+    (runs/cli.py)."""
+    command = Command("interrupted; run the same command again to continue")
+
+    def body() -> int:
         args, rest = build_parser().parse_known_args(argv)
-        extra = [t for t in rest if "=" in t and not t.startswith("-")]
-        unknown = [t for t in rest if t not in extra]
-        if unknown:
-            raise UserError(f"unrecognized arguments: {' '.join(unknown)} "
-                            "(see --help; overrides look like key.sub=value)")
+        if args.name and "=" in args.name:  # an override, not a table name (with --table-file)
+            args.name, rest = None, [args.name, *rest]
+        extra = split_overrides(rest)
         if args.list:
             print(list_tables(), end="")
             return 0
-        return reproduce(args, extra, observe)
-    except UserError as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to continue", file=sys.stderr)
-        return 130
+        return reproduce(args, extra, command, observe)
+
+    return command.run(body)

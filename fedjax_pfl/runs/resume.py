@@ -21,9 +21,9 @@ from fedjax_pfl.runs import run_output
 from fedjax_pfl.runs.metrics_file import read_metrics
 
 
-def saved_run(out: Path, cfg=None) -> dict:
+def saved_run(out: Path | None, cfg=None) -> dict:
     """The config.json of the run in ``out`` (to resume it), or UserError."""
-    if cfg is not None and not cfg.out:
+    if not out or (cfg is not None and not cfg.out):
         raise UserError("--resume needs --out FOLDER, the folder of the run to continue")
     saved = run_output.read_json(Path(out) / "config.json")
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):

@@ -21,6 +21,7 @@ from pathlib import Path
 from fedjax_pfl.core.errors import DivergedError, UserError
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.runs.command import one_line
 from fedjax_pfl.runs import metrics_file
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.runs import run_output
@@ -44,14 +45,6 @@ def write_start(files: Path, cfg, data_files, partition_summary: dict, saved: di
         run_output.write_json(files / "partition.json", partition_summary)
     except OSError as e:
         raise UserError(f"cannot write the run folder {files}: {e.strerror or e}; choose another --out") from None
-
-
-def one_line(error: BaseException) -> str:
-    """An exception in one line: a user error's message, else its type and message."""
-    text = " ".join(str(error).split())
-    if isinstance(error, UserError):
-        return text
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class RunWriter:

@@ -103,11 +103,17 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe) -
     return summary
 
 
+def written(folder: Path) -> list[str]:
+    """The outputs of a run that ``folder`` holds now (only those, e.g. no clients.csv before a snapshot)."""
+    names = ["config.json", "partition.json", "metrics.jsonl", "metrics.csv", "clients.csv", "summary.json"]
+    found = [name for name in names if (folder / name).is_file()]
+    found += [f"plots/{p.name}" for p in sorted((folder / "plots").glob("*.png"))]
+    return found + (["TensorBoard events"] if any(folder.glob("events.out.tfevents.*")) else [])
+
+
 def report_end(out: Path, writer: RunWriter, summary: dict, eval_model: str) -> None:
     """The lines a finished or interrupted run prints: what it wrote, how to continue, its accuracy."""
-    results = writer.results
-    print(f"wrote {out}/ (config.json, partition.json, metrics.jsonl, metrics.csv, clients.csv, summary.json"
-          f"{', plots/' if results.draws else ''}{', TensorBoard events' if results.tensorboard else ''})")
+    print(f"wrote {out}/ ({', '.join(written(writer.files))})")
     if summary["status"] == "interrupted":
         print(f"interrupted after round {summary['after_round']}: checkpoint and summary written to {out}; "
               "continue with the same command and --resume", file=sys.stderr)
