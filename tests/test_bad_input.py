@@ -146,6 +146,22 @@ def test_missing_cifar10_names_folders_and_the_alternatives(tmp_path, capsys, mo
     assert f"set {files.ENV_DATA_DIR}=DIR" not in err  # it is already set
 
 
+def test_the_headline_command_without_data_or_network_says_what_to_do(tmp_path, capsys, monkeypatch):
+    """``python -m fedjax_pfl.train --method fedas`` (download allowed) on a machine without the files and
+    without network: one line naming the folders searched and the failed download, and the alternatives."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv(files.ENV_DATA_DIR, str(empty))
+    monkeypatch.setenv(files.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(files.ENV_BASE_URL, "http://127.0.0.1:9/")  # nothing listens there: the download fails
+    code, err = _run(["--method", "fedas", "--no-progress", "--out", str(tmp_path / "r")], capsys)
+    _assert_one_line_error(code, err, "cifar-10-python.tar.gz")
+    for text in (str(empty / "cifar10"), "downloading it from http://127.0.0.1:9/cifar-10-python.tar.gz failed",
+                 "--dataset synthetic", "--dataset cifar10_jpeg"):
+        assert text in err, text
+    assert not (tmp_path / "r").exists()
+
+
 def test_failed_download_leaves_no_empty_cache_folders(tmp_path, monkeypatch):
     monkeypatch.setenv(files.ENV_CACHE_DIR, str(tmp_path / "cache" / "deeper"))
     monkeypatch.delenv(files.ENV_DATA_DIR, raising=False)

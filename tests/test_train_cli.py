@@ -205,8 +205,13 @@ def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(unint
     out = tmp_path / "run"
     assert train.main(["--method", "fedper", *TINY, "--rounds", "3", "--out", str(out)],
                       observe=signal_after(2, "INT")) == 130
-    err = capsys.readouterr().err.strip().splitlines()
+    printed = capsys.readouterr()
+    err = printed.err.strip().splitlines()
     assert len(err) == 1 and "interrupted after round 2" in err[0] and "--resume" in err[0]
+    wrote = next(line for line in printed.out.splitlines() if line.startswith("wrote "))
+    listed = wrote.split("(", 1)[1].rstrip(")").split(", ")
+    assert "metrics.jsonl" in listed and "clients.csv" not in listed  # no snapshot was taken: not claimed
+    assert all((out / name).is_file() for name in listed), listed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_evaluated"] == 2
     assert checkpoint.exists(checkpoint.checkpoint_path(out))
