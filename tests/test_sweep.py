@@ -42,7 +42,7 @@ def test_each_point_equals_the_single_run_with_its_seed_and_value(swept, tmp_pat
     point = swept / "mu0.5" / "seed2"
     want, got = _json(single / "config.json")["config"], _json(point / "config.json")["config"]
     assert {k for k in want if want[k] != got[k]} == {"out"}
-    assert got["seed"] == 2 and got["data_seed"] == 7 and got["method"] == {"mu": 0.5}
+    assert got["seed"] == 2 and got["data_seed"] == 7 and got["method"]["mu"] == 0.5
     a, b = _metrics(single), _metrics(point)
     assert [r["round"] for r in a] == [r["round"] for r in b] == [1, 2, 3]
     for key in ("accuracy", "loss", "val_accuracy", "train_loss"):

@@ -315,6 +315,48 @@ def test_a_run_folder_that_counted_rounds_from_zero_is_read_from_one(uninterrupt
     assert [r["round"] for r in run_folder.read_records(old)] == [1, 2, 3, 4]
 
 
+def test_method_help_lists_the_methods_options_with_defaults(capsys):
+    from fedjax_pfl.methods import get_method
+    from fedjax_pfl.methods.options import describe
+
+    assert train.main(["--method", "fedprox", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "usage: python -m fedjax_pfl.train" in text and "method fedprox: FedProx" in text
+    assert "  mu               float, default 0.01; >= 0" in text and "weight of the proximal term" in text
+    assert train.main(["--method", "fedas", "--help"]) == 0
+    text = capsys.readouterr().out
+    for option in describe(get_method("fedas").hparams_type):
+        assert f"  {option.name} " in text and option.help in text
+    assert train.main(["--help"]) == 0 and "method fedas" not in capsys.readouterr().out
+
+
+def test_config_json_records_every_method_option_with_its_value(tmp_path):
+    from fedjax_pfl.methods import get_method
+    from fedjax_pfl.methods.options import describe
+    from fedjax_pfl.runs.run_writer import write_start
+
+    args, overrides = train.parse_args(["--method", "fedas", "method.align_lr=0.05", "--out", str(tmp_path / "r")])
+    cfg = train.config_from_args(args, overrides)
+    train.settle(cfg)
+    write_start(tmp_path / "r", cfg, [], {})
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())["config"]["method"]
+    assert set(saved) == {o.name for o in describe(get_method("fedas").hparams_type)}
+    assert saved["align_lr"] == 0.05 and saved["align"] is True and saved["fisher"] == "batch"
+
+
+def test_a_run_saved_without_its_default_options_resumes_with_them(uninterrupted):
+    """Runs written before config.json listed every option saved ``method: {}``: the same configuration."""
+    from fedjax_pfl.runs import resume
+
+    saved = json.loads((uninterrupted / "config.json").read_text())
+    cfg = config_lib.build(start=saved["config"], overrides=["method_name=fedprox", "method.mu=0.01"])
+    train.settle(cfg)
+    old = {**saved, "config": {**saved["config"], "method_name": "fedprox", "method": {}}}
+    resume.check_same_config(old, cfg)  # defaults filled in: no difference
+    with pytest.raises(config_lib.UserError, match="method"):
+        resume.check_same_config({**old, "config": {**old["config"], "method": {"mu": 0.5}}}, cfg)
+
+
 def test_data_files_read_are_recorded(data_dir):
     from fedjax_pfl.data import files, idx
 

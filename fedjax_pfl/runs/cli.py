@@ -12,6 +12,7 @@ writes a checkpoint and the summary (status "interrupted") and exits 130;
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from fedjax_pfl.engine import distributed
@@ -51,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a personalized federated learning method. " + DEFAULT_NOTE + ".",
         epilog=f"methods: {', '.join(method_names())}\ndatasets: {', '.join(dataset_names())}\n"
         f"models: {', '.join(model_names())}\npartitions: iid, dirichlet, pathological, practical, natural\n"
-        "overrides (anywhere among the options): dotted config keys, e.g. method.mu=0.01 train.lr=0.1",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "overrides (anywhere among the options): dotted config keys, e.g. method.mu=0.01 train.lr=0.1\n"
+        "a method's own options: --method NAME --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False,
     )
+    p.add_argument("-h", "--help", action="store_true", help="show this help (with --method: also its options)")
     p.add_argument("--method", help="method name (see the list below)")
     p.add_argument("--config", help="YAML preset, e.g. configs/fedas_cifar10.yaml")
     p.add_argument("--dataset")
@@ -99,6 +102,28 @@ def parse_args(argv=None):
     """-> (options, dotted overrides); overrides may stand anywhere among the options."""
     args, rest = build_parser().parse_known_args(argv)
     return args, split_overrides(rest)
+
+
+def method_help(name: str) -> str:
+    """A method's summary line and its options (name, type, default, allowed values, help), from its
+    options dataclass (methods/options.py: one declaration serves the checks, this text and config.json)."""
+    from fedjax_pfl.methods import get_method
+    from fedjax_pfl.methods.options import describe
+
+    method = get_method(name)
+    summary = " ".join((sys.modules[method.__module__].__doc__ or "").strip().split("\n\n")[0].split())
+    options = describe(method.hparams_type)
+    lines = [f"method {name}: {summary}".rstrip()]
+    if not options:
+        return "\n".join([*lines, "  (no options)"]) + "\n"
+    shown = lambda v: "empty" if v is None else str(v).lower() if isinstance(v, bool) else v  # noqa: E731 (as YAML)
+    lines.append(f"options (set with method.NAME=VALUE, e.g. method.{options[0].name}={shown(options[0].default)}):")
+    width = max(len(o.name) for o in options)
+    for o in options:
+        allowed = f"; {o.allowed}" if o.allowed else ""
+        lines.append(f"  {o.name:<{width}}  {o.type}, default {shown(o.default)}{allowed}")
+        lines.append(f"  {'':<{width}}  {o.help}")
+    return "\n".join(lines) + "\n"
 
 
 def config_from_args(args, overrides=()) -> config_lib.RunConfig:
@@ -155,6 +180,9 @@ def main(argv=None, observe=None) -> int:
 
     def body() -> int:
         args, overrides = parse_args(argv)
+        if args.help:
+            print(build_parser().format_help() + ("\n" + method_help(args.method) if args.method else ""), end="")
+            return 0
         distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id)
         cfg = config_from_args(args, overrides)
         settle(cfg)

@@ -18,6 +18,7 @@ from pathlib import Path
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import run_output
+from fedjax_pfl.runs.experiment import resolved_method_options
 from fedjax_pfl.runs.metrics_file import read_metrics
 
 
@@ -31,9 +32,14 @@ def saved_run(out: Path | None, cfg=None) -> dict:
     return saved
 
 
+def with_resolved_options(config: dict) -> dict:
+    """A saved config with every method option given (runs written before config.json listed defaults)."""
+    return {**config, "method": resolved_method_options(config.get("method_name"), config.get("method") or {})}
+
+
 def check_same_config(saved: dict, cfg) -> None:
     """A resumed run must use the configuration it was started with (train.rounds may grow)."""
-    changed = config_lib.resume_differences(saved["config"], config_lib.to_dict(cfg))
+    changed = config_lib.resume_differences(with_resolved_options(saved["config"]), config_lib.to_dict(cfg))
     if changed:
         raise UserError(f"--resume must use the configuration the run was started with; changed: {'; '.join(changed)}"
                         " (only train.rounds may grow)")
