@@ -7,7 +7,8 @@ finished, failed or interrupted alike, and writes into ``--out``:
   the numbers: output folder, data folder, checkpoint interval, logging), with
   the last evaluation, the mean of the last 10 evaluations and the best
   evaluation as mean +- std over seeds (population std, ddof=0, as PFLlib's
-  result tables), rounds done, wall time in the round loop and status;
+  result tables), rounds done, wall time in the round loop and status; two
+  folders of one configuration and seed count once (with a warning);
 - accuracy.png: each group's accuracy curve (mean over seeds, +- std band).
 Accuracy is the unweighted mean over clients of each client's test accuracy
 (metrics.jsonl ``accuracy``); report.csv keeps fractions, report.md shows %.
@@ -101,12 +102,22 @@ def result_settings(config: dict) -> dict:
 
 
 def group_runs(runs: list[RunResult]) -> list[list[RunResult]]:
-    """Runs whose configurations differ only in the seed (see NOT_RESULT_SETTINGS), in order of first appearance."""
-    groups: dict[str, list[RunResult]] = {}
+    """Runs whose configurations differ only in the seed (see NOT_RESULT_SETTINGS), in order of first appearance.
+
+    Two runs of one configuration with the same seed (a copied folder) are
+    one run, not two seeds: the later one is left out, with a warning.
+    """
+    groups: dict[str, dict] = {}
     for run in runs:
         key = json.dumps(result_settings(run.config), sort_keys=True, default=str)
-        groups.setdefault(key, []).append(run)
-    return [sorted(g, key=lambda r: r.config.get("seed", 0)) for g in groups.values()]
+        seeds = groups.setdefault(key, {})
+        seed = run.config.get("seed", 0)
+        if seed in seeds:
+            print(f"warning: {seeds[seed].path} and {run.path} hold the same configuration with the same seed {seed} "
+                  f"(a copy?); the report counts it once, from {seeds[seed].path}", file=sys.stderr)
+            continue
+        seeds[seed] = run
+    return [[g[s] for s in sorted(g)] for g in groups.values()]
 
 
 def mean_std(values) -> tuple[float, float]:
