@@ -207,7 +207,8 @@ def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(unint
                       observe=signal_after(2, "INT")) == 130
     printed = capsys.readouterr()
     err = printed.err.strip().splitlines()
-    assert len(err) == 1 and "interrupted after round 2" in err[0] and "--resume" in err[0]
+    assert len(err) == 2 and err[0].startswith("Ctrl-C: stopping after round 2 of 3, with a checkpoint")
+    assert "interrupted after round 2" in err[1] and "--resume" in err[1]
     wrote = next(line for line in printed.out.splitlines() if line.startswith("wrote "))
     listed = wrote.split("(", 1)[1].rstrip(")").split(", ")
     assert "metrics.jsonl" in listed and "clients.csv" not in listed  # no snapshot was taken: not claimed

@@ -22,6 +22,7 @@ from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.runs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import saved_run
 from fedjax_pfl.runs.single_run import run_single
+from fedjax_pfl.runs.stop_request import StopRequest
 from fedjax_pfl.runs.sweep import run_sweep
 
 DEFAULT_NOTE = "defaults: the FedAS paper's CIFAR-10 setting (fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)"
@@ -152,15 +153,17 @@ def config_from_args(args, overrides=()) -> config_lib.RunConfig:
     return cfg
 
 
-def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None) -> dict:
+def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+        stop: StopRequest | None = None) -> dict:
     """Run one configuration end to end (a sweep when it lists seeds or values); returns the summary.
 
-    ``observe(rounds_done)``: called after every compiled call (runs/loop.py).
+    ``observe(rounds_done)``: called after every compiled call (runs/loop.py); ``stop``: the Ctrl-C
+    handling (runs/stop_request.py; its ``requested`` says afterwards whether Ctrl-C was pressed).
     """
     settle(cfg)
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
-        return run_sweep(cfg, progress, resume, observe)
-    return run_single(cfg, progress, resume, observe)
+        return run_sweep(cfg, progress, resume, observe, stop)
+    return run_single(cfg, progress, resume, observe, stop)
 
 
 def settle(cfg: config_lib.RunConfig) -> None:
@@ -171,8 +174,8 @@ def settle(cfg: config_lib.RunConfig) -> None:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C, 1 on an internal error
-    (its traceback in RUN/error.log; runs/command.py).
+    """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C (also when the run could
+    finish its last round), 1 on an internal error (its traceback in RUN/error.log; runs/command.py).
 
     ``observe(rounds_done)`` is called after every compiled call (see `run`).
     """
@@ -187,7 +190,8 @@ def main(argv=None, observe=None) -> int:
         cfg = config_from_args(args, overrides)
         settle(cfg)
         command.folder = Path(cfg.out)
-        summary = run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe)
-        return INTERRUPTED if summary.get("status") == "interrupted" else 0
+        stop = StopRequest()
+        run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop)
+        return INTERRUPTED if stop.requested else 0
 
     return command.run(body)

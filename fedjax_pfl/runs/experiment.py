@@ -213,7 +213,9 @@ def check_files_read(data_dir, read: list) -> None:
                         f"put them in {data_dir} or pass --data-dir {Path(outside[0]).parent}")
 
 
-def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) -> Experiment:
+def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, progress: bool = False) -> Experiment:
+    """The experiment of ``cfg`` (on ``dataset`` when given); ``progress``: in-round progress callbacks
+    (engine/round_progress.py)."""
     validate(cfg)
     read: list = []
     if dataset is None:
@@ -244,6 +246,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
         drop_fraction=t.drop_fraction,
         lr_schedule=LrSchedule(t.lr_schedule, t.lr_decay, t.rounds),
         all_clients_train=t.all_clients_train,
+        progress=progress,
     )
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
     return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))

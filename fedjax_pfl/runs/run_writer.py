@@ -115,6 +115,12 @@ class RunWriter:
         else:
             self.stopped({"status": "failed", "error": one_line(error)})
 
+    def abort(self) -> None:
+        """summary.json at once (status interrupted), from another thread, when the process must end now."""
+        summary = {"status": "interrupted", "note": "stopped at once by a second Ctrl-C; --resume continues from "
+                   "the last checkpoint", **run_output.final_summary(list(self.log.records))}
+        run_output.write_json(self.files / "summary.json", summary)
+
     def finish(self) -> dict:
         """Close the files and write summary.json; returns the summary."""
         self.log.close()

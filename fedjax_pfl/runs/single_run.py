@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import jax
@@ -24,7 +25,7 @@ from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs.experiment import build_experiment
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
-from fedjax_pfl.runs.progress import progress_bar
+from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.stop_request import StopRequest
 
@@ -54,22 +55,29 @@ class SingleProgram:
         return self.engine.evaluate(self.server, self.clients, eval_key, round_index=round_index)
 
 
-def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None) -> dict:
-    """Train ``cfg`` (validated) into its run folder; returns the final summary."""
+def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+               stop: StopRequest | None = None) -> dict:
+    """Train ``cfg`` (validated) into its run folder; returns the final summary.
+
+    ``stop``: the Ctrl-C handling to use (the caller reads ``stop.requested`` afterwards)."""
     out = run_folder_of(cfg)
+    stop = stop or StopRequest()
     if not distributed.is_main_process():  # only process 0 writes the run folder (checkpoints: every process)
         with tempfile.TemporaryDirectory(prefix="fedjax_pfl-process-") as scratch:
-            return _train(cfg, out, Path(scratch), False, resume, observe)
+            return _train(cfg, out, Path(scratch), False, resume, observe, stop)
     check_run_folder(out, resume)
-    return _train(cfg, out, out, progress, resume, observe)
+    return _train(cfg, out, out, progress, resume, observe, stop)
 
 
-def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe) -> dict:
+def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, stop: StopRequest) -> dict:
     """`run_single` with the run folder ``out`` (checkpoint, resume) and ``files``, where this process writes."""
     saved = resume_lib.saved_run(out) if resume else None
     if saved is not None:
         resume_lib.check_same_config(saved, cfg)  # before any data is read
-    exp = build_experiment(cfg)
+    began = time.perf_counter()
+    print(f"loading {cfg.data.name} and partitioning it ({cfg.partition.scheme}) ...", flush=True)
+    exp = build_experiment(cfg, progress=progress)
+    print(f"loaded in {time.perf_counter() - began:.1f} s", flush=True)
     init_key, key = jax.random.split(jax.random.key(cfg.seed))
     server, clients = exp.engine.init(init_key)
     done, seconds_done, history = 0, 0.0, []
@@ -86,21 +94,26 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe) -
     print(exp.partition_text)
     program = SingleProgram(exp.engine, server, clients, key, cfg)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
-    bar = progress_bar(cfg.train.rounds, progress)
-    bar.update(done)
+    display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress)
+    stop.aborts = [writer.abort]
     try:
-        with StopRequest() as stop:
-            run_calls(program, [writer], planner, done, stop, bar, observe)
+        with stop:
+            run_calls(program, [writer], planner, done, stop, display, observe)
     except BaseException as e:
         writer.crashed(e)
         raise
     finally:
-        bar.close()
+        display.close()
         summary = writer.finish()
     if writer.error is not None:
         raise writer.error
-    report_end(out, writer, summary, cfg.eval.model)
+    report_end(out, writer, summary, cfg.eval.model, stop.requested)
     return summary
+
+
+def training_clients(engine) -> int:
+    """Clients that train each round (all of them with ``train.all_clients_train``)."""
+    return engine.num_clients if engine.config.all_clients_train else engine.config.clients_per_round
 
 
 def written(folder: Path) -> list[str]:
@@ -111,12 +124,15 @@ def written(folder: Path) -> list[str]:
     return found + (["TensorBoard events"] if any(folder.glob("events.out.tfevents.*")) else [])
 
 
-def report_end(out: Path, writer: RunWriter, summary: dict, eval_model: str) -> None:
+def report_end(out: Path, writer: RunWriter, summary: dict, eval_model: str, ctrl_c: bool = False) -> None:
     """The lines a finished or interrupted run prints: what it wrote, how to continue, its accuracy."""
     print(f"wrote {out}/ ({', '.join(written(writer.files))})")
     if summary["status"] == "interrupted":
         print(f"interrupted after round {summary['after_round']}: checkpoint and summary written to {out}; "
               "continue with the same command and --resume", file=sys.stderr)
+    elif ctrl_c:
+        print(f"stopped by Ctrl-C during the last round, after finishing it: the run in {out} is complete",
+              file=sys.stderr)
     if "last" in summary:
         mean, best = summary["mean_last_10"], summary["best_optimistic"]
         print(f"final accuracy {summary['last']['accuracy']:.4f} (mean of last {mean['evaluations']} evals "

@@ -54,8 +54,9 @@ from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs.experiment import build_experiment, validate
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
-from fedjax_pfl.runs.progress import progress_bar
+from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
+from fedjax_pfl.runs.single_run import training_clients
 from fedjax_pfl.runs.stop_request import StopRequest
 
 STATE_COPIES = 4
@@ -128,7 +129,7 @@ def _stack_values(points: list[Point]) -> dict:
     return {name: jnp.asarray([p.values[name] for p in points], jnp.float32) for name in points[0].values}
 
 
-def experiments_by_data_seed(points: list[Point]) -> dict:
+def experiments_by_data_seed(points: list[Point], progress: bool = False) -> dict:
     """{data seed: Experiment} for the points' partitions; one-line error when their shapes differ."""
     exps: dict = {}
     for point in points:
@@ -137,7 +138,8 @@ def experiments_by_data_seed(points: list[Point]) -> dict:
             continue
         first = next(iter(exps.values()), None)
         reuse = first is not None and point.cfg.data.name != "synthetic"  # generated data depend on the seed
-        exps[seed] = build_experiment(copy.deepcopy(point.cfg), dataset=first.dataset if reuse else None)
+        exps[seed] = build_experiment(copy.deepcopy(point.cfg), dataset=first.dataset if reuse else None,
+                                      progress=progress)
         shapes = lambda e: jax.tree.map(np.shape, (e.data.train, e.data.test, e.data.val))  # noqa: E731
         if first is not None and shapes(exps[seed]) != shapes(first):
             raise UserError("vary_data_with_seed: the seeds' partitions have different array shapes (largest client "
@@ -177,7 +179,7 @@ class BatchedProgram:
         return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
 
 
-def run_chunk(exps: dict, points: list[Point], progress: bool, stop, observe=None) -> list[dict]:
+def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe=None) -> list[dict]:
     """Run one chunk of points to the end (or to Ctrl-C) -> their summaries."""
     writers = []
     for point in points:
@@ -185,15 +187,18 @@ def run_chunk(exps: dict, points: list[Point], progress: bool, stop, observe=Non
         writers.append(RunWriter(point.out, point.out, point.cfg, exp.data_files, exp.partition_summary))
     cfg = points[0].cfg
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
-    bar = progress_bar(cfg.train.rounds, progress)
+    engine = exps[cfg.data_seed].engine
+    display = RunProgress(cfg.train.rounds, 0, training_clients(engine) * len(points), progress)
+    stop.aborts = [writer.abort for writer in writers]
     try:
-        run_calls(BatchedProgram(exps, points), writers, planner, 0, stop, bar, observe)
+        with stop:
+            run_calls(BatchedProgram(exps, points), writers, planner, 0, stop, display, observe)
     except BaseException as e:
         for writer in writers:
             writer.crashed(e)
         raise
     finally:
-        bar.close()
+        display.close()
         summaries = [writer.finish() for writer in writers]
     return summaries
 
@@ -244,8 +249,12 @@ def sweep_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None) -> dict:
-    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md."""
+def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+              stop: StopRequest | None = None) -> dict:
+    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md.
+
+    ``stop``: the Ctrl-C handling to use (after a Ctrl-C no further chunk starts)."""
+    stop = stop or StopRequest()
     if resume:
         raise UserError("--resume continues one run: resume a point of a sweep in its own folder "
                         "(e.g. --out RUN/seed1 --resume)")
@@ -256,7 +265,7 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
         check_run_folder(point.out, resume=False)
         config_lib.method_options(get_method(cfg.method_name).hparams_type, point.cfg.method)  # concrete checks
         config_lib.validate_values(point.cfg)
-    exps = experiments_by_data_seed(points)
+    exps = experiments_by_data_seed(points, progress)
     exp = next(iter(exps.values()))
     print(exp.partition_text if len(exps) == 1 else f"{len(exps)} partitions, one per seed (vary_data_with_seed)")
     per_call = experiments_per_call(exp.engine, cfg, len(points))
@@ -264,11 +273,10 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
           f"({jax.default_backend()}) ...", flush=True)
     start = time.perf_counter()
     summaries: list[dict] = []
-    with StopRequest() as stop:
-        for i in range(0, len(points), per_call):
-            summaries += run_chunk(exps, points[i:i + per_call], progress, stop, observe)
-            if stop.requested:
-                break
+    for i in range(0, len(points), per_call):
+        summaries += run_chunk(exps, points[i:i + per_call], progress, stop, observe)
+        if stop.requested:
+            break
     summary = sweep_summary(points[:len(summaries)], summaries)
     summary["seconds"] = time.perf_counter() - start
     run_output.write_json(root / "sweep.json", summary)
