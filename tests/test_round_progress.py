@@ -76,6 +76,7 @@ def test_progress_changes_no_number_and_reports_every_client(mapping):
 def test_fedas_round_with_progress_equals_the_round_without():
     (plain, _), (reported, events) = (_one_call(_experiment("fedas", progress=p)) for p in (False, True))
     assert _same(plain, reported) and sum(e.width for e in events if e.kind == "client") == 3
+    assert {"step", "pass"} <= {e.kind for e in events}  # local training, then the Fisher trace's pass
 
 
 def test_fused_calls_carry_no_callbacks():

@@ -2,9 +2,10 @@
 
 With ``EngineConfig.progress`` on, the single-round calls of `Engine.run_rounds`
 and `run_rounds_batched` (one device) carry host callbacks
-(`jax.debug.callback`): every `STEP_STRIDE`-th local step of a client
-(kernels/local_training.py asks `reporting_steps`' hook) and each finished
-client send an `Event` to the function set with `listening`. Clients trained
+(`jax.debug.callback`): every `STEP_STRIDE`-th local step and batch of a
+statistics pass of a client (kernels/local_training.py calls `report_step`
+while tracing) and each finished client send an `Event` to the function set
+with `listening`. Clients trained
 side by side under ``vmap`` report once, as one event counting them
 (`jax.custom_batching.custom_vmap`: the batch is reduced to its furthest
 client), so a vmapped round sends no more callbacks than one client does.
@@ -34,7 +35,8 @@ _listener: Callable | None = None
 @dataclasses.dataclass(frozen=True)
 class Event:
     """``kind`` 'step': ``width`` clients side by side reached local step ``done`` of ``total``;
-    ``kind`` 'client': ``width`` clients finished their local update."""
+    'pass': batch ``done`` of ``total`` of a statistics pass (Fisher traces, class means, ...);
+    'client': ``width`` clients finished their local update."""
 
     kind: str
     done: int
@@ -53,12 +55,15 @@ def listening(listener: Callable[[Event], None]) -> Iterator[None]:
         _listener = previous
 
 
-def _deliver(kind: str, numbers, after) -> None:
+KINDS = ("step", "pass", "client")
+
+
+def _deliver(numbers, after) -> None:
     """(host) ``after`` is only there to order the callback after the computation it reports."""
     listener = _listener
     if listener is not None:
-        done, total, width = np.asarray(numbers).tolist()  # one transfer for the three numbers
-        listener(Event(kind, done, total, width))
+        kind, done, total, width = np.asarray(numbers).tolist()  # one transfer for the four numbers
+        listener(Event(KINDS[kind], done, total, width))
 
 
 def _furthest(values, in_batched):
@@ -67,26 +72,27 @@ def _furthest(values, in_batched):
 
 
 @custom_batching.custom_vmap
-def local_step(done, total, width, after):
-    """Report local step ``done`` of ``total`` every `STEP_STRIDE` steps (``after``: a value of that step,
-    so the report follows its computation)."""
-    numbers = jnp.stack([done, total, width])
+def local_step(kind, done, total, width, after):
+    """Report step ``done`` of ``total`` (``kind``: an index of `KINDS`) every `STEP_STRIDE` steps
+    (``after``: a value of that step, so the report follows its computation)."""
+    numbers = jnp.stack([kind, done, total, width])
     jax.lax.cond(done % STEP_STRIDE == 0,
-                 lambda: jax.debug.callback(_deliver, "step", numbers, after, ordered=False), lambda: None)
+                 lambda: jax.debug.callback(_deliver, numbers, after, ordered=False), lambda: None)
     return after
 
 
 @local_step.def_vmap
-def _local_step_batched(axis_size, in_batched, done, total, width, after):
-    done_, total_, width_, after_ = _furthest((done, total, width, after), in_batched)
-    local_step(done_, total_, width_ * axis_size, after_)  # (itself batched again under an outer vmap)
-    return after, in_batched[3]
+def _local_step_batched(axis_size, in_batched, kind, done, total, width, after):
+    kind_, done_, total_, width_, after_ = _furthest((kind, done, total, width, after), in_batched)
+    local_step(kind_, done_, total_, width_ * axis_size, after_)  # (itself batched again under an outer vmap)
+    return after, in_batched[4]
 
 
 @custom_batching.custom_vmap
 def client_finished(width, after):
     """Report ``width`` finished clients (``after``: a value of their update, so the report follows it)."""
-    jax.debug.callback(_deliver, "client", jnp.stack([jnp.int32(0), jnp.int32(0), width]), after, ordered=False)
+    jax.debug.callback(_deliver, jnp.stack([jnp.int32(KINDS.index("client")), jnp.int32(0), jnp.int32(0), width]),
+                       after, ordered=False)
     return after
 
 
@@ -97,17 +103,20 @@ def _client_finished_batched(axis_size, in_batched, width, after):
     return after, in_batched[1]
 
 
-def report_client(update):
-    """Report one client whose update (any pytree of arrays) is ``update``; returns it unchanged.
+def _depends_on(tree):
+    """A float32 scalar that waits for one element of every numeric leaf of ``tree``."""
+    numbers = [leaf for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.number) and leaf.size]
+    return sum((jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in numbers), jnp.float32(0))
 
-    The report waits for one element of every numeric leaf, so it follows the whole update."""
-    numbers = [leaf for leaf in jax.tree.leaves(update) if jnp.issubdtype(leaf.dtype, jnp.number) and leaf.size]
-    after = sum((jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in numbers), jnp.float32(0))
-    client_finished(jnp.int32(1), after)
+
+def report_client(update):
+    """Report one client whose update (any pytree of arrays) is ``update``; returns it unchanged."""
+    client_finished(jnp.int32(1), _depends_on(update))
     return update
 
 
-def report_step(done, total, after) -> None:
-    """Report local step ``done`` of ``total`` (traced scalars); ``after``: a scalar of that step."""
-    local_step(jnp.asarray(done, jnp.int32), jnp.asarray(total, jnp.int32), jnp.int32(1),
-               jnp.asarray(after, jnp.float32))
+def report_step(kind: str, done, total, value) -> None:
+    """Report step or batch ``done`` of ``total`` (traced) of ``kind`` 'step' or 'pass'; ``value``: what
+    that step computed (any pytree), so the report follows it."""
+    local_step(jnp.int32(KINDS.index(kind)), jnp.asarray(done, jnp.int32), jnp.asarray(total, jnp.int32),
+               jnp.int32(1), _depends_on(value))

@@ -16,9 +16,11 @@ PyTorch's ``drop_last=True`` gives it zero batches.
 Statistics passes (evaluation, Fisher traces, prototypes) use `sum_batches`,
 which visits only the ``ceil(n / B)`` batches that hold real samples.
 
-While tracing inside `reporting_steps(report)`, each local step also calls
-``report(steps_done, total_steps, loss)`` (the engine's in-round progress,
-engine/round_progress.py); outside it nothing is added to the program.
+While tracing inside `reporting_steps(report)`, each local step calls
+``report('step', steps_done, total_steps, loss)`` and each batch of a
+statistics pass ``report('pass', batches_done, batches, its sums)`` (the
+engine's in-round progress, engine/round_progress.py); outside it nothing is
+added to the program.
 
 This module holds no method logic: an objective is passed in.
 """
@@ -96,7 +98,8 @@ _step_reports: list[Callable] = []  # trace time only: who wants to hear of each
 
 @contextlib.contextmanager
 def reporting_steps(report: Callable | None) -> Iterator[None]:
-    """While tracing inside this block, `train_with_state` calls ``report(done, total, loss)`` each step."""
+    """While tracing inside this block, `train_with_state` and `sum_batches` call ``report(kind, done, total,
+    value)`` at each step or batch (see the module docstring)."""
     if report is None:
         yield
         return
@@ -170,7 +173,7 @@ def train_with_state(
         params = optax.apply_updates(params, updates)
         stats = new_stats if update_stats else stats
         for report in _step_reports:
-            report(i + 1, total, loss)
+            report("step", i + 1, total, loss)
         return i + 1, params, opt_state, stats, loss_sum + loss
 
     stats0 = variables.get("batch_stats")
@@ -200,7 +203,10 @@ def sum_batches(fn, data, batch_size: int, normalize: Callable):
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
 
     def body(t, acc):
-        return jax.tree.map(jnp.add, acc, fn(_batch_in_order(data, t, batch_size, normalize)))
+        summed = jax.tree.map(jnp.add, acc, fn(_batch_in_order(data, t, batch_size, normalize)))
+        for report in _step_reports:
+            report("pass", t + 1, count, summed)
+        return summed
 
     return jax.lax.fori_loop(0, count, body, zeros)
 
