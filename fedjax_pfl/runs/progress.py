@@ -166,6 +166,8 @@ class RunProgress:
                 return
             self.compiling = False
             seconds = self.compile_seconds
+            single = self.stop == self.first + 1
+            self.postfix = f"round {self.stop}/{self.total}" if single else f"rounds {self.first + 1}-{self.stop}"
             if self.enabled:
                 self.bar.start_t += seconds  # the estimate of the time left counts rounds, not compiling
         self.write(f"compiled in {seconds:.1f} s", sys.stdout)
