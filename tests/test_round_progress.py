@@ -148,6 +148,7 @@ def test_a_run_with_its_bar_says_what_compiles_and_for_how_long(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("loading synthetic") for line in lines)
+    assert any(line.startswith("loaded and partitioned in ") for line in lines)
     assert any(line.startswith("compiling 1 round per call on ") for line in lines)
     assert any(line.startswith("compiled in ") for line in lines)
     assert "rounds: 100%" in proc.stderr

@@ -77,7 +77,9 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
     began = time.perf_counter()
     print(f"loading {cfg.data.name} and partitioning it ({cfg.partition.scheme}) ...", flush=True)
     exp = build_experiment(cfg, progress=progress)
-    print(f"loaded in {time.perf_counter() - began:.1f} s", flush=True)
+    print(exp.partition_text)
+    print(f"loaded and partitioned in {time.perf_counter() - began:.1f} s; initialising the model and "
+          f"{'restoring' if resume else 'creating'} the clients' state ...", flush=True)
     init_key, key = jax.random.split(jax.random.key(cfg.seed))
     server, clients = exp.engine.init(init_key)
     done, seconds_done, history = 0, 0.0, []
@@ -91,7 +93,6 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
             print(warning, file=sys.stderr)
         seconds_done = float(meta.get("seconds", 0.0))
     writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done)
-    print(exp.partition_text)
     program = SingleProgram(exp.engine, server, clients, key, cfg)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress)
