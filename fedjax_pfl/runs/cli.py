@@ -3,10 +3,12 @@
 Parses flags, a YAML preset (--config) and dotted overrides (in any order)
 into a `RunConfig` (runs/config.py) and runs it: one run (runs/single_run.py)
 or, with ``--seeds`` or lists of values, a sweep (runs/sweep.py); both go
-through the one round loop (runs/loop.py). User errors print one line
-starting with ``error:`` and exit 2. Ctrl-C stops after the round in flight,
-writes a checkpoint and the summary (status "interrupted") and exits 130;
-``--resume`` continues it.
+through the one round loop (runs/loop.py). ``--method M --help`` adds M's
+options (from its options dataclass). Exit statuses (runs/command.py): 2
+with one ``error:`` line for bad input; 130 after Ctrl-C, which stops after
+the round in flight with a checkpoint and the summary (status
+"interrupted"; ``--resume`` continues it); 1 for an internal error, its
+traceback in RUN/error.log.
 """
 
 from __future__ import annotations
