@@ -21,7 +21,7 @@ import json
 
 import pytest
 
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
 
 SPLIT_MODEL_BASELINES = ["lgfedavg", "fedbabu", "fedrod", "fedala", "knnper", "fedcac", "gpfl"]  # issue 13
 PERSONAL_MODEL_BASELINES = ["ditto", "apfl", "fedamp", "fedproto", "fedfomo", "apple", "pfedhn"]  # issue 14

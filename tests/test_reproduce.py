@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_pfl import reproduce, train
+from fedjax_pfl.runs import cli as train, reproduce
 from fedjax_pfl.runs import results_writer, table_spec
+from signal_after_round import signal_after
 
 TINY = """
 paper: "Tiny paper"
@@ -64,7 +65,7 @@ def test_pfedkd_table_sets_the_papers_baseline_options():
     spec = table_spec.find_table("pfedkd_table1")
     cells = {c.method.name: c for c in spec.cells(settings=["mnist_mlr"], seeds=[0])}
     built = {m: reproduce.build_config(reproduce.base_argv(c)) for m, c in cells.items()}
-    assert built["fedprox"].method == {"mu": 0.01} and built["perfedavg"].method == {"beta": 0.002}
+    assert built["fedprox"].method["mu"] == 0.01 and built["perfedavg"].method["beta"] == 0.002
     assert built["pfedme"].train.all_clients_train and not built["pfedkd"].train.all_clients_train
     assert built["pfedkd"].train.local_epochs == 20 and built["pfedkd"].train.rounds == 800
     assert built["pfedkd"].partition.max_classes_per_client == 3
@@ -75,12 +76,10 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)  # figures: ~1 s a run, not tested here
     argv = ["--table-file", str(table), "--out", str(out), "--rounds", "2", "--seeds", "0,1", "--no-progress"]
     # 1) Ctrl-C in the first cell (after its round 0): it stops with a checkpoint, the table holds what ran
-    monkeypatch.setenv(train.TEST_SIGNAL_ENV, "0:INT")
-    assert reproduce.main(argv) == 130
+    assert reproduce.main(argv, observe=signal_after(1, "INT")) == 130
     first = out / "runs" / "local-synth/seed0"
     assert json.loads((first / "summary.json").read_text())["status"] == "interrupted"
     assert "1 interrupted" in (out / "table.md").read_text()
-    monkeypatch.delenv(train.TEST_SIGNAL_ENV)
     capsys.readouterr()
     # 2) the same command continues that cell with --resume and runs the other three
     assert reproduce.main(argv) == 0
@@ -100,7 +99,7 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     local = rows["local"]
     assert f"{100 * float(local['mean']):.2f} ± {100 * float(local['std']):.2f}" in text
     # 3) again: every cell is skipped, nothing is trained
-    monkeypatch.setattr(train, "main", lambda argv=None: pytest.fail("a finished cell ran again"))
+    monkeypatch.setattr(train, "main", lambda argv=None, observe=None: pytest.fail("a finished cell ran again"))
     assert reproduce.main(argv) == 0
     assert capsys.readouterr().out.count("skipped (done)") == 4
     # 4) other rounds into the same folder: refused before any work
@@ -111,7 +110,7 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
 def test_a_failing_cell_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     calls = []
 
-    def fake_main(argv):
+    def fake_main(argv, observe=None):
         calls.append(argv[argv.index("--method") + 1])
         if len(calls) == 1:
             raise RuntimeError("a bug in one method")
@@ -130,8 +129,8 @@ def test_a_failing_cell_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("args, message", [
     (["no_such_table"], "unknown table 'no_such_table'"),
     (["pfedkd_table1", "--methods", "fedavg,nope"], "unknown method(s) nope"),
-    (["pfedkd_table1", "--seeds", "a"], "--seeds must be"),
-    (["pfedkd_table1", "--rounds", "0"], "--rounds must be >= 1"),
+    (["pfedkd_table1", "--seeds", "a"], "--seeds takes comma-separated whole numbers"),
+    (["pfedkd_table1", "--rounds", "0"], "--rounds must be a whole number from 1"),
     ([], "name a table"),
     (["pfedkd_table1", "--bogus"], "unrecognized arguments: --bogus"),
 ])

@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import shutil
 import struct
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from PIL import Image
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import figures, report, run_folder
 from fedjax_pfl.runs.results_writer import ResultsWriter
@@ -48,7 +49,7 @@ def test_metrics_csv_equals_metrics_jsonl(run_dir):
     records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["round"] for r in records] == [0, 1, 2]
+    assert [r["round"] for r in records] == [1, 2, 3]
     assert len(rows) == len(records)
     for row, record in zip(rows, records):
         assert list(row) == list(record)
@@ -100,7 +101,7 @@ def test_tensorboard_events_hold_the_metrics(run_dir):
     numeric = {k for k, v in records[0].items() if not isinstance(v, str)}
     assert set(scalars) == numeric - {"round"}
     for tag, by_step in scalars.items():
-        assert by_step == {r["round"] + 1: float(np.float32(r[tag])) for r in records}, tag
+        assert by_step == {r["round"]: float(np.float32(r[tag])) for r in records}, tag
 
 
 def test_tensorboard_asked_for_but_missing_is_a_user_error(tmp_path, monkeypatch):
@@ -219,3 +220,48 @@ def test_report_bad_input_is_one_line_exit_2(tmp_path, capsys, make, needle):
     assert report.main([str(make(tmp_path)), "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and needle in err and "\n" not in err
+
+
+def _figure_box(fig, artist):
+    fig.canvas.draw()
+    return artist.get_window_extent().transformed(fig.transFigure.inverted())
+
+
+def test_report_figure_with_five_long_labels_keeps_the_axes_wide(tmp_path, monkeypatch):
+    """Five groups that differ in several long settings: the legend goes below the axes, inside the figure,
+    and the axes keep most of the figure's width."""
+    for i in range(5):
+        _fake_run(tmp_path / "runs" / f"r{i}", 0, [0.3, 0.4 + 0.02 * i], method="fedprox",
+                  **{"method.mu": 0.001 * 10 ** i, "train.lr": 0.01 * (i + 1), "train.local_epochs": i + 1,
+                     "partition.alpha": 0.1 * (i + 1), "train.weight_decay": 0.0001 * i})
+    drawn = {}
+    monkeypatch.setattr(figures, "save_png", lambda fig, path: drawn.setdefault(path.name, fig))
+    report.report([tmp_path / "runs"], tmp_path / "rep")
+    fig = drawn["accuracy.png"]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == 5 and min(len(label) for label in labels) > 60  # long labels, as promised
+    axes, legend = _figure_box(fig, fig.axes[0]), _figure_box(fig, fig.legends[0])
+    assert axes.width > 0.8, axes  # most of the figure's width
+    assert legend.y1 <= axes.y0 and legend.x0 >= 0 and legend.x1 <= 1, (legend, axes)  # below, inside the figure
+
+
+def test_partition_colour_bar_stands_beside_its_heat_map():
+    hist = np.array([[5, 0, 3], [1, 4, 0], [0, 2, 6], [3, 3, 3]])
+    fig = figures.partition_picture({"train": {"histograms": hist.tolist(), "sizes": hist.sum(1).tolist()},
+                                     "test": {"sizes": [2, 2, 2, 2]}, "info": {}})
+    heat, sizes, bar = fig.axes
+    heat_box, bar_box, sizes_box = (_figure_box(fig, a) for a in (heat, bar, sizes))
+    assert heat_box.x1 <= bar_box.x0 < heat_box.x1 + 0.03  # right beside the heat map
+    assert bar_box.x1 < sizes_box.x0  # between it and the client sizes, not apart on the left
+
+
+def test_report_counts_a_copied_run_folder_once(tmp_path, capsys):
+    first = _fake_run(tmp_path / "runs" / "a", 0, [0.3, 0.5], **{"train.rounds": 2})
+    shutil.copytree(first, tmp_path / "runs" / "b")
+    _fake_run(tmp_path / "runs" / "c", 1, [0.3, 0.7], **{"train.rounds": 2})
+    report.report([tmp_path / "runs"], tmp_path / "rep")
+    err = capsys.readouterr().err
+    assert "hold the same configuration with the same seed 0 (a copy?)" in err and str(tmp_path / "runs" / "b") in err
+    with open(tmp_path / "rep" / "report.csv", newline="") as f:
+        row, = csv.DictReader(f)
+    assert row["seeds"] == "0, 1" and row["runs"] == "2" and float(row["last_mean"]) == pytest.approx(0.6)

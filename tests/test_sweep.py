@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import sweep
 
@@ -42,9 +42,9 @@ def test_each_point_equals_the_single_run_with_its_seed_and_value(swept, tmp_pat
     point = swept / "mu0.5" / "seed2"
     want, got = _json(single / "config.json")["config"], _json(point / "config.json")["config"]
     assert {k for k in want if want[k] != got[k]} == {"out"}
-    assert got["seed"] == 2 and got["data_seed"] == 7 and got["method"] == {"mu": 0.5}
+    assert got["seed"] == 2 and got["data_seed"] == 7 and got["method"]["mu"] == 0.5
     a, b = _metrics(single), _metrics(point)
-    assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 1, 2]
+    assert [r["round"] for r in a] == [r["round"] for r in b] == [1, 2, 3]
     for key in ("accuracy", "loss", "val_accuracy", "train_loss"):
         np.testing.assert_allclose([r[key] for r in b], [r[key] for r in a], rtol=1e-5, atol=1e-6)
     assert _json(point / "summary.json")["status"] == "finished"

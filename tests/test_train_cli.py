@@ -3,17 +3,23 @@
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from forced_devices import cpu_devices_env
+from signal_after_round import signal_after
 
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl import train
+from fedjax_pfl.runs import cli as train
+from fedjax_pfl.core.errors import DivergedError
+from fedjax_pfl.runs import records as records_lib
+from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.runs.experiment import build_experiment
 
@@ -64,16 +70,19 @@ def test_cli_writes_output_folder(tmp_path, data_dir):
     assert partition["num_clients"] == 20 and len(partition["train"]["histograms"]) == 20
     assert partition["info"]["scheme"] == "dirichlet"
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in lines] == [0, 1, 2]
+    assert [r["round"] for r in lines] == [1, 2, 3]  # counted from 1
     for r in lines:
         assert {"accuracy", "accuracy_weighted", "accuracy_std", "loss", "seconds"} <= set(r)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["last"]["round"] == 2 and summary["last"]["accuracy"] > 0.3
+    assert summary["last"]["round"] == 3 and summary["last"]["accuracy"] > 0.3
 
 
-def _cli(args, env_extra=None):
+def _cli(args, env_extra=None, signal_at=None):
+    """The training command in a subprocess; ``signal_at=(rounds, "KILL")`` signals it after that many rounds."""
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "fedjax_pfl.train", "--no-progress", *args],
+    command = ["-m", "fedjax_pfl.train"] if signal_at is None else [
+        str(Path(__file__).parent / "signal_after_round.py"), *map(str, signal_at)]
+    return subprocess.run([sys.executable, *command, "--no-progress", *args],
                           capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -167,8 +176,8 @@ def _assert_close(got, want):
 
 
 def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(uninterrupted, tmp_path):
-    """kill -9 (a real SIGKILL from the test hook) during round 1 of a run whose client state is split
-    over 4 (forced CPU) devices (6 clients padded to 8), then --resume from round 0's checkpoint on 2
+    """kill -9 (a real SIGKILL from the test hook) during round 2 of a run whose client state is split
+    over 4 (forced CPU) devices (6 clients padded to 8), then --resume from round 1's checkpoint on 2
     devices (padded to 6: the checkpoint's empty rows are cut): summary.json and every metrics record
     equal the uninterrupted one-device run's up to float rounding (exact equality on one device: the
     Ctrl-C test below)."""
@@ -176,7 +185,7 @@ def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(un
     args = ["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1", "--out", str(out),
             "--rounds-per-call", "1"]  # one compiled program per process
     devices = cpu_devices_env
-    killed = _cli(args, {**devices(4), train.TEST_SIGNAL_ENV: "1:KILL"})
+    killed = _cli(args, devices(4), signal_at=(2, "KILL"))
     assert killed.returncode == -9 and not (out / "summary.json").exists(), killed.stderr[-3000:]
     killed_seconds = _records(out)[-1]["seconds"]
     resumed = _cli([*args, "--resume"], devices(2))
@@ -187,28 +196,32 @@ def test_killed_sharded_run_resumed_on_other_devices_equals_uninterrupted_run(un
         _assert_close(got, want)
     assert _records(out)[1]["seconds"] > killed_seconds  # time continues, it does not restart from zero
     resumed = json.loads((out / "config.json").read_text())["resumed"]
-    assert [(r["after_round"], r["rounds"]) for r in resumed] == [(0, 4)]
+    assert [(r["after_round"], r["rounds"]) for r in resumed] == [(1, 4)]
 
 
-def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(uninterrupted, tmp_path, capsys,
-                                                                          monkeypatch):
-    """Ctrl-C in round 1 of 3 (no --checkpoint-every): checkpoint + summary written, exit 130; then
+def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(uninterrupted, tmp_path, capsys):
+    """Ctrl-C in round 2 of 3 (no --checkpoint-every): checkpoint + summary written, exit 130; then
     --resume --rounds 4 with no other flag (the rest comes from config.json) equals the 4-round run."""
     out = tmp_path / "run"
-    monkeypatch.setenv(train.TEST_SIGNAL_ENV, "1:INT")
-    assert train.main(["--method", "fedper", *TINY, "--rounds", "3", "--out", str(out)]) == 130
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "interrupted after round 1" in err[0] and "--resume" in err[0]
+    assert train.main(["--method", "fedper", *TINY, "--rounds", "3", "--out", str(out)],
+                      observe=signal_after(2, "INT")) == 130
+    printed = capsys.readouterr()
+    err = printed.err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("Ctrl-C: stopping after round 2 of 3, with a checkpoint")
+    assert "interrupted after round 2" in err[1] and "--resume" in err[1]
+    wrote = next(line for line in printed.out.splitlines() if line.startswith("wrote "))
+    listed = wrote.split("(", 1)[1].rstrip(")").split(", ")
+    assert "metrics.jsonl" in listed and "clients.csv" not in listed  # no snapshot was taken: not claimed
+    assert all((out / name).is_file() for name in listed), listed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_evaluated"] == 2
     assert checkpoint.exists(checkpoint.checkpoint_path(out))
-    monkeypatch.delenv(train.TEST_SIGNAL_ENV)
     assert train.main(["--out", str(out), "--resume", "--rounds", "4", "--no-progress"]) == 0
     assert json.loads((out / "summary.json").read_text()) == json.loads((uninterrupted / "summary.json").read_text())
     assert _without_seconds(_records(out)) == _without_seconds(_records(uninterrupted))
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["train"]["rounds"] == 4
-    assert [(r["after_round"], r["rounds_before"], r["rounds"]) for r in config["resumed"]] == [(1, 3, 4)]
+    assert [(r["after_round"], r["rounds_before"], r["rounds"]) for r in config["resumed"]] == [(2, 3, 4)]
 
 
 def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
@@ -216,12 +229,133 @@ def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
         assert (uninterrupted / name).stat().st_mode & 0o777 == 0o640, name
     saved = [p for p in checkpoint.checkpoint_path(uninterrupted).rglob("*") if p.is_file()]
     assert saved and {p.stat().st_mode & 0o777 for p in saved} == {0o640}
-    assert [p.name for p in checkpoint.checkpoint_path(uninterrupted).iterdir()] == ["3"]  # the last round only
+    assert [p.name for p in checkpoint.checkpoint_path(uninterrupted).iterdir()] == ["4"]  # the last round only
     config = json.loads((uninterrupted / "config.json").read_text())
     assert config["config"]["eval"]["model"] == "global"  # fedper's default, resolved from 'auto'
     assert config["data_files"] == []  # generated data
     assert {r["eval_model"] for r in _records(uninterrupted)} == {"global"}
     assert json.loads((uninterrupted / "summary.json").read_text())["eval_model"] == "global"
+
+
+@pytest.fixture(scope="module")
+def stopped_after_three(tmp_path_factory):
+    """The 4-round FedPer run of `uninterrupted`, stopped by Ctrl-C after round 3 (checkpoint and records 1-3)."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    assert train.main(["--method", "fedper", *TINY, "--rounds", "4", "--checkpoint-every", "1", "--out", str(out)],
+                      observe=signal_after(3, "INT")) == 130
+    assert [r["round"] for r in _records(out)] == [1, 2, 3]
+    return out
+
+
+def _damaged_copy(run, tmp_path, line: int):
+    """A copy of ``run`` whose metrics.jsonl line ``line`` (from 1) is cut in half."""
+    copy = tmp_path / f"damaged{line}"
+    shutil.copytree(run, copy)
+    lines = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[line - 1] = lines[line - 1][: len(lines[line - 1]) // 2] + "\n"
+    (copy / "metrics.jsonl").write_text("".join(lines))
+    return copy
+
+
+@pytest.mark.parametrize("line", [1, 2, 3], ids=["first", "middle", "last"])
+def test_resume_refuses_a_damaged_record_it_would_lose(stopped_after_three, tmp_path, capsys, line):
+    run = _damaged_copy(stopped_after_three, tmp_path, line)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert train.main(["--out", str(run), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and f"metrics.jsonl line {line} is damaged" in err[0]
+    assert f"held round {line}" in err[0] and "restore that line" in err[0]
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # nothing touched
+
+
+def test_resume_drops_a_torn_line_of_a_round_after_the_checkpoint(stopped_after_three, uninterrupted, tmp_path,
+                                                                   capsys):
+    """A kill while writing round 4's line (after round 3's checkpoint): round 4 runs again, no record lost."""
+    run = tmp_path / "torn"
+    shutil.copytree(stopped_after_three, run)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(_records(uninterrupted)[3])[:40])
+    assert train.main(["--out", str(run), "--resume", "--no-progress"]) == 0
+    assert "line 4 is damaged (a write cut short)" in capsys.readouterr().err
+    assert _without_seconds(_records(run)) == _without_seconds(_records(uninterrupted))
+
+
+@pytest.mark.parametrize("line", [1, 2, 3], ids=["first", "middle", "last"])
+def test_report_warns_on_a_damaged_line_and_reads_every_valid_record(stopped_after_three, tmp_path, capsys, line):
+    from fedjax_pfl.runs import report
+
+    run = _damaged_copy(stopped_after_three, tmp_path, line)
+    loaded = report.load_run(run)
+    err = capsys.readouterr().err
+    assert f"metrics.jsonl line {line} is not a metrics record (damaged); read the 2 valid record(s)" in err
+    assert loaded.rounds.tolist() == [r for r in (1, 2, 3) if r != line]
+
+
+def test_round_numbers_count_from_one_everywhere(uninterrupted):
+    """metrics.jsonl, metrics.csv, summary.json, config.json and the checkpoint's folder name agree."""
+    records = _records(uninterrupted)
+    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    csv_rounds = [int(line.split(",")[0]) for line in (uninterrupted / "metrics.csv").read_text().splitlines()[1:]]
+    assert csv_rounds == [1, 2, 3, 4]
+    summary = json.loads((uninterrupted / "summary.json").read_text())
+    assert summary["last"]["round"] == 4 and summary["best_optimistic"]["by_accuracy"]["round"] in (1, 2, 3, 4)
+    assert json.loads((uninterrupted / "config.json").read_text())["rounds_counted_from"] == 1
+    assert [p.name for p in checkpoint.checkpoint_path(uninterrupted).iterdir()] == ["4"]
+
+
+def test_a_run_folder_that_counted_rounds_from_zero_is_read_from_one(uninterrupted, tmp_path):
+    from fedjax_pfl.runs import run_folder
+
+    old = tmp_path / "old"
+    old.mkdir()
+    config = json.loads((uninterrupted / "config.json").read_text())
+    del config["rounds_counted_from"]
+    (old / "config.json").write_text(json.dumps(config))
+    (old / "metrics.jsonl").write_text("".join(json.dumps({**r, "round": r["round"] - 1}) + "\n"
+                                               for r in _records(uninterrupted)))
+    assert [r["round"] for r in run_folder.read_records(old)] == [1, 2, 3, 4]
+
+
+def test_method_help_lists_the_methods_options_with_defaults(capsys):
+    from fedjax_pfl.methods import get_method
+    from fedjax_pfl.methods.options import describe
+
+    assert train.main(["--method", "fedprox", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "usage: python -m fedjax_pfl.train" in text and "method fedprox: FedProx" in text
+    assert "  mu               float, default 0.01; >= 0" in text and "weight of the proximal term" in text
+    assert train.main(["--method", "fedas", "--help"]) == 0
+    text = capsys.readouterr().out
+    for option in describe(get_method("fedas").hparams_type):
+        assert f"  {option.name} " in text and option.help in text
+    assert train.main(["--help"]) == 0 and "method fedas" not in capsys.readouterr().out
+
+
+def test_config_json_records_every_method_option_with_its_value(tmp_path):
+    from fedjax_pfl.methods import get_method
+    from fedjax_pfl.methods.options import describe
+    from fedjax_pfl.runs.run_writer import write_start
+
+    args, overrides = train.parse_args(["--method", "fedas", "method.align_lr=0.05", "--out", str(tmp_path / "r")])
+    cfg = train.config_from_args(args, overrides)
+    train.settle(cfg)
+    write_start(tmp_path / "r", cfg, [], {})
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())["config"]["method"]
+    assert set(saved) == {o.name for o in describe(get_method("fedas").hparams_type)}
+    assert saved["align_lr"] == 0.05 and saved["align"] is True and saved["fisher"] == "batch"
+
+
+def test_a_run_saved_without_its_default_options_resumes_with_them(uninterrupted):
+    """Runs written before config.json listed every option saved ``method: {}``: the same configuration."""
+    from fedjax_pfl.runs import resume
+
+    saved = json.loads((uninterrupted / "config.json").read_text())
+    cfg = config_lib.build(start=saved["config"], overrides=["method_name=fedprox", "method.mu=0.01"])
+    train.settle(cfg)
+    old = {**saved, "config": {**saved["config"], "method_name": "fedprox", "method": {}}}
+    resume.check_same_config(old, cfg)  # defaults filled in: no difference
+    with pytest.raises(config_lib.UserError, match="method"):
+        resume.check_same_config({**old, "config": {**old["config"], "method": {"mu": 0.5}}}, cfg)
 
 
 def test_data_files_read_are_recorded(data_dir):
@@ -237,7 +371,7 @@ def test_non_finite_loss_names_the_first_bad_round_and_clients_between_evaluatio
                        "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "round 0: training loss is not finite for client(s) " in err and "--lr" in err
+    assert "round 1: training loss is not finite for client(s) " in err and "--lr" in err
     assert (out / "config.json").is_file()  # what was written stays
     assert json.loads((out / "summary.json").read_text())["status"] == "failed"
 
@@ -247,10 +381,10 @@ def test_first_bad_round_reads_a_list_of_round_metrics():
     records = [{"round": 3, "client_loss": np.array([0.5, 0.4]), "selected": np.array([4, 1])},
                {"round": 4, "client_loss": np.array([0.5, nan, np.inf]), "selected": np.array([2, 0, 5])},
                {"round": 5, "client_loss": np.array([nan]), "selected": np.array([3])}]
-    assert train.first_bad_round(records) == (4, [0, 5])
-    assert train.first_bad_round(records[:1]) is None
-    with pytest.raises(train.DivergedError, match="round 4: .* client\\(s\\) 0, 5"):
-        train.check_rounds(records)
+    assert records_lib.first_bad_round(records) == (4, [0, 5])
+    assert records_lib.first_bad_round(records[:1]) is None
+    with pytest.raises(DivergedError, match="round 5: .* client\\(s\\) 0, 5"):
+        records_lib.check_rounds(records)
 
 
 def test_options_and_overrides_in_any_order(tmp_path):
@@ -306,11 +440,11 @@ def test_eval_model_global_is_the_global_body_with_the_own_head(uninterrupted):
 
 
 def test_call_planner_fuses_after_a_timed_round_and_ends_calls_at_checkpoints():
-    fixed = train.CallPlanner(4, total_rounds=10, checkpoint_every=3)
+    fixed = CallPlanner(4, total_rounds=10, checkpoint_every=3)
     assert [fixed.stop_after(t) for t in (0, 3, 6, 9)] == [3, 6, 9, 10]  # calls end at checkpoint rounds
-    plain = train.CallPlanner(4, total_rounds=10, checkpoint_every=0)
+    plain = CallPlanner(4, total_rounds=10, checkpoint_every=0)
     assert [plain.stop_after(t) for t in (0, 4, 8)] == [4, 8, 10]
-    auto = train.CallPlanner(0, total_rounds=100, checkpoint_every=0, target_seconds=2.0)
+    auto = CallPlanner(0, total_rounds=100, checkpoint_every=0, target_seconds=2.0)
     assert auto.count == 1 and auto.compiling
     auto.done(1, 5.0, 99)  # the first call compiles: not timed
     assert auto.count == 1 and not auto.compiling
@@ -318,12 +452,12 @@ def test_call_planner_fuses_after_a_timed_round_and_ends_calls_at_checkpoints():
     assert auto.count == 8 and auto.compiling
     auto.done(8, 2.0, 90)
     assert auto.count == 8 and not auto.compiling  # fused once, then kept
-    slow = train.CallPlanner(0, total_rounds=100, checkpoint_every=0)
+    slow = CallPlanner(0, total_rounds=100, checkpoint_every=0)
     slow.done(1, 9.0, 99), slow.done(1, 3.0, 98)
     assert slow.count == 1 and not slow.compiling  # a round longer than the target stays alone
-    short = train.CallPlanner(0, total_rounds=3, checkpoint_every=0)
+    short = CallPlanner(0, total_rounds=3, checkpoint_every=0)
     short.done(1, 1.0, 2), short.done(1, 0.01, 1)
     assert short.count == 1  # one round left: no second program compiled for it
-    tiny = train.CallPlanner(0, total_rounds=1000, checkpoint_every=0)
+    tiny = CallPlanner(0, total_rounds=1000, checkpoint_every=0)
     tiny.done(1, 1.0, 999), tiny.done(1, 1e-4, 998)
     assert tiny.count == 50  # at most 50 rounds per call

@@ -10,8 +10,8 @@ The first file found must match its published checksums (md5, and sha256 where
 known), else `UserError`. A .gz whose bytes differ but whose decompressed
 content matches `DataFile.content_md5` is accepted: Debian re-gzips the
 Fashion-MNIST files, so only the decompressed content can be checked there.
-Missing and not allowed to download: `DataNotFoundError` naming the file, every
-folder searched and how to supply it. Downloads go to a temporary file in the
+Missing and not allowed to download (or the download failed, e.g. offline):
+`DataNotFoundError` naming the file, every folder searched and how to supply it. Downloads go to a temporary file in the
 cache folder, are verified, then renamed into place; a bad download leaves
 nothing behind, not even the folders it created. `recording_reads` collects
 the paths `find_file` returns, so a run can record the files it actually read. FEDJAX_PFL_DOWNLOAD_BASE_URL (or ``base_url``) replaces the
@@ -192,6 +192,14 @@ def download_url(spec: DataFile, base_url: str | None = None) -> str | None:
     return spec.url
 
 
+class DownloadFailed(UserError):
+    """The server could not be reached or failed; ``reason`` says so in a few words."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 def download(spec: DataFile, dest: str | os.PathLike, *, base_url: str | None = None,
              progress: bool = True, timeout: float = 60.0) -> Path:
     """Downloads `spec` to `dest` with a progress bar, verifying it before the rename.
@@ -221,11 +229,12 @@ def download(spec: DataFile, dest: str | os.PathLike, *, base_url: str | None = 
                     f'published checksum ({problem}); nothing was saved. Try again '
                     f'later, or download it by hand into {dest.parent}.')
     except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-        raise UserError(
+        raise DownloadFailed(
             f'Could not download {spec.name} from {url} ({e}). Download it by hand '
             f'into {dest.parent}, or pass --data-dir / set {ENV_DATA_DIR} to a folder '
-            f'that holds it.') from e
+            f'that holds it.', reason=f'downloading it from {url} failed ({e})') from e
     return dest
+
 
 
 _reads: list[list[Path]] = []
@@ -267,17 +276,24 @@ def _find_file(spec: DataFile, subdir: str, *, data_dir: str | os.PathLike | Non
         if (folder / spec.name).is_file():
             return verify_file(folder / spec.name, spec)
     url = download_url(spec, base_url)
+    failed = None
     if allow_download and url:
-        return download(spec, cache_dir() / subdir / spec.name, base_url=base_url,
-                        progress=progress)
+        try:
+            return download(spec, cache_dir() / subdir / spec.name, base_url=base_url,
+                            progress=progress)
+        except DownloadFailed as e:  # offline: say where it was looked for, as without download
+            failed = e.reason
     wanted = spec.name + (f' (or its extracted folder {extracted}/)' if extracted else '')
     env = os.environ.get(ENV_DATA_DIR)
     searched = ', '.join(str(f) for f in folders)
     env_note = f'{ENV_DATA_DIR}={env}' if env else f'{ENV_DATA_DIR} is not set'
-    message = (f'Dataset file {wanted} not found; searched: {searched} ({env_note}). '
+    message = (f'Dataset file {wanted} not found; searched: {searched} ({env_note})'
+               + (f'; {failed}' if failed else '') + '. '
                f'Supply it: put it in DIR/{subdir}/ (or DIR itself) and pass --data-dir DIR'
                + ('' if env else f' or set {ENV_DATA_DIR}=DIR'))
-    if url:
+    if failed:
+        message += '.'
+    elif url:
         message += (f', or allow downloading it from {url} (allow_download=True; '
                     f'on the command line, leave out --offline).')
     else:

@@ -2,7 +2,8 @@
 
 A run folder's checkpoint is the folder `checkpoint_path(out)`, managed by
 Orbax's `CheckpointManager` (orbax-checkpoint, the JAX ecosystem's checkpoint
-library): one sub-folder per saved round, named by the round index, holding
+library): one sub-folder per saved round, named by the number the caller
+gives (the training command: rounds done, counted from 1), holding
 ``state`` (the arrays, Orbax's standard PyTree format: every process writes
 the shards of its own devices, so state that spans processes is never
 gathered into one) and ``meta`` (JSON: the leaf paths and shapes, and the

@@ -32,7 +32,7 @@ import numpy as np
 
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.engine import client_mapping, method_values, sharding
+from fedjax_pfl.engine import client_mapping, method_values, round_progress, sharding
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
@@ -56,6 +56,8 @@ class EngineConfig:
     # chunked: gather, train and scatter the selected clients chunk by chunk where the method allows it
     # (Method.needs_selected_state); False: gather all S first (the same numbers; more memory)
     stream_chunks: bool = True
+    # single-round calls on one device report local steps and finished clients to the host (round_progress.py)
+    progress: bool = False
 
     def __post_init__(self):
         client_mapping.resolve(self.client_mapping)
@@ -182,13 +184,14 @@ class Engine:
         """One federated round. Donates ``server`` and ``clients``."""
         return self._round(server, clients, self.train, key, jnp.int32(round_index), values or {})
 
-    def _round_impl(self, server, clients, train, key, round_index, values):
+    def _round_impl(self, server, clients, train, key, round_index, values, report=False):
         """One round. With ``all_clients_train`` (train.all_clients_train, as the
         pFedMe authors' serverpFedMe.py: every user trains, then the sampled
         ones are aggregated) all N clients train, the sampled ones first, and
         only the sampled ones count as uploaded (server steps weight uploads by
         ``info.uploaded``); the metrics' ``selected`` then lists all N. With
-        join_ratio 1 it is the default round. ``values``: traced scalars (`method_at`)."""
+        join_ratio 1 it is the default round. ``values``: traced scalars (`method_at`). ``report``: in-round
+        progress callbacks (round_progress.py)."""
         cfg, method = self.config, self.method_at(values, round_index)
         k_sel, k_strag, k_clients = jax.random.split(key, 3)
         selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
@@ -209,7 +212,9 @@ class Engine:
 
         def one_client(client, data_i, key_i, epochs_i):
             info = ClientRound(round_index, epochs_i)
-            return method.client_update(server, client, ClientData(*data_i), key_i, info)
+            with local_training.reporting_steps(round_progress.report_step if report else None):
+                out = method.client_update(server, client, ClientData(*data_i), key_i, info)
+            return round_progress.report_client(out) if report else out
 
         if self.streams:  # each chunk: gather its rows, train them (vmap), write them back
             map_chunk = self._map_clients(one_client, interleave=True, mapping="vmap")
@@ -302,6 +307,7 @@ class Engine:
         eval_shape = jax.eval_shape(lambda s, c: self._evaluate_with_val(s, c, train, eval_data, key, values, first),
                                     server, clients)
         zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
+        report = self.config.progress and count == 1 and self.mesh is None  # fused calls are short anyway
 
         def evaluate_or_skip(server, clients, t, eval_key):
             return jax.lax.cond(
@@ -316,7 +322,7 @@ class Engine:
             round_key, eval_key = round_keys(key, t)
 
             def run():
-                s, c, m = self._round_impl(server, clients, train, round_key, t, values)
+                s, c, m = self._round_impl(server, clients, train, round_key, t, values, report)
                 per_client, done = evaluate_or_skip(s, c, t, eval_key)
                 return s, c, m, per_client, done
 

@@ -16,13 +16,20 @@ PyTorch's ``drop_last=True`` gives it zero batches.
 Statistics passes (evaluation, Fisher traces, prototypes) use `sum_batches`,
 which visits only the ``ceil(n / B)`` batches that hold real samples.
 
+While tracing inside `reporting_steps(report)`, each local step calls
+``report('step', steps_done, total_steps, loss)`` and each batch of a
+statistics pass ``report('pass', batches_done, batches, its sums)`` (the
+engine's in-round progress, engine/round_progress.py); outside it nothing is
+added to the program.
+
 This module holds no method logic: an objective is passed in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +92,22 @@ def make_batch(data, index, mask, normalize: Callable) -> Batch:
 
 Objective = Callable[..., tuple]
 """``objective(variables, batch, key) -> (loss, new_batch_stats)``."""
+
+_step_reports: list[Callable] = []  # trace time only: who wants to hear of each local step
+
+
+@contextlib.contextmanager
+def reporting_steps(report: Callable | None) -> Iterator[None]:
+    """While tracing inside this block, `train_with_state` and `sum_batches` call ``report(kind, done, total,
+    value)`` at each step or batch (see the module docstring)."""
+    if report is None:
+        yield
+        return
+    _step_reports.append(report)
+    try:
+        yield
+    finally:
+        _step_reports.remove(report)
 
 
 def train(objective: Objective, optimizer: optax.GradientTransformation, variables, data, key, **kwargs):
@@ -149,6 +172,8 @@ def train_with_state(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         stats = new_stats if update_stats else stats
+        for report in _step_reports:
+            report("step", i + 1, total, loss)
         return i + 1, params, opt_state, stats, loss_sum + loss
 
     stats0 = variables.get("batch_stats")
@@ -178,7 +203,10 @@ def sum_batches(fn, data, batch_size: int, normalize: Callable):
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
 
     def body(t, acc):
-        return jax.tree.map(jnp.add, acc, fn(_batch_in_order(data, t, batch_size, normalize)))
+        summed = jax.tree.map(jnp.add, acc, fn(_batch_in_order(data, t, batch_size, normalize)))
+        for report in _step_reports:
+            report("pass", t + 1, count, summed)
+        return summed
 
     return jax.lax.fori_loop(0, count, body, zeros)
 

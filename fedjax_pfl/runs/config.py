@@ -112,6 +112,12 @@ class RunConfig:
     out: str | None = None
 
 
+# Numbers reach the compiled program as int32 / float32: larger ones are refused here, with a one-line
+# error, instead of overflowing inside JAX.
+MAX_WHOLE = 2**31 - 1
+MAX_FLOAT = 3.4028234663852886e38  # float32's largest
+
+
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
@@ -144,6 +150,9 @@ def _coerce(value, annotation, where: str):
                 value = number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value) or abs(value) > (MAX_WHOLE if annotation is int else MAX_FLOAT):
+            size = f"{MAX_WHOLE} (int32)" if annotation is int else f"{MAX_FLOAT:.4g} (float32)"
+            raise UserError(f"{where} must be finite and at most {size} in size, got {value!r}")
         if annotation is int and float(value) != int(value):
             raise UserError(f"{where} must be a whole number, got {value!r}")
         return annotation(value)
@@ -322,6 +331,7 @@ def validate_values(cfg: RunConfig) -> None:
     _check(all(s >= 0 for s in cfg.seeds) and len(set(cfg.seeds)) == len(cfg.seeds),
            f"seeds must be distinct numbers >= 0, got {list(cfg.seeds)}")
     _check(0 <= p.val_fraction < 1, f"partition.val_fraction must be in [0, 1), got {p.val_fraction}")
+    _check(t.rounds_per_call >= 0, f"train.rounds_per_call must be >= 0 (0: auto), got {t.rounds_per_call}")
     _check(t.max_experiments_per_call >= 0,
            f"train.max_experiments_per_call must be >= 0 (0: as many as fit), got {t.max_experiments_per_call}")
 

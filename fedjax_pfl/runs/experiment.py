@@ -1,6 +1,6 @@
 """From a RunConfig to a ready Engine: data, partition, model, optimizer, method.
 
-The one place that wires the pieces together; train.py (the CLI), benchmarks
+The one place that wires the pieces together; the training command (cli.py), benchmarks
 and tests call `build_experiment`. Name checks happen before any data loads,
 so a typo costs no time.
 """
@@ -23,6 +23,7 @@ from fedjax_pfl.core.errors import DataNotFoundError, UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
+from fedjax_pfl.methods.options import resolved
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.kernels.optim import make_optimizer
 
@@ -159,14 +160,15 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
 def validate(cfg: config_lib.RunConfig) -> None:
     """Fail fast on names and values, before any data is read.
 
-    Resolves names in place: the dataset alias, and ``eval.model='auto'`` to
-    the method's default protocol, so config.json records what was used.
+    Resolves in place what config.json must record as used: the dataset
+    alias, ``eval.model='auto'`` (the method's default protocol) and every
+    method option, defaults included (`resolved_method_options`).
     """
     from fedjax_pfl.data.registry import SOURCES, canonical_name
     from fedjax_pfl.models.networks import model_names
 
     method_cls = get_method(cfg.method_name)
-    config_lib.method_options(method_cls.hparams_type, cfg.method)
+    cfg.method = resolved_method_options(cfg.method_name, cfg.method)
     cfg.data.name = canonical_name(cfg.data.name)  # raises UserError listing the valid names
     if cfg.data.source not in SOURCES:
         raise UserError(f"unknown data.source {cfg.data.source!r}; choose one of: {', '.join(SOURCES)}")
@@ -183,6 +185,11 @@ def validate(cfg: config_lib.RunConfig) -> None:
     if data_dir and cfg.data.source == "files" and cfg.data.name != "synthetic" and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder; pass the folder that holds the dataset files "
                         "or leave it out")
+
+
+def resolved_method_options(method_name: str, options: dict) -> dict:
+    """Every option of the method with the value it takes from ``options`` or its default (checked)."""
+    return resolved(config_lib.method_options(get_method(method_name).hparams_type, options))
 
 
 def check_body_head_split(method) -> None:
@@ -206,7 +213,9 @@ def check_files_read(data_dir, read: list) -> None:
                         f"put them in {data_dir} or pass --data-dir {Path(outside[0]).parent}")
 
 
-def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) -> Experiment:
+def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, progress: bool = False) -> Experiment:
+    """The experiment of ``cfg`` (on ``dataset`` when given); ``progress``: in-round progress callbacks
+    (engine/round_progress.py)."""
     validate(cfg)
     read: list = []
     if dataset is None:
@@ -237,6 +246,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None) 
         drop_fraction=t.drop_fraction,
         lr_schedule=LrSchedule(t.lr_schedule, t.lr_decay, t.rounds),
         all_clients_train=t.all_clients_train,
+        progress=progress,
     )
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
     return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))

@@ -5,7 +5,7 @@ from plain data (metrics records, the partition summary, clients.csv rows);
 `save_png` writes one atomically. Figures never go through pyplot, so drawing
 in a background thread neither needs nor changes a global backend, and a
 notebook that imports this keeps its own. Accuracy is shown in percent, the x
-axis counts rounds completed (metrics ``round`` + 1). Needs the ``plots``
+axis counts rounds from 1 (metrics ``round``: the evaluation after that round). Needs the ``plots``
 extra (``pip install 'fedjax_pfl[plots]'``); importing this module without
 matplotlib raises ImportError, which callers turn into a one-line note.
 """
@@ -13,6 +13,7 @@ matplotlib raises ImportError, which callers turn into a one-line note.
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -22,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from fedjax_pfl.runs.run_folder import partition_label
-from fedjax_pfl.runs.tables import write_atomically
+from fedjax_pfl.runs.atomic_file import atomic_write
 
 DPI = 120
 RUN_FIGURES = ("accuracy.png", "loss.png", "client_accuracy.png", "partition.png")
@@ -34,8 +35,41 @@ def _new(width: float = 6.4, height: float = 4.0) -> Figure:
     return fig
 
 
+LONG_LABEL = 30  # characters: a legend with a longer label (or more than 4 entries) goes below the axes
+LEGEND_CHARACTERS_PER_INCH = 12  # of a "small" legend label: longer labels are wrapped to the figure's width
+
+
+def _legend_below(labels: list[str]) -> bool:
+    return len(labels) > 4 or any(len(label) > LONG_LABEL for label in labels)
+
+
+def _wrapped(label: str, width_inches: float) -> str:
+    return textwrap.fill(label, int(LEGEND_CHARACTERS_PER_INCH * (width_inches - 0.8)), break_on_hyphens=False)
+
+
+def _legend(fig: Figure, ax, inside: str = "best") -> None:
+    """The axes' legend: inside (``inside``) when short, else below the axes, across the figure's width,
+    labels wrapped to it, so long labels neither squeeze the plot nor cover its data (constrained layout
+    makes room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not _legend_below(labels):
+        ax.legend(loc=inside, fontsize="small")
+        return
+    columns = 2 if max(len(label) for label in labels) <= 40 and len(labels) > 2 else 1
+    width = fig.get_figwidth() / columns
+    fig.legend(handles, [_wrapped(label, width) for label in labels], loc="outside lower center", ncols=columns,
+               fontsize="small", frameon=False)
+
+
+def _height_with_legend(height: float, width: float, labels: list[str]) -> float:
+    """Figure height that keeps the axes' height when the legend goes below (about 0.2 inch per text line)."""
+    if not _legend_below(labels):
+        return height
+    return height + 0.2 * sum(_wrapped(label, width).count("\n") + 1 for label in labels)
+
+
 def _rounds_axis(ax) -> None:
-    ax.set_xlabel("rounds completed")
+    ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
 
@@ -54,9 +88,9 @@ def _column(records: list[dict], key: str) -> np.ndarray:
 
 def accuracy_curves(records: list[dict], title: str = "") -> Figure:
     """Mean over clients with a +-1 std band over clients, and the sample-weighted accuracy."""
-    fig = _new()
+    fig = _new(6.4, _height_with_legend(4.0, 6.4, ["", "", "all test samples pooled (weighted by client size)"]))
     ax = fig.add_subplot()
-    x = _column(records, "round") + 1
+    x = _column(records, "round")
     mean, std = 100 * _column(records, "accuracy"), 100 * _column(records, "accuracy_std")
     weighted = 100 * _column(records, "accuracy_weighted")
     line, = ax.plot(x, mean, marker="." if len(x) <= 30 else None, label="mean over clients")
@@ -65,7 +99,7 @@ def accuracy_curves(records: list[dict], title: str = "") -> Figure:
     ax.plot(x, weighted, linestyle="--", color="0.25", label="all test samples pooled (weighted by client size)")
     _rounds_axis(ax)
     _percent_axis(ax, "test accuracy")
-    ax.legend(loc="lower right", fontsize="small")
+    _legend(fig, ax, "lower right")
     ax.set_title(title or "test accuracy of the personalized models", fontsize="medium")
     return fig
 
@@ -74,14 +108,14 @@ def loss_curves(records: list[dict], title: str = "") -> Figure:
     """Test loss (per sample, all clients pooled) and the mean local training loss of the selected clients."""
     fig = _new()
     ax = fig.add_subplot()
-    x = _column(records, "round") + 1
+    x = _column(records, "round")
     ax.plot(x, _column(records, "loss"), label="test (per sample, all clients)")
     if any("train_loss" in r for r in records):
         ax.plot(x, _column(records, "train_loss"), linestyle="--", label="local training (selected clients)")
     _rounds_axis(ax)
     ax.set_ylabel("cross-entropy loss")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
+    _legend(fig, ax)
     ax.set_title(title or "loss", fontsize="medium")
     return fig
 
@@ -123,7 +157,7 @@ def partition_picture(partition: dict, title: str = "") -> Figure:
             if count:
                 heat.text(c, i, str(count), ha="center", va="center", fontsize=6,
                           color="black" if bright[i, c] else "white")
-    fig.colorbar(image, ax=heat, label="train samples of the class", location="left", pad=0.02)
+    fig.colorbar(image, ax=heat, label="train samples of the class", location="right", pad=0.01, fraction=0.05)
     heat.set_xlabel("class")
     heat.set_ylabel("client")
     heat.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -144,8 +178,10 @@ def partition_picture(partition: dict, title: str = "") -> Figure:
 
 
 def overlaid_accuracy(curves: list[dict], title: str = "") -> Figure:
-    """Accuracy curves of several runs or seed groups: each dict has label, rounds, mean, std (or None)."""
-    fig = _new(7.0, 4.3)
+    """Accuracy curves of several runs or seed groups: each dict has label, rounds, mean, std (or None).
+
+    Long labels (or more than four curves) put the legend below the axes, which keep the figure's width."""
+    fig = _new(7.0, _height_with_legend(4.3, 7.0, [c["label"] for c in curves]))
     ax = fig.add_subplot()
     for curve in curves:
         x = np.asarray(curve["rounds"], float)
@@ -156,7 +192,7 @@ def overlaid_accuracy(curves: list[dict], title: str = "") -> Figure:
             ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
     _rounds_axis(ax)
     _percent_axis(ax, "test accuracy (mean over clients)")
-    ax.legend(fontsize="small", loc="lower right")
+    _legend(fig, ax, "lower right")
     ax.set_title(title, fontsize="medium")
     return fig
 
@@ -165,7 +201,8 @@ def save_png(fig: Figure, path: Path) -> None:
     """Write ``fig`` as PNG; readers never see a half-written file."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    write_atomically(path, lambda f: f.write(buffer.getvalue()), binary=True)
+    with atomic_write(path, "wb") as f:
+        f.write(buffer.getvalue())
 
 
 def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clients: list[dict] | None,

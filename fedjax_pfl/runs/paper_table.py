@@ -18,7 +18,7 @@ import numpy as np
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.report import format_percent, load_run, mean_std, write_csv
 from fedjax_pfl.runs.table_spec import METRICS, Cell, TableSpec
-from fedjax_pfl.runs.tables import write_atomically
+from fedjax_pfl.runs.atomic_file import atomic_write
 
 
 def entry(spec: TableSpec, cells: list[Cell], runs_dir: Path) -> dict:
@@ -88,6 +88,7 @@ def write_table(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, see
     """Write table.md and table.csv into ``out`` (runs under out/runs); returns the markdown."""
     lines = entries(spec, cells, out / "runs")
     text = markdown(spec, lines, header(spec, rounds, seeds, extra))
-    write_atomically(out / "table.md", lambda f: f.write(text))
+    with atomic_write(out / "table.md") as f:
+        f.write(text)
     write_csv(out / "table.csv", lines)
     return text

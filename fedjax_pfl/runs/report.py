@@ -7,7 +7,8 @@ finished, failed or interrupted alike, and writes into ``--out``:
   the numbers: output folder, data folder, checkpoint interval, logging), with
   the last evaluation, the mean of the last 10 evaluations and the best
   evaluation as mean +- std over seeds (population std, ddof=0, as PFLlib's
-  result tables), rounds done, wall time in the round loop and status;
+  result tables), rounds done, wall time in the round loop and status; two
+  folders of one configuration and seed count once (with a warning);
 - accuracy.png: each group's accuracy curve (mean over seeds, +- std band).
 Accuracy is the unweighted mean over clients of each client's test accuracy
 (metrics.jsonl ``accuracy``); report.csv keeps fractions, report.md shows %.
@@ -26,11 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs.run_output import final_summary
 from fedjax_pfl.runs import run_folder
+from fedjax_pfl.runs.output_folder import check_writable
 from fedjax_pfl.runs.results_writer import matplotlib_available
-from fedjax_pfl.runs.tables import write_atomically
+from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.runs.command import Command, OneLineParser
+from fedjax_pfl.runs.metrics_file import read_metrics
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
 NOT_RESULT_SETTINGS = ("seed", "out", "data.data_dir", "data.allow_download", "checkpoint_every", "log")
@@ -50,25 +53,29 @@ class RunResult:
     mean_last_10: float
     best: float
     wall_seconds: float | None
-    rounds: np.ndarray  # rounds completed at each evaluation
+    rounds: np.ndarray  # the round (counted from 1) after which each evaluation ran
     accuracy: np.ndarray
 
 
 def load_run(path: Path) -> RunResult:
+    """A run folder's results; a damaged metrics.jsonl line is reported on stderr and skipped."""
     config = run_folder.read_config(path)
-    records = run_folder.read_records(path)
+    metrics = read_metrics(Path(path) / "metrics.jsonl")
+    if metrics.warning():
+        print("warning: " + metrics.warning(), file=sys.stderr)
+    records = metrics.records
     summary = run_folder.read_summary(path)
     stats = final_summary(records)
     nan = float("nan")
     return RunResult(
         path=Path(path), config=config,
         status=summary["status"] if summary else "unfinished",
-        rounds_done=records[-1]["round"] + 1 if records else 0,
+        rounds_done=records[-1]["round"] if records else 0,
         last=stats["last"]["accuracy"] if stats else nan,
         mean_last_10=stats["mean_last_10"]["accuracy"] if stats else nan,
         best=stats["best_optimistic"]["by_accuracy"]["accuracy"] if stats else nan,
         wall_seconds=run_folder.wall_seconds(records),
-        rounds=np.array([r["round"] + 1 for r in records], int),
+        rounds=np.array([r["round"] for r in records], int),
         accuracy=np.array([r["accuracy"] for r in records], float),
     )
 
@@ -95,12 +102,22 @@ def result_settings(config: dict) -> dict:
 
 
 def group_runs(runs: list[RunResult]) -> list[list[RunResult]]:
-    """Runs whose configurations differ only in the seed (see NOT_RESULT_SETTINGS), in order of first appearance."""
-    groups: dict[str, list[RunResult]] = {}
+    """Runs whose configurations differ only in the seed (see NOT_RESULT_SETTINGS), in order of first appearance.
+
+    Two runs of one configuration with the same seed (a copied folder) are
+    one run, not two seeds: the later one is left out, with a warning.
+    """
+    groups: dict[str, dict] = {}
     for run in runs:
         key = json.dumps(result_settings(run.config), sort_keys=True, default=str)
-        groups.setdefault(key, []).append(run)
-    return [sorted(g, key=lambda r: r.config.get("seed", 0)) for g in groups.values()]
+        seeds = groups.setdefault(key, {})
+        seed = run.config.get("seed", 0)
+        if seed in seeds:
+            print(f"warning: {seeds[seed].path} and {run.path} hold the same configuration with the same seed {seed} "
+                  f"(a copy?); the report counts it once, from {seeds[seed].path}", file=sys.stderr)
+            continue
+        seeds[seed] = run
+    return [[g[s] for s in sorted(g)] for g in groups.values()]
 
 
 def mean_std(values) -> tuple[float, float]:
@@ -169,12 +186,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    def write(f):
+    with atomic_write(path, newline="") as f:
         out = csv.DictWriter(f, list(rows[0]))
         out.writeheader()
         out.writerows(rows)
-
-    write_atomically(path, write)
 
 
 def group_curve(group: list[RunResult]) -> dict:
@@ -201,8 +216,8 @@ def curve_labels(rows: list[dict]) -> tuple[list[str], str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fedjax_pfl.report",
-                                description="Table and accuracy figure of runs; seeds of one setting grouped.")
+    p = OneLineParser(prog="python -m fedjax_pfl.report",
+                      description="Table and accuracy figure of runs; seeds of one setting grouped.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, or folders holding run folders")
     p.add_argument("--out", default="report", help="folder for report.md, report.csv, accuracy.png (default: report)")
     p.add_argument("--redraw", action="store_true", help="also draw each run's own plots/ from its files")
@@ -218,7 +233,8 @@ def report(paths, out: Path, redraw: bool = False) -> str:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(rows)
-    write_atomically(out / "report.md", lambda f: f.write(text))
+    with atomic_write(out / "report.md") as f:
+        f.write(text)
     write_csv(out / "report.csv", rows)
     if not matplotlib_available():
         print("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]')", file=sys.stderr)
@@ -236,15 +252,15 @@ def report(paths, out: Path, redraw: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    """The command's exit status (runs/command.py): 0, 2 on bad input, 1 on an internal error."""
+    command = Command("interrupted; the report was not written")
+
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        check_writable(Path(args.out))
+        command.folder = Path(args.out)
         print(report(args.runs, Path(args.out), args.redraw), end="")
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}/ (report.md, report.csv{', accuracy.png' if matplotlib_available() else ''})")
-    return 0
+        print(f"wrote {args.out}/ (report.md, report.csv{', accuracy.png' if matplotlib_available() else ''})")
+        return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return command.run(body)

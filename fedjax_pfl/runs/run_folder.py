@@ -4,8 +4,9 @@ A run folder holds config.json, partition.json, metrics.jsonl (one line per
 evaluation), summary.json once the run stopped (finished, failed or
 interrupted), and clients.csv and plots/ from `results_writer`. The readers
 accept folders of runs that failed or were killed: a missing file reads as
-None or an empty list, a torn last line of metrics.jsonl is skipped. This
-module only reads; it never writes.
+None or an empty list, a damaged line of metrics.jsonl is skipped (and
+reported by `metrics_file.read_metrics`). This module only reads; it never
+writes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.runs.metrics_file import read_metrics
 
 
 def is_run(path: Path) -> bool:
@@ -64,18 +66,9 @@ def read_summary(run_dir: Path) -> dict | None:
 
 
 def read_records(run_dir: Path) -> list[dict]:
-    """The lines of metrics.jsonl, oldest first; a torn last line (killed mid-write) is skipped."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return records
+    """The valid records of metrics.jsonl, oldest first (damaged lines skipped: `metrics_file.read_metrics`
+    says which)."""
+    return read_metrics(Path(run_dir) / "metrics.jsonl").records
 
 
 def read_clients(run_dir: Path) -> list[dict] | None:

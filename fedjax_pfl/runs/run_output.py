@@ -1,58 +1,31 @@
-"""The output folder of a run: config, partition summary, metrics, final summary.
+"""JSON files of a run folder (config.json, partition.json, summary.json) and the summary's numbers.
 
-Files are written so that a crash loses nothing already written: JSON files
-go through a temporary file and an atomic rename; metrics.jsonl gets one
-flushed, fsynced line per evaluation. Every file gets the permissions the
-user's umask gives a new file (as ``open`` does), not mkstemp's 0600.
+JSON is written atomically (atomic_file.py), so a crash loses nothing
+already written; metrics.jsonl has its own file (metrics_file.py).
+`final_summary` turns the metrics records into summary.json's numbers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_write(path: Path, mode: str = "w"):
-    """Yields a file object for a temporary file beside ``path``; on success it is
-    fsynced, given the umask's permissions and renamed to ``path``; on error removed."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+from fedjax_pfl.runs.atomic_file import atomic_write
 
 
 def write_json(path: Path, obj) -> None:
     """Atomically write ``obj`` as JSON to ``path``."""
     with atomic_write(path) as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=_jsonable)
+        json.dump(obj, f, indent=2, sort_keys=True, default=jsonable)
 
 
 def as_json(obj):
     """``obj`` as it reads back from a JSON file (tuples become lists, numpy numbers plain)."""
-    return json.loads(json.dumps(obj, default=_jsonable))
+    return json.loads(json.dumps(obj, default=jsonable))
 
 
 def read_json(path: Path):
@@ -63,7 +36,8 @@ def read_json(path: Path):
         return None
 
 
-def _jsonable(obj):
+def jsonable(obj):
+    """``json.dump``'s ``default``: NumPy arrays and numbers, paths."""
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, (np.integer,)):
@@ -93,52 +67,6 @@ def versions() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return out
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The records of metrics.jsonl (a torn last line, from a kill mid-write, is dropped)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            break
-    return records
-
-
-def truncate_metrics(path: Path, last_round: int) -> None:
-    """Keep only the lines of metrics.jsonl up to ``last_round`` (when resuming)."""
-    path = Path(path)
-    if not path.exists():
-        return
-    keep = [r for r in read_metrics(path) if r["round"] <= last_round]
-    with atomic_write(path) as f:
-        f.write("".join(json.dumps(r, default=_jsonable) + "\n" for r in keep))
-
-
-class MetricsLog:
-    """Appends one JSON line per evaluation to metrics.jsonl (flushed and fsynced).
-
-    ``records`` starts with the lines already in the file, so a resumed run's
-    summary covers the whole run.
-    """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.records: list[dict] = read_metrics(self.path)
-        self._file = open(self.path, "a")
-
-    def write(self, record: dict) -> None:
-        self.records.append(record)
-        self._file.write(json.dumps(record, default=_jsonable) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def best_round(records: list[dict], key: str) -> dict:

@@ -44,13 +44,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import method_values
 from fedjax_pfl.runs import run_output
-from fedjax_pfl.core.errors import DivergedError, UserError
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.runs.results_writer import ResultsWriter
+from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.runs.call_planner import CallPlanner
+from fedjax_pfl.runs.experiment import build_experiment, validate
+from fedjax_pfl.runs.loop import run_calls
+from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
+from fedjax_pfl.runs.progress import RunProgress
+from fedjax_pfl.runs.run_writer import RunWriter
+from fedjax_pfl.runs.single_run import training_clients
+from fedjax_pfl.runs.stop_request import StopRequest
 
 STATE_COPIES = 4
 
@@ -85,7 +92,7 @@ def expand(cfg: config_lib.RunConfig) -> list[Point]:
             raise UserError(f"{key} must be a non-empty list of numbers, got {values!r}")
     seeds = list(cfg.seeds) or [cfg.seed]
     data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
-    root = Path(cfg.out or f"runs/{cfg.method_name}-{cfg.data.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    root = Path(cfg.out) if cfg.out else default_run_folder(cfg.method_name, cfg.data.name, "sweep")
     points = []
     for combo in itertools.product(*cfg.sweep.values()):
         values = {names[k]: float(v) for k, v in zip(cfg.sweep, combo)}
@@ -118,55 +125,12 @@ def experiments_per_call(engine, cfg: config_lib.RunConfig, count: int) -> int:
     return int(max(1, min(count, (free // 2) // max(per_point, 1))))
 
 
-class PointOutput:
-    """The run folder of one point: config.json, partition.json, metrics, tables, figures, summary."""
-
-    def __init__(self, point: Point, exp, start: float):
-        from fedjax_pfl import train
-
-        self.point, self.start = point, start
-        train.check_output_folder(point.out, resume=False)
-        train._write_start(point.out, point.cfg, exp, None, [])
-        self.results = ResultsWriter(point.out, tensorboard=point.cfg.log.tensorboard)
-        self.log = run_output.MetricsLog(point.out / "metrics.jsonl")
-        self.status = {"status": "interrupted"}
-
-    @property
-    def running(self) -> bool:
-        return self.status["status"] == "interrupted"
-
-    def record(self, metrics: dict, evaluations: dict, rounds: int) -> None:
-        """The host outputs of one call (``rounds`` real rounds) for this point."""
-        from fedjax_pfl import train
-
-        per_round = [{k: v[j] for k, v in metrics.items()} for j in range(rounds)]
-        try:
-            train.check_rounds(per_round)
-            for r in sorted(evaluations):
-                self.log.write(train._record(evaluations[r], per_round[r - int(metrics["round"][0])], r,
-                                             self.start, self.point.cfg.eval.model))
-                self.results.evaluated(self.log.records[-1])
-        except DivergedError as e:  # this point stops; the others go on
-            self.status = {"status": "failed", "error": str(e)}
-
-    def finish(self, status: dict | None = None) -> dict:
-        if status is not None and self.running:
-            self.status = status
-        self.log.close()
-        summary = {**self.status, **run_output.final_summary(self.log.records)}
-        run_output.write_json(self.point.out / "summary.json", summary)
-        self.results.close()
-        return summary
-
-
 def _stack_values(points: list[Point]) -> dict:
     return {name: jnp.asarray([p.values[name] for p in points], jnp.float32) for name in points[0].values}
 
 
-def experiments_by_data_seed(points: list[Point]) -> dict:
+def experiments_by_data_seed(points: list[Point], progress: bool = False) -> dict:
     """{data seed: Experiment} for the points' partitions; one-line error when their shapes differ."""
-    from fedjax_pfl.runs.experiment import build_experiment
-
     exps: dict = {}
     for point in points:
         seed = point.cfg.data_seed
@@ -174,7 +138,8 @@ def experiments_by_data_seed(points: list[Point]) -> dict:
             continue
         first = next(iter(exps.values()), None)
         reuse = first is not None and point.cfg.data.name != "synthetic"  # generated data depend on the seed
-        exps[seed] = build_experiment(copy.deepcopy(point.cfg), dataset=first.dataset if reuse else None)
+        exps[seed] = build_experiment(copy.deepcopy(point.cfg), dataset=first.dataset if reuse else None,
+                                      progress=progress)
         shapes = lambda e: jax.tree.map(np.shape, (e.data.train, e.data.test, e.data.val))  # noqa: E731
         if first is not None and shapes(exps[seed]) != shapes(first):
             raise UserError("vary_data_with_seed: the seeds' partitions have different array shapes (largest client "
@@ -188,52 +153,54 @@ def _stacked_data(exps: list):
     return jax.tree.map(lambda *a: jnp.stack(a), *[(e.engine.train, e.engine.eval_data) for e in exps])
 
 
-def _run_chunk(exps: dict, points: list[Point], outputs: list[PointOutput], progress: bool, stop) -> bool:
-    """Run one chunk of points to the end (or to a Ctrl-C); False when stopped early."""
-    from fedjax_pfl import train
+class BatchedProgram:
+    """The compiled rounds of a chunk of points on one experiment axis (`Engine.run_rounds_batched`)."""
 
+    def __init__(self, exps: dict, points: list[Point]):
+        cfg = points[0].cfg
+        self.engine = exps[cfg.data_seed].engine
+        self.data = _stacked_data([exps[p.cfg.data_seed] for p in points]) if len(exps) > 1 else None
+        self.rounds, self.eval_every = cfg.train.rounds, cfg.eval_every
+        keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.cfg.seed))) for p in points])
+        self.keys = keys[:, 1]
+        self.servers, self.clients = self.engine.init_batched(keys[:, 0])
+        self.values = _stack_values(points)
+
+    def call(self, first: int, count: int, stop: int):
+        self.servers, self.clients, metrics, evaluations = self.engine.run_rounds_batched(
+            self.servers, self.clients, self.keys, first, count, self.rounds, self.eval_every, stop=stop,
+            values=self.values, data=self.data)
+        return list(zip(metrics, evaluations))
+
+    def state(self, index: int):
+        return jax.tree.map(lambda a: a[index], (self.servers, self.clients))  # sliced only when saved
+
+    def evaluate(self, index: int, round_index: int):
+        return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
+
+
+def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe=None) -> list[dict]:
+    """Run one chunk of points to the end (or to Ctrl-C) -> their summaries."""
+    writers = []
+    for point in points:
+        exp = exps[point.cfg.data_seed]
+        writers.append(RunWriter(point.out, point.out, point.cfg, exp.data_files, exp.partition_summary))
     cfg = points[0].cfg
-    exp = exps[cfg.data_seed]
-    data = _stacked_data([exps[p.cfg.data_seed] for p in points]) if len(exps) > 1 else None
-    rounds = cfg.train.rounds
-    keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.cfg.seed))) for p in points])
-    init_keys, run_keys = keys[:, 0], keys[:, 1]
-    servers, clients = exp.engine.init_batched(init_keys)
-    values = _stack_values(points)
-    calls = train.CallPlanner(cfg.train.rounds_per_call, rounds, cfg.checkpoint_every)
-    bar = train._progress(rounds, progress)
-    t = 0
+    planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
+    engine = exps[cfg.data_seed].engine
+    display = RunProgress(cfg.train.rounds, 0, training_clients(engine) * len(points), progress)
+    stop.aborts = [writer.abort for writer in writers]
     try:
-        while t < rounds:
-            stop_at = calls.stop_after(t)
-            began = time.perf_counter()
-            servers, clients, metrics, evaluations = exp.engine.run_rounds_batched(
-                servers, clients, run_keys, t, calls.count, rounds, cfg.eval_every, stop=stop_at, values=values,
-                data=data)
-            calls.done(stop_at - t, time.perf_counter() - began, rounds - stop_at)
-            last = stop_at - 1
-            stopping = stop.requested and last < rounds - 1
-            for e, (point, out) in enumerate(zip(points, outputs)):
-                if not out.running:
-                    continue
-                out.record(metrics[e], evaluations[e], stop_at - t)
-                if out.running and (stopping or calls.checkpoint_due(last)):
-                    state = jax.tree.map(lambda a, e=e: a[e], (servers, clients))  # only when saved
-                    checkpoint.save(checkpoint.checkpoint_path(point.out), state, last,
-                                    {"seconds": time.perf_counter() - out.start})
-                if out.running and last == rounds - 1:
-                    out.results.snapshot(evaluations[e].get(last))
-            if outputs[0].log.records:
-                bar.set_postfix(acc=f"{np.mean([o.log.records[-1]['accuracy'] for o in outputs if o.log.records]):.4f}")
-            bar.update(stop_at - t)
-            t = stop_at
-            if stopping:
-                for out in outputs:
-                    out.status = {"status": "interrupted", "after_round": last} if out.running else out.status
-                return False
+        with stop:
+            run_calls(BatchedProgram(exps, points), writers, planner, 0, stop, display, observe)
+    except BaseException as e:
+        for writer in writers:
+            writer.crashed(e)
+        raise
     finally:
-        bar.close()
-    return True
+        display.close()
+        summaries = [writer.finish() for writer in writers]
+    return summaries
 
 
 def _mean_std(values) -> dict:
@@ -282,11 +249,12 @@ def sweep_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False) -> dict:
-    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md."""
-    from fedjax_pfl import train
-    from fedjax_pfl.runs.experiment import validate
+def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+              stop: StopRequest | None = None) -> dict:
+    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md.
 
+    ``stop``: the Ctrl-C handling to use (after a Ctrl-C no further chunk starts)."""
+    stop = stop or StopRequest()
     if resume:
         raise UserError("--resume continues one run: resume a point of a sweep in its own folder "
                         "(e.g. --out RUN/seed1 --resume)")
@@ -294,10 +262,10 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
     points = expand(cfg)
     root = points[0].out.parent if not points[0].grid_name else points[0].out.parent.parent
     for point in points:
-        train.check_output_folder(point.out, resume=False)
+        check_run_folder(point.out, resume=False)
         config_lib.method_options(get_method(cfg.method_name).hparams_type, point.cfg.method)  # concrete checks
         config_lib.validate_values(point.cfg)
-    exps = experiments_by_data_seed(points)
+    exps = experiments_by_data_seed(points, progress)
     exp = next(iter(exps.values()))
     print(exp.partition_text if len(exps) == 1 else f"{len(exps)} partitions, one per seed (vary_data_with_seed)")
     per_call = experiments_per_call(exp.engine, cfg, len(points))
@@ -305,21 +273,14 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
           f"({jax.default_backend()}) ...", flush=True)
     start = time.perf_counter()
     summaries: list[dict] = []
-    with train._StopRequest() as stop:
-        for i in range(0, len(points), per_call):
-            chunk = points[i:i + per_call]
-            outputs = [PointOutput(p, exps[p.cfg.data_seed], start) for p in chunk]
-            finished = False
-            try:
-                finished = _run_chunk(exps, chunk, outputs, progress, stop)
-            finally:
-                summaries += [o.finish({"status": "finished"} if finished else None) for o in outputs]
-            if not finished:
-                break
+    for i in range(0, len(points), per_call):
+        summaries += run_chunk(exps, points[i:i + per_call], progress, stop, observe)
+        if stop.requested:
+            break
     summary = sweep_summary(points[:len(summaries)], summaries)
     summary["seconds"] = time.perf_counter() - start
     run_output.write_json(root / "sweep.json", summary)
-    with run_output.atomic_write(root / "sweep.md") as f:
+    with atomic_write(root / "sweep.md") as f:
         f.write(sweep_markdown(summary))
     print(sweep_markdown(summary), end="")
     print(f"wrote {root}/ ({len(summaries)} run folders, sweep.json, sweep.md)")

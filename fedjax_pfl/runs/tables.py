@@ -4,35 +4,20 @@ metrics.csv holds the same numbers as metrics.jsonl, one row per evaluation
 (floats written in Python's shortest round-trip form, so reading the CSV back
 gives the JSON values exactly). clients.csv holds each client's test metrics
 from the latest per-client evaluation (`Engine.evaluate`), since PFL results
-are about the spread over clients. Files are replaced atomically.
+are about the spread over clients. Files are replaced atomically (atomic_file.py).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
+from fedjax_pfl.runs.atomic_file import atomic_write
+
 CLIENT_COLUMNS = ("client", "train_size", "test_size", "accuracy", "loss")
-
-
-def write_atomically(path: Path, write: Callable, binary: bool = False) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
-            write(f)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for reading
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def metrics_columns(records: list[dict]) -> list[str]:
@@ -48,13 +33,10 @@ def _cell(value):
 
 def write_metrics_csv(path: Path, records: list[dict]) -> None:
     columns = metrics_columns(records)
-
-    def write(f):
+    with atomic_write(path, newline="") as f:
         out = csv.writer(f)
         out.writerow(columns)
         out.writerows([_cell(r.get(c)) for c in columns] for r in records)
-
-    write_atomically(path, write)
 
 
 def client_rows(per_client: dict, partition: dict) -> list[dict]:
@@ -73,9 +55,7 @@ def client_rows(per_client: dict, partition: dict) -> list[dict]:
 
 
 def write_clients_csv(path: Path, rows: list[dict]) -> None:
-    def write(f):
+    with atomic_write(path, newline="") as f:
         out = csv.DictWriter(f, CLIENT_COLUMNS)
         out.writeheader()
         out.writerows(rows)
-
-    write_atomically(path, write)

@@ -1,8 +1,8 @@
 """TensorBoard event files in the run folder (``--tensorboard`` / ``log.tensorboard=true``).
 
 Each evaluation's numbers (every numeric field of its metrics.jsonl line but
-``round``) become scalars under the same names, at step = rounds completed
-(``round`` + 1), written through tensorboardX (the ``tensorboard`` extra).
+``round``) become scalars under the same names, at step = ``round`` (counted
+from 1: the evaluation after that round), written through tensorboardX (the ``tensorboard`` extra).
 A resumed run purges the steps it will write again, so TensorBoard shows each
 round once. Scalars are stored as float32, as TensorBoard stores them.
 """
@@ -37,7 +37,7 @@ class TensorBoardLog:
         self._writer = None
 
     def write(self, record: dict) -> None:
-        step = int(record["round"]) + 1
+        step = int(record["round"])
         if self._writer is None:
             self._writer = self._open(step)
         for tag, value in scalars(record).items():

@@ -1,0 +1,61 @@
+"""metrics.jsonl records from the host outputs of a compiled call, and the checks that stop a diverged run.
+
+The engine returns each call's round metrics and evaluations as host NumPy
+(it reads them after every call), keyed by its round index t (0, 1, ...);
+here they become one record per evaluated round, numbered as people count
+rounds (``round`` = t + 1: the first round is round 1), after checking that no selected client's training loss and no test
+loss is NaN or infinite (`DivergedError`, naming the first bad round and its
+clients). Pure functions of host data: nothing here touches JAX or files.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedjax_pfl.core.errors import DivergedError
+from fedjax_pfl.engine.engine import summarize_evaluation
+
+
+def rounds_of_call(metrics: dict, rounds: int) -> list[dict]:
+    """The first ``rounds`` slots of a call's stacked round metrics, one dict per round."""
+    return [{k: v[j] for k, v in metrics.items()} for j in range(rounds)]
+
+
+def first_bad_round(records: list[dict]):
+    """(round index, client ids) of the first non-finite client training loss, or None.
+
+    ``records``: host per-round metrics, each with 'round' (the engine's
+    index, from 0), 'client_loss' [S] and 'selected' [S].
+    """
+    for r in records:
+        bad = ~np.isfinite(np.asarray(r["client_loss"]))
+        if bad.any():
+            return int(r["round"]), [int(c) for c in np.asarray(r["selected"])[bad]]
+    return None
+
+
+def check_rounds(records: list[dict]) -> None:
+    """DivergedError at the first non-finite client training loss of host per-round metrics."""
+    bad = first_bad_round(records)
+    if bad is not None:
+        t, clients = bad
+        raise DivergedError(f"round {t + 1}: training loss is not finite for client(s) {', '.join(map(str, clients))}; "
+                            "lower the learning rate (--lr) or check the data normalisation")
+
+
+def evaluation_record(per_client: dict, round_metrics: dict, t: int, seconds: float, eval_model: str) -> dict:
+    """The metrics.jsonl record of the evaluation after round index ``t`` (``round`` t + 1);
+    DivergedError if the test loss is not finite.
+
+    ``seconds``: the run's wall time when the call holding round ``t`` returned.
+    """
+    evaluation = summarize_evaluation(per_client)
+    if not math.isfinite(evaluation["loss"]):
+        raise DivergedError(
+            f"round {t + 1}: test loss is not finite ({evaluation['loss']}); "
+            "lower the learning rate (--lr) or check the data normalisation"
+        )
+    return {"round": t + 1, **evaluation, "train_loss": float(round_metrics["train_loss"]), "eval_model": eval_model,
+            "seconds": seconds}

@@ -1,0 +1,278 @@
+"""A paper's table in one command: ``python -m fedjax_pfl.reproduce NAME [options] [key.sub=value ...]``.
+
+Runs every cell (method x setting x seed) of the table configs/tables/NAME.yaml
+(`fedjax_pfl.runs.table_spec`) through the training command, in this process
+(``runs.cli.main``, so JAX starts once), printing each cell's
+equivalent shell command, and writes the table (`fedjax_pfl.runs.paper_table`):
+
+    reproductions/NAME/table.md, table.csv, runs/<method>-<setting>/seed<k>/
+
+The new seeds of a cell run as ONE program (``--seeds``, runs/sweep.py, each
+seed with its own partition: ``vary_data_with_seed``) when the setting fixes
+every client's train and test sizes, so the seeds' arrays have one shape;
+otherwise, or with ``--one-by-one``, one run per seed. Either way each seed
+writes the same run folder (numbers equal within float tolerance).
+
+Resumable: a cell whose run folder holds a run of the same configuration
+with summary.json status ``finished`` (or ``failed``: a diverged run fails
+again; remove its folder to retry) is skipped; an interrupted or killed one
+continues with ``--resume`` from its checkpoint (cells checkpoint every tenth
+of their rounds), or starts over when it has none. A folder holding a run of
+another configuration (other rounds or overrides) is an error: use another
+``--out``. ``--rounds`` / ``--seeds`` scale down (the table says "reduced"),
+``--methods`` / ``--settings`` pick a subset, ``--dry-run`` only prints the
+commands, ``--list`` shows the tables. Overrides after NAME apply to every
+cell (e.g. ``data.name=cifar10_jpeg`` with ``--settings``). Bad input: one
+line, exit 2; a cell that fails is reported and the others still run (exit 1);
+Ctrl-C stops after the round in flight, writes the table so far, exit 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.runs import run_folder
+from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.runs.output_folder import check_writable
+from fedjax_pfl.runs.table_spec import TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
+
+TRAIN = "python -m fedjax_pfl.train"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m fedjax_pfl.reproduce", usage="%(prog)s NAME [options] [key.sub=value ...]",
+                description="Run the cells of a paper's table and write table.md / table.csv beside their runs.")
+    p.add_argument("name", nargs="?", help="table name (see --list)")
+    p.add_argument("--list", action="store_true", help="list the tables and exit")
+    p.add_argument("--table-file", help="a table YAML file instead of a NAME from configs/tables/")
+    p.add_argument("--out", help="output folder (default reproductions/NAME)")
+    p.add_argument("--rounds", type=int, help="rounds per run (default: each preset's, the paper's)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the table file's)")
+    p.add_argument("--methods", help="comma-separated subset of the table's methods")
+    p.add_argument("--settings", help="comma-separated subset of the table's settings")
+    p.add_argument("--data-dir", help="folder with dataset files (else $FEDJAX_PFL_DATA_DIR, then the cache)")
+    p.add_argument("--dry-run", action="store_true", help="print each cell's command and state; run nothing")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--one-by-one", action="store_true", help="never run a cell's seeds as one vmapped program")
+    return p
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def base_argv(cell: Cell, extra: list[str] = ()) -> list[str]:
+    """The training command's arguments that define the cell (no rounds, output or checkpoints)."""
+    config = ["--config", _display_path(cell.setting.config)] if cell.setting.config else []
+    return [*config, "--method", cell.method.method, "--seed", str(cell.seed), *cell.overrides, *extra]
+
+
+def checkpoint_every(rounds: int) -> int:
+    """Cells checkpoint every tenth of their rounds, so an interrupted cell loses at most that."""
+    return max(1, math.ceil(rounds / 10))
+
+
+def build_config(argv: list[str]) -> config_lib.RunConfig:
+    """The RunConfig the training command builds from ``argv``, validated (names resolved), no data read."""
+    from fedjax_pfl.runs import cli
+    from fedjax_pfl.runs.experiment import validate
+
+    args, overrides = cli.parse_args(argv)
+    cfg = cli.config_from_args(args, overrides)
+    validate(cfg)
+    return cfg
+
+
+def paper_rounds(cell: Cell, extra: list[str] = ()) -> int:
+    return build_config(base_argv(cell, extra)).train.rounds
+
+
+def cell_argv(cell: Cell, folder: Path, rounds: int, extra: list[str] = (), data_dir: str | None = None) -> list[str]:
+    """The full training command line of a cell."""
+    data = ["--data-dir", data_dir] if data_dir else []
+    # as overrides, last: they win over the table's and the user's overrides
+    return [*base_argv(cell, extra), "--out", str(folder), *data, f"train.rounds={rounds}",
+            f"checkpoint_every={checkpoint_every(rounds)}"]
+
+
+def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
+    """'new', 'finished' (skip), 'resume' (checkpoint) or 'rerun' (unfinished, no checkpoint) for ``cfg`` in ``folder``.
+
+    UserError when the folder holds a run of another configuration.
+    """
+    if not run_folder.is_run(folder):
+        return "new"
+    from fedjax_pfl.runs.resume import with_resolved_options
+
+    saved = with_resolved_options(run_folder.read_config(folder))
+    new = config_lib.to_dict(cfg)
+    changed = config_lib.resume_differences(saved, new)
+    if saved.get("train", {}).get("rounds") != cfg.train.rounds:
+        changed.append(f"train.rounds: {saved.get('train', {}).get('rounds')!r} -> {cfg.train.rounds!r}")
+    if changed:
+        raise UserError(f"{folder} holds a run of another configuration ({'; '.join(changed)}); "
+                        "pass another --out, or remove that folder")
+    summary = run_folder.read_summary(folder) or {}
+    records = run_folder.read_records(folder)
+    if summary.get("status") in ("finished", "failed") or (records and records[-1]["round"] == cfg.train.rounds):
+        return "finished"  # (the second: killed after its last evaluation, before summary.json)
+    from fedjax_pfl.engine import checkpoint  # (imports jax: not at module level)
+
+    return "resume" if checkpoint.exists(checkpoint.checkpoint_path(folder)) else "rerun"
+
+
+def batchable(cfg: config_lib.RunConfig) -> bool:
+    """Whether the seeds of this setting can share one program: every client's sizes are fixed."""
+    p = cfg.partition
+    return p.scheme != "natural" and bool(p.train_per_client) and bool(p.test_per_client)
+
+
+def seeds_argv(argv: list[str], seeds: list[int], folder: Path) -> list[str]:
+    """A cell's command turned into one ``--seeds`` run writing ``folder``/seed<k>."""
+    at = argv.index("--seed")
+    rest = [a for i, a in enumerate(argv) if i not in (at, at + 1)]
+    out = rest.index("--out")
+    rest[out + 1] = str(folder)
+    return [*rest, "--seeds", ",".join(map(str, seeds)), "vary_data_with_seed=true"]
+
+
+def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=None) -> int:
+    """Train one cell (continuing or restarting it per ``state``); the training command's exit status.
+
+    A crash (not a user error) is one line here, its traceback in the cell's error.log, and
+    counts as a failed cell, so one broken method does not stop the rest of a long table.
+    """
+    from fedjax_pfl.runs import cli
+
+    if state == "rerun":
+        shutil.rmtree(folder)  # an unfinished run of this very cell without a checkpoint
+    flags = (["--resume"] if state == "resume" else []) + ([] if progress else ["--no-progress"])
+    cell = Command("interrupted")
+    cell.folder = folder
+    return cell.run(lambda: cli.main([*argv, *flags], observe=observe))
+
+
+def pick_seeds(text: str | None, spec: TableSpec) -> list[int]:
+    """``--seeds`` (distinct whole numbers >= 0), else the table file's seeds."""
+    if text is None:
+        return list(spec.seeds)
+    seeds = seed_list(text)
+    if len(set(seeds)) != len(seeds) or max(seeds) > config_lib.MAX_WHOLE:
+        raise UserError(f"--seeds must be distinct whole numbers from 0 to {config_lib.MAX_WHOLE}; got {text!r}")
+    return seeds
+
+
+def list_tables(folder: Path = TABLES_DIR) -> str:
+    """One line per table: name, paper, table, cells, rounds (the presets'), datasets."""
+    lines = ["| name | paper | table | cells | rounds | data |", "|---|---|---|---|---|---|"]
+    for name in table_names(folder):
+        spec = load_table(Path(folder) / f"{name}.yaml")
+        configs = [config_lib.build(s.config, s.overrides) for s in spec.settings]
+        rounds = ", ".join(dict.fromkeys(str(c.train.rounds) for c in configs))
+        data = ", ".join(dict.fromkeys(c.data.name for c in configs))
+        cells = f"{len(spec.methods)} methods x {len(spec.settings)} settings x {len(spec.seeds)} seeds"
+        lines.append(f"| {name} | {spec.paper} | {spec.table} | {cells} | {rounds} | {data} |")
+    return "\n".join(lines) + "\n"
+
+
+def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
+    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status.
+
+    ``command.folder`` is set to the output folder (for error.log)."""
+    from fedjax_pfl.runs.paper_table import write_table
+
+    if args.table_file and args.name:
+        raise UserError("give a table NAME or --table-file, not both")
+    if not (args.table_file or args.name):
+        raise UserError("name a table (see --list), or pass --table-file FILE")
+    spec = load_table(args.table_file) if args.table_file else find_table(args.name)
+    if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
+        raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
+    methods = parse_list(args.methods, [m.name for m in spec.methods], "method(s)")
+    settings = parse_list(args.settings, [s.name for s in spec.settings], "setting(s)")
+    seeds = pick_seeds(args.seeds, spec)
+    out = Path(args.out or Path("reproductions") / spec.name)
+    if not args.dry_run:
+        check_writable(out)
+    command.folder = out
+    cells = spec.cells(methods, settings, seeds)
+    published = {c.setting.name: paper_rounds(c, extra) for c in cells}
+    rounds = {name: (args.rounds or r, r) for name, r in published.items()}
+    failed, status = [], 0
+    plans = []  # (label, cells, argv, state, folder)
+    for group in _groups(cells):
+        argvs = [cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra, args.data_dir)
+                 for c in group]
+        configs = [build_config(a) for a in argvs]
+        states = [cell_state(out / "runs" / c.folder_name, cfg) for c, cfg in zip(group, configs)]
+        new = [c for c, st in zip(group, states) if st == "new"]
+        together = len(new) > 1 and batchable(configs[0]) and not args.one_by_one
+        if together:
+            folder = out / "runs" / group[0].group_name
+            plans.append((f"{group[0].group_name} seeds {','.join(str(c.seed) for c in new)} (one program)", new,
+                          seeds_argv(argvs[group.index(new[0])], [c.seed for c in new], folder), "new", folder))
+        for c, a, st in zip(group, argvs, states):
+            if not (together and st == "new"):
+                plans.append((c.folder_name, [c], a, st, out / "runs" / c.folder_name))
+    for i, (label, plan_cells, argv, state, folder) in enumerate(plans, 1):
+        command = shlex.join([*TRAIN.split(), *argv, *(["--resume"] if state == "resume" else [])])
+        print(f"[{i}/{len(plans)}] {label}: {'skipped (done)' if state == 'finished' else state}"
+              f"{'' if state == 'finished' else ': ' + command}", flush=True)
+        if args.dry_run or state == "finished":
+            continue
+        rc = run_cell(argv, state, folder, not args.no_progress, observe)
+        if rc == 130:
+            status = 130
+            print("interrupted: the table below holds the cells run so far; run the same command again to continue",
+                  file=sys.stderr)
+            break
+        if rc != 0:
+            failed += [c.folder_name for c in plan_cells]
+    if args.dry_run:
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    head_extra = [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
+    text = write_table(spec, cells, out, rounds, seeds, head_extra)
+    print(text, end="")
+    print(f"wrote {out}/ (table.md, table.csv, runs/)")
+    if failed:
+        print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
+        return status or 1
+    return status
+
+
+def _groups(cells: list[Cell]) -> list[list[Cell]]:
+    """The cells grouped by (method, setting), in table order."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.group_name, []).append(cell)
+    return list(groups.values())
+
+
+def main(argv=None, observe=None) -> int:
+    """The command's exit status (runs/command.py); ``observe(rounds_done)`` is passed to every cell's run
+    (runs/cli.py)."""
+    command = Command("interrupted; run the same command again to continue")
+
+    def body() -> int:
+        args, rest = build_parser().parse_known_args(argv)
+        if args.name and "=" in args.name:  # an override, not a table name (with --table-file)
+            args.name, rest = None, [args.name, *rest]
+        extra = split_overrides(rest)
+        if args.list:
+            print(list_tables(), end="")
+            return 0
+        return reproduce(args, extra, command, observe)
+
+    return command.run(body)

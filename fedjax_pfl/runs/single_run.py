@@ -1,0 +1,142 @@
+"""One configuration trained end to end: experiment, (resumed) state, the round loop, the run folder.
+
+`run_single` builds the experiment (runs/experiment.py), starts from the
+method's init or, with ``resume``, from the run's checkpoint, and drives the
+round loop (runs/loop.py) over one `RunWriter`. Only process 0 of a
+multi-process run writes the run folder; every process writes its shards of
+the checkpoints.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+from fedjax_pfl.engine import checkpoint, distributed
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.runs import resume as resume_lib
+from fedjax_pfl.runs import run_output
+from fedjax_pfl.runs.call_planner import CallPlanner
+from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.loop import run_calls
+from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
+from fedjax_pfl.runs.progress import RunProgress
+from fedjax_pfl.runs.run_writer import RunWriter
+from fedjax_pfl.runs.stop_request import StopRequest
+
+
+def run_folder_of(cfg: config_lib.RunConfig) -> Path:
+    """``--out``, else ``runs/<method>-<dataset>-<time>``."""
+    return Path(cfg.out) if cfg.out else default_run_folder(cfg.method_name, cfg.data.name)
+
+
+class SingleProgram:
+    """The compiled rounds of one run (`Engine.run_rounds`), holding its state between calls."""
+
+    def __init__(self, engine, server, clients, key, cfg: config_lib.RunConfig):
+        self.engine, self.server, self.clients, self.key = engine, server, clients, key
+        self.rounds, self.eval_every = cfg.train.rounds, cfg.eval_every
+
+    def call(self, first: int, count: int, stop: int):
+        self.server, self.clients, metrics, evaluations = self.engine.run_rounds(
+            self.server, self.clients, self.key, first, count, self.rounds, self.eval_every, stop=stop)
+        return [(metrics, evaluations)]
+
+    def state(self, index: int):
+        return self.server, self.clients
+
+    def evaluate(self, index: int, round_index: int):
+        eval_key = engine_lib.round_keys(self.key, round_index)[1]
+        return self.engine.evaluate(self.server, self.clients, eval_key, round_index=round_index)
+
+
+def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+               stop: StopRequest | None = None) -> dict:
+    """Train ``cfg`` (validated) into its run folder; returns the final summary.
+
+    ``stop``: the Ctrl-C handling to use (the caller reads ``stop.requested`` afterwards)."""
+    out = run_folder_of(cfg)
+    stop = stop or StopRequest()
+    if not distributed.is_main_process():  # only process 0 writes the run folder (checkpoints: every process)
+        with tempfile.TemporaryDirectory(prefix="fedjax_pfl-process-") as scratch:
+            return _train(cfg, out, Path(scratch), False, resume, observe, stop)
+    check_run_folder(out, resume)
+    return _train(cfg, out, out, progress, resume, observe, stop)
+
+
+def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, stop: StopRequest) -> dict:
+    """`run_single` with the run folder ``out`` (checkpoint, resume) and ``files``, where this process writes."""
+    saved = resume_lib.saved_run(out) if resume else None
+    if saved is not None:
+        resume_lib.check_same_config(saved, cfg)  # before any data is read
+    began = time.perf_counter()
+    print(f"loading {cfg.data.name} and partitioning it ({cfg.partition.scheme}) ...", flush=True)
+    exp = build_experiment(cfg, progress=progress)
+    print(exp.partition_text)
+    print(f"loaded and partitioned in {time.perf_counter() - began:.1f} s; initialising the model and "
+          f"{'restoring' if resume else 'creating'} the clients' state ...", flush=True)
+    init_key, key = jax.random.split(jax.random.key(cfg.seed))
+    server, clients = exp.engine.init(init_key)
+    done, seconds_done, history = 0, 0.0, []
+    if resume:
+        (server, clients), step, meta = checkpoint.restore(checkpoint.checkpoint_path(out), (server, clients),
+                                                           num_clients=exp.engine.num_clients)
+        done = int(meta.get("rounds_done", step + 1))  # (older checkpoints: named by the round index from 0)
+        history = resume_lib.check_resume(saved, cfg, done, exp.partition_summary,
+                                          run_output.read_json(out / "partition.json"))
+        for warning in resume_lib.check_metrics(out, saved, done):
+            print(warning, file=sys.stderr)
+        seconds_done = float(meta.get("seconds", 0.0))
+    writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done)
+    program = SingleProgram(exp.engine, server, clients, key, cfg)
+    planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
+    display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress)
+    stop.aborts = [writer.abort]
+    try:
+        with stop:
+            run_calls(program, [writer], planner, done, stop, display, observe)
+    except BaseException as e:
+        writer.crashed(e)
+        raise
+    finally:
+        display.close()
+        summary = writer.finish()
+    if writer.error is not None:
+        raise writer.error
+    report_end(out, writer, summary, cfg.eval.model, stop.requested)
+    return summary
+
+
+def training_clients(engine) -> int:
+    """Clients that train each round (all of them with ``train.all_clients_train``)."""
+    return engine.num_clients if engine.config.all_clients_train else engine.config.clients_per_round
+
+
+def written(folder: Path) -> list[str]:
+    """The outputs of a run that ``folder`` holds now (only those, e.g. no clients.csv before a snapshot)."""
+    names = ["config.json", "partition.json", "metrics.jsonl", "metrics.csv", "clients.csv", "summary.json"]
+    found = [name for name in names if (folder / name).is_file()]
+    found += [f"plots/{p.name}" for p in sorted((folder / "plots").glob("*.png"))]
+    return found + (["TensorBoard events"] if any(folder.glob("events.out.tfevents.*")) else [])
+
+
+def report_end(out: Path, writer: RunWriter, summary: dict, eval_model: str, ctrl_c: bool = False) -> None:
+    """The lines a finished or interrupted run prints: what it wrote, how to continue, its accuracy."""
+    print(f"wrote {out}/ ({', '.join(written(writer.files))})")
+    if summary["status"] == "interrupted":
+        print(f"interrupted after round {summary['after_round']}: checkpoint and summary written to {out}; "
+              "continue with the same command and --resume", file=sys.stderr)
+    elif ctrl_c:
+        print(f"stopped by Ctrl-C during the last round, after finishing it: the run in {out} is complete",
+              file=sys.stderr)
+    if "last" in summary:
+        mean, best = summary["mean_last_10"], summary["best_optimistic"]
+        print(f"final accuracy {summary['last']['accuracy']:.4f} (mean of last {mean['evaluations']} evals "
+              f"{mean['accuracy']:.4f}; best {best['by_accuracy']['accuracy']:.4f} at round "
+              f"{best['by_accuracy']['round']}, best weighted {best['by_accuracy_weighted']['accuracy_weighted']:.4f} "
+              f"at round {best['by_accuracy_weighted']['round']}; eval.model={eval_model})")

@@ -1,0 +1,121 @@
+"""Ctrl-C during a run: acknowledged at once, honoured after the round in flight (the last one too).
+
+While a `StopRequest` is active (a ``with`` block in the main thread), the
+first Ctrl-C prints at once what will happen and sets ``requested``; the
+round loop stops after the call in flight (with a checkpoint and the
+summary, status ``interrupted``; after the last round the run is complete)
+and the command exits 130. A second Ctrl-C stops at once: a
+KeyboardInterrupt in the main thread, or, when the main thread does not
+answer within `ABORT_AFTER` seconds, the ``abort`` callbacks (they write the
+summary) and the end of the process (exit 130).
+
+Why a watcher thread: Python runs signal handlers in the main thread only
+between bytecodes, and a compiled call that holds host callbacks (the
+in-round progress) keeps the main thread inside XLA until the call ends,
+minutes for a long round. `signal.set_wakeup_fd` makes the C-level handler
+write a byte to a pipe at once, whatever the main thread does; the watcher
+reads it, prints the acknowledgement and sets ``requested``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable
+
+from tqdm import tqdm
+
+ABORT_AFTER = 3.0  # seconds the main thread has to answer a second Ctrl-C before the process ends
+
+
+class StopRequest:
+    def __init__(self):
+        self.requested = False
+        self.in_flight: tuple[int, int] | None = None  # (last round of the call in flight, total), from 1
+        self.aborts: list[Callable[[], None]] = []  # what to save when the process must end at once
+        self._lock = threading.Lock()
+        self._acknowledged = False
+        self._handled = 0  # Ctrl-C seen by the Python handler (main thread)
+        self._seen = 0  # Ctrl-C seen by the watcher
+        self._active = False
+        self._previous = self._previous_fd = self._pipe = None
+
+    def acknowledgment(self) -> str:
+        """What the first Ctrl-C does, in one line."""
+        again = "Ctrl-C again stops at once, keeping only what was saved"
+        if self.in_flight is None:
+            return f"Ctrl-C: stopping before the next round ({again})"
+        last, total = self.in_flight
+        if last >= total:
+            return f"Ctrl-C: round {total} is the last; stopping once it is done ({again})"
+        return (f"Ctrl-C: stopping after round {last} of {total}, with a checkpoint and the summary; continue "
+                f"later with --resume ({again})")
+
+    def _first(self) -> None:
+        """The first Ctrl-C, from whichever thread sees it first: set ``requested``, say so once."""
+        with self._lock:
+            self.requested = True
+            if self._acknowledged:
+                return
+            self._acknowledged = True
+        tqdm.write(self.acknowledgment(), file=sys.stderr)
+        sys.stderr.flush()
+
+    def _handle(self, signum, frame):  # the Python handler: main thread, between bytecodes
+        self._handled += 1
+        if self._handled >= 2:
+            raise KeyboardInterrupt
+        self._first()
+
+    def _watch(self, read_end: int) -> None:
+        """The watcher thread: one byte per signal, written by the C-level handler at once."""
+        while True:
+            try:
+                data = os.read(read_end, 64)
+            except OSError:
+                data = b""
+            if not data:
+                os.close(read_end)
+                return
+            for number in data:
+                if number != signal.SIGINT:
+                    continue
+                self._seen += 1
+                if self._seen == 1:
+                    self._first()
+                else:
+                    threading.Thread(target=self._abort_unless_answered, daemon=True).start()
+
+    def _abort_unless_answered(self) -> None:
+        tqdm.write("Ctrl-C again: stopping now", file=sys.stderr)
+        deadline = time.monotonic() + ABORT_AFTER
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._active:  # the main thread is inside a long compiled call: save what can be, and end
+            for abort in self.aborts:
+                abort()
+            sys.stderr.flush()
+            os._exit(130)
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        self._previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self._pipe = (read_end, write_end)
+        self._active = True
+        threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="fedjax_pfl-ctrl-c").start()
+        return self
+
+    def __exit__(self, *exc):
+        self._active = False
+        if self._previous is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            signal.signal(signal.SIGINT, self._previous)
+            os.close(self._pipe[1])  # the watcher reads the end of the pipe and returns
+            self._previous = None

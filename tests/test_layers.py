@@ -1,0 +1,146 @@
+"""The package's layers, read from its imports (ast): no circle, no upward import, no private name.
+
+Layers, lowest first (a module may import its own folder and any lower layer):
+
+    core -> data, models -> kernels -> losses, aggregation -> methods -> engine -> runs -> commands
+
+Every import counts, at module level or inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fedjax_pfl"
+
+# group -> rank; groups of one rank may not import each other
+RANKS = {
+    "core": 0,
+    "data": 1, "models": 1,
+    "kernels": 2,
+    "losses": 3, "aggregation": 3,
+    "methods": 4,
+    "engine": 5,
+    "runs": 6,
+    "train": 7, "reproduce": 7, "report": 7, "__init__": 7,
+}
+COMMANDS = {"__init__", "losses", "aggregation", "train", "reproduce", "report"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> list[tuple[str, str]]:
+    """(imported module, imported name or '') for every fedjax_pfl import in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names if a.name.startswith("fedjax_pfl")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedjax_pfl"):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.append((sub, "") if sub in known else (node.module, a.name))
+    return out
+
+
+def private_attributes(path: Path, known: set[str]) -> list[str]:
+    """``alias._name`` uses where ``alias`` is a fedjax_pfl module imported into ``path``."""
+    tree = ast.parse(path.read_text())
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in known})
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedjax_pfl"):
+            aliases.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                            if f"{node.module}.{a.name}" in known})
+    return [f"{aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
+            and n.attr.startswith("_") and not n.attr.startswith("__")]
+
+
+def group(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def graph() -> dict[str, list[tuple[str, str]]]:
+    mods = modules()
+    return {m: imports(p, set(mods)) for m, p in mods.items()}
+
+
+def test_at_most_six_modules_stand_at_the_top():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert set(top) <= COMMANDS, f"modules directly in fedjax_pfl/ beyond the public faces and commands: {top}"
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert set(folders) <= set(RANKS), f"a folder without a layer: {folders}"
+
+
+def test_every_import_runs_downward():
+    upward = []
+    for src, targets in graph().items():
+        for target, _ in targets:
+            if target == "fedjax_pfl":
+                continue
+            a, b = group(src), group(target)
+            if a != b and RANKS[b] >= RANKS[a]:
+                upward.append(f"{src} -> {target}")
+    assert not upward, "imports that run up or sideways between layers:\n" + "\n".join(upward)
+
+
+def test_no_module_imports_another_modules_private_names():
+    mods = modules()
+    private = [f"{src} imports {name} from {target}" for src, targets in graph().items()
+               for target, name in targets if name.startswith("_") and target != src]
+    private += [f"{src} uses {use}" for src, path in mods.items() for use in private_attributes(path, set(mods))]
+    assert not private, "\n".join(private)
+
+
+def test_no_import_circles():
+    g = graph()
+    # a module importing its own package's __init__ is not a circle of files
+    edges = {src: {t for t, _ in targets if t in g and not src.startswith(t + ".")} for src, targets in g.items()}
+    circles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from fedjax_pfl.methods.base import _hidden\n", "private"),
+    ("from fedjax_pfl.methods import base\nbase._hidden()\n", "private attribute"),
+    ("from fedjax_pfl.runs import config\n", "upward"),
+])
+def test_the_checks_catch_a_planted_violation(tmp_path, source, expected):
+    """The walkers above would see a violation: an engine-level file importing runs / a private name."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(source)
+    found = imports(planted, set(modules()))
+    if expected == "private":
+        assert any(name.startswith("_") for _, name in found)
+    elif expected == "private attribute":
+        assert private_attributes(planted, set(modules())) == ["fedjax_pfl.methods.base._hidden"]
+    else:
+        (target, _), = found
+        assert RANKS[group(target)] > RANKS["engine"]
