@@ -1,7 +1,7 @@
 """pFedKD-WCL's server gradient: grad_w of the KL between the global model w
 and a client's fixed personal model theta_i, over the client's whole train set.
 
-Two directions (METHODS.md, pFedKD-WCL):
+Two directions (docs/methods/conventions.md, pFedKD-WCL):
 - ``teacher_first`` (default; the authors' code, ``F.kl_div(log p_theta, p_w)``):
   KL(p_w || p_theta), the same direction as the client's distillation term;
 - ``student_first`` (the paper's text): KL(p_theta || p_w).

@@ -27,7 +27,7 @@ two clusters whose spread is 1/70 of their separation. Pairs closer than the
 Gram's rounding noise are reported at distance 0 (see `pairwise_sq_distances`),
 so the server step is never amplified by a spuriously tiny distance.
 
-Model-distance loss (METHODS.md, DiversiFed; reconstructed from the paper's
+Model-distance loss (docs/methods/conventions.md, DiversiFed; reconstructed from the paper's
 words, so it lives in ONE pure function, `model_distance_loss`, to be swapped):
 
     L(D) = sum_i L_i,  L_i = sum_{j != i} log( exp(d_ij/tau) / sum_{k != i} exp(d_ik/tau) )
@@ -219,7 +219,7 @@ def _off_diagonal(n: int):
 
 
 def model_distance_loss(distances, tau):
-    """L(D) = sum_i sum_{j != i} log softmax_{k != i}(d_ik / tau)_j  (METHODS.md, DiversiFed).
+    """L(D) = sum_i sum_{j != i} log softmax_{k != i}(d_ik / tau)_j  (docs/methods/conventions.md, DiversiFed).
 
     distances [N, N] (symmetric, zero diagonal; entries are used as independent
     inputs, so dL/dD_ij is the L_i part only). The only place the formula lives.
