@@ -162,7 +162,7 @@ def citation(paper: dict) -> str:
     if "title" not in paper:
         return paper.get("note", "")
     year = (", " if " " in str(paper["venue"]) else " ") + str(paper["year"]) if paper.get("year") else ""
-    text = f"{paper['authors']}. **{paper['title']}**. {paper['venue']}{year}. [{paper['url']}]({paper['url']})"
+    text = f"{paper['authors']}. **[{paper['title']}]({paper['url']})**. {paper['venue']}{year}."
     if paper.get("code"):
         text += f"  \nThe authors' code: `{paper['code']}` (GitHub)."
     if paper.get("note"):
