@@ -161,3 +161,11 @@ def test_losses_face_reexports_only_functions_with_examples():
 
     for n in losses.__all__:
         assert ">>>" in (getattr(losses, n).__doc__ or ""), n
+
+
+def test_readme_lists_every_method_with_its_module():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name, cls in registry().items():
+        module = cls.__module__.replace(".", "/") + ".py"
+        assert f"]({module}) | `{name}` |" in readme, f"README's methods table has no row for {name}"
+        assert (ROOT / module).is_file(), module
