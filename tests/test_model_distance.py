@@ -34,7 +34,7 @@ def distances_loop64(w):
 
 
 def mixing_loop64(d, tau, eta, scale_free=False):
-    """Xi from METHODS.md written out pair by pair (closed form of dL/dd).
+    """Xi from docs/methods/conventions.md written out pair by pair (closed form of dL/dd).
 
     ``scale_free``: c of L(D / mean(D)) at mean(D) = 1, i.e. c_ij - sum_kl c_kl d_kl / (N (N - 1)).
     """

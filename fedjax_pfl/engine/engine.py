@@ -70,7 +70,7 @@ class EngineConfig:
 
 
 def clients_per_round(num_clients: int, join_ratio: float) -> int:
-    """round(N * join_ratio), at least 1 (METHODS.md: client sampling)."""
+    """round(N * join_ratio), at least 1 (docs/methods/conventions.md: client sampling)."""
     return max(1, min(num_clients, int(round(num_clients * join_ratio))))
 
 

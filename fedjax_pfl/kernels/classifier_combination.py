@@ -17,7 +17,16 @@ import jax.numpy as jnp
 
 
 def qp_matrices(V, H):
-    """FedPAC's P_i = diag(V) + D_i for every client i: V [S], H [S, C, d] -> [S, S, S]."""
+    """FedPAC's P_i = diag(V) + D_i for every client i: V [S], H [S, C, d] -> [S, S, S].
+
+    Examples:
+        >>> import numpy as np
+        >>> V = jnp.array([0.1, 0.2])
+        >>> H = jnp.array([[[1.0, 0.0]], [[0.0, 1.0]]])  # S=2 clients, C=1, d=2
+        >>> print(np.asarray(qp_matrices(V, H)[0]).round(3))  # P_0 = diag(V) + D_0
+        [[0.1 0. ]
+         [0.  2.2]]
+    """
     S = V.shape[0]
     flat = H.reshape(S, -1).astype(jnp.float32)
 
@@ -29,7 +38,20 @@ def qp_matrices(V, H):
 
 
 def prototype_losses(model, heads, protos, counts):
-    """f_ij = sum_k pi_jk CE(head_i(c_j^k), k): heads stacked [S, ...], protos [S, C, d], counts [S, C]."""
+    """f_ij = sum_k pi_jk CE(head_i(c_j^k), k): heads stacked [S, ...], protos [S, C, d], counts [S, C].
+
+    Examples:
+        >>> import numpy as np
+        >>> class Head:  # a model whose head is a linear map: logits = proto @ kernel
+        ...     def apply_head(self, variables, x):
+        ...         return x @ variables["params"]["head"]["kernel"]
+        >>> heads = {"params": {"kernel": jnp.stack([jnp.eye(2), -jnp.eye(2)])}}  # S=2 heads
+        >>> protos = jnp.stack([jnp.eye(2), jnp.eye(2)])  # [S, C, d]: class k's prototype is e_k
+        >>> counts = jnp.array([[5.0, 5.0], [5.0, 5.0]])
+        >>> print(np.asarray(prototype_losses(Head(), heads, protos, counts)).round(3))  # head 0 fits, head 1 does not
+        [[0.313 0.313]
+         [1.313 1.313]]
+    """
     counts = counts.astype(jnp.float32)
     prior = counts / jnp.maximum(counts.sum(axis=1, keepdims=True), 1.0)
     labels = jnp.arange(protos.shape[1])

@@ -29,6 +29,12 @@ def mix_cores(p, cores, own_index, own_core):
 
     p [N]; ``cores`` a stacked tree [N, ...] of all clients' cores (row
     ``own_index`` is ignored and replaced by ``own_core``, a single tree).
+
+    Examples:
+        >>> cores = {"w": jnp.array([[1.0], [2.0], [4.0]])}  # N=3 clients' cores
+        >>> p = jnp.array([0.5, 0.25, 0.25])
+        >>> mix_cores(p, cores, 0, {"w": jnp.array([10.0])})["w"].tolist()  # 0.5*10 + 0.25*2 + 0.25*4
+        [6.5]
     """
     others = jnp.where(jnp.arange(p.shape[0]) == own_index, 0.0, p)
 
@@ -40,7 +46,14 @@ def mix_cores(p, cores, own_index, own_core):
 
 
 def initial_relationships(num_clients: int, sizes=None):
-    """p^0: n_j / sum n (the authors' ``init_pss``), or 1/N without sizes."""
+    """p^0: n_j / sum n (the authors' ``init_pss``), or 1/N without sizes.
+
+    Examples:
+        >>> initial_relationships(4).tolist()
+        [0.25, 0.25, 0.25, 0.25]
+        >>> initial_relationships(2, sizes=[30, 10]).tolist()
+        [0.75, 0.25]
+    """
     if sizes is None:
         return jnp.full((num_clients,), 1.0 / num_clients, jnp.float32)
     sizes = jnp.asarray(sizes, jnp.float32)
@@ -49,7 +62,14 @@ def initial_relationships(num_clients: int, sizes=None):
 
 def proximal_coefficient(round_index, mu: float, reg_rounds: int, schedule: str = "exponential"):
     """coef(r): mu * 1e-3^(r / L) ('exponential', the authors' default) or
-    mu * (cos(pi r / L) + 1) / 2 ('cosine'), for r < L = reg_rounds; 0 after."""
+    mu * (cos(pi r / L) + 1) / 2 ('cosine'), for r < L = reg_rounds; 0 after.
+
+    Examples:
+        >>> [round(float(proximal_coefficient(r, mu=0.1, reg_rounds=10)), 5) for r in (0, 5, 10)]
+        [0.1, 0.00316, 0.0]
+        >>> [round(float(proximal_coefficient(r, 0.1, 10, "cosine")), 5) for r in (0, 5, 10)]
+        [0.1, 0.05, 0.0]
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if mu == 0 or reg_rounds <= 0:
@@ -63,12 +83,27 @@ def proximal_coefficient(round_index, mu: float, reg_rounds: int, schedule: str 
 
 
 def relationship_penalty(p, p0, coef):
-    """coef * ||p - p^0||^2 (p^0 carries no gradient)."""
+    """coef * ||p - p^0||^2 (p^0 carries no gradient).
+
+    Examples:
+        >>> round(float(relationship_penalty(jnp.array([0.5, 0.5]), jnp.array([1.0, 0.0]), coef=0.1)), 4)
+        0.05
+    """
     return coef * jnp.sum(jnp.square(p - jax.lax.stop_gradient(p0)))
 
 
 def onto_simplex() -> optax.GradientTransformation:
-    """An optax step that ends on the probability simplex: u -> proj(p + u) - p (per leaf)."""
+    """An optax step that ends on the probability simplex: u -> proj(p + u) - p (per leaf).
+
+    Examples:
+        >>> import numpy as np
+        >>> import optax
+        >>> p = jnp.array([0.5, 0.5])
+        >>> opt = optax.chain(optax.sgd(1.0), onto_simplex())
+        >>> updates, _ = opt.update(jnp.array([-1.0, 0.0]), opt.init(p), p)
+        >>> print(np.asarray(p + updates).round(3))  # the step ends on the simplex
+        [1. 0.]
+    """
 
     def update(updates, state, params):
         return jax.tree.map(lambda u, p: project_simplex(p + u) - p, updates, params), state

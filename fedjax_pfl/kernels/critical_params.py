@@ -36,17 +36,32 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def sensitivity(trained, received):
-    """|(trained - received) * trained| per parameter (trees of the same structure)."""
+    """|(trained - received) * trained| per parameter (trees of the same structure).
+
+    Examples:
+        >>> sensitivity({"w": jnp.array([1.0, 2.0])}, {"w": jnp.array([0.5, 2.0])})["w"].tolist()
+        [0.5, 0.0]
+    """
     return jax.tree.map(lambda t, r: jnp.abs((t - r) * t), trained, received)
 
 
 def gradient_sensitivity(params, grads):
-    """|grad * theta| per parameter: the paper's first-order reading."""
+    """|grad * theta| per parameter: the paper's first-order reading.
+
+    Examples:
+        >>> gradient_sensitivity({"w": jnp.array([1.0, -2.0])}, {"w": jnp.array([0.5, 0.5])})["w"].tolist()
+        [0.5, 1.0]
+    """
     return jax.tree.map(lambda p, g: jnp.abs(g * p), params, grads)
 
 
 def critical_mask(values, ratio: float):
-    """Bool mask of the ``ratio`` fraction of largest entries of one tensor (see module docstring)."""
+    """Bool mask of the ``ratio`` fraction of largest entries of one tensor (see module docstring).
+
+    Examples:
+        >>> critical_mask(jnp.array([0.1, 0.9, 0.5, 0.3]), ratio=0.5).tolist()
+        [False, True, True, False]
+    """
     flat = values.reshape(-1)
     count = int(ratio * flat.size)
     if count == 0:
@@ -59,12 +74,27 @@ def critical_mask(values, ratio: float):
 
 
 def critical_masks(sensitivities, ratio: float):
-    """`critical_mask` of every leaf (each parameter tensor on its own)."""
+    """`critical_mask` of every leaf (each parameter tensor on its own).
+
+    Examples:
+        >>> masks = critical_masks({"a": jnp.array([3.0, 1.0]), "b": jnp.array([1.0, 2.0, 3.0, 4.0])}, 0.5)
+        >>> masks["a"].tolist(), masks["b"].tolist()
+        ([True, False], [False, False, True, True])
+    """
     return jax.tree.map(lambda s: critical_mask(s, ratio), sensitivities)
 
 
 def overlap_rates(masks):
-    """o [N, N] for N clients' masks ([N, P] or a stacked tree of bools); diagonal is 1."""
+    """o [N, N] for N clients' masks ([N, P] or a stacked tree of bools); diagonal is 1.
+
+    Examples:
+        >>> import numpy as np
+        >>> masks = jnp.array([[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 0]], bool)  # N=3 clients, P=4
+        >>> print(np.asarray(overlap_rates(masks)).round(3))
+        [[1.  0.5 1. ]
+         [0.5 1.  0.5]
+         [1.  0.5 1. ]]
+    """
     c = masks if hasattr(masks, "ndim") else tree_ops.flatten_stacked(masks)
     c = c.astype(jnp.float32)
     n = jnp.sum(c, axis=1)
@@ -79,7 +109,14 @@ def _pairs(active):
 
 
 def collaboration_threshold(overlap, active, round_index, beta: float):
-    """mean + (round + 1) / beta * (max - mean) over off-diagonal pairs of active clients."""
+    """mean + (round + 1) / beta * (max - mean) over off-diagonal pairs of active clients.
+
+    Examples:
+        >>> overlap = jnp.array([[1.0, 0.5, 1.0], [0.5, 1.0, 0.5], [1.0, 0.5, 1.0]])
+        >>> active = jnp.array([True, True, True])
+        >>> round(float(collaboration_threshold(overlap, active, round_index=0, beta=2.0)), 4)  # mean 2/3 + (1/2)(1 - 2/3)
+        0.8333
+    """
     pairs = _pairs(active)
     count = jnp.sum(pairs)
     mean = jnp.sum(jnp.where(pairs, overlap, 0.0)) / jnp.maximum(count, 1)
@@ -89,7 +126,16 @@ def collaboration_threshold(overlap, active, round_index, beta: float):
 
 
 def collaboration_weights(overlap, active, threshold):
-    """W [N, N]: row i is uniform over {i} and the active j != i with o_ij >= threshold."""
+    """W [N, N]: row i is uniform over {i} and the active j != i with o_ij >= threshold.
+
+    Examples:
+        >>> import numpy as np
+        >>> overlap = jnp.array([[1.0, 0.5, 1.0], [0.5, 1.0, 0.5], [1.0, 0.5, 1.0]])
+        >>> print(np.asarray(collaboration_weights(overlap, jnp.array([True, True, True]), 0.8)).round(3))
+        [[0.5 0.  0.5]
+         [0.  1.  0. ]
+         [0.5 0.  0.5]]
+    """
     n = overlap.shape[0]
     chosen = (_pairs(active) & (overlap >= threshold)) | jnp.eye(n, dtype=bool)
     chosen = chosen.astype(jnp.float32)
@@ -97,10 +143,23 @@ def collaboration_weights(overlap, active, threshold):
 
 
 def customized_models(weights, models):
-    """Row i: sum_j W_ij model_j. weights [S, N], models a stacked tree (or [N, P]) of N models."""
+    """Row i: sum_j W_ij model_j. weights [S, N], models a stacked tree (or [N, P]) of N models.
+
+    Examples:
+        >>> weights = jnp.array([[0.5, 0.0, 0.5]])  # S=1 row over N=3 models
+        >>> import numpy as np
+        >>> print(np.asarray(customized_models(weights, jnp.array([[0.0, 2.0], [9.0, 9.0], [2.0, 4.0]]))).round(3))
+        [[1. 3.]]
+    """
     return apply_mixing(weights, models)
 
 
 def merge(mask, customized, global_params):
-    """Critical entries from ``customized``, the others from ``global_params`` (trees)."""
+    """Critical entries from ``customized``, the others from ``global_params`` (trees).
+
+    Examples:
+        >>> mask = {"w": jnp.array([True, False])}
+        >>> merge(mask, {"w": jnp.array([1.0, 1.0])}, {"w": jnp.array([5.0, 5.0])})["w"].tolist()
+        [1.0, 5.0]
+    """
     return jax.tree.map(jnp.where, mask, customized, global_params)

@@ -28,7 +28,13 @@ NORMS = ("l1", "l2")
 
 
 def parameter_distance(a, b, norm: str = "l1"):
-    """||a - b|| over all leaves of two parameter trees: 'l1' (sum |.|) or 'l2' (Euclidean)."""
+    """||a - b|| over all leaves of two parameter trees: 'l1' (sum |.|) or 'l2' (Euclidean).
+
+    Examples:
+        >>> a, b = {"w": jnp.array([1.0, 2.0])}, {"w": jnp.array([4.0, -2.0])}
+        >>> float(parameter_distance(a, b, "l1")), float(parameter_distance(a, b, "l2"))
+        (7.0, 5.0)
+    """
     diffs = [jnp.ravel(x - y).astype(jnp.float32) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
     if norm == "l1":
         return sum(jnp.sum(jnp.abs(d)) for d in diffs)
@@ -38,7 +44,13 @@ def parameter_distance(a, b, norm: str = "l1"):
 
 
 def raw_weights(base_loss, losses, distances, valid=None):
-    """(L_b - L_m) / d_m for each received model [M]; 0 where d_m == 0 or the slot is not ``valid``."""
+    """(L_b - L_m) / d_m for each received model [M]; 0 where d_m == 0 or the slot is not ``valid``.
+
+    Examples:
+        >>> losses, distances = jnp.array([0.5, 1.5, 0.8]), jnp.array([2.0, 1.0, 0.0])
+        >>> raw_weights(1.0, losses, distances).tolist()  # better, worse, and a model at distance 0
+        [0.25, -0.5, 0.0]
+    """
     ok = distances > 0
     if valid is not None:
         ok = ok & valid
@@ -46,14 +58,28 @@ def raw_weights(base_loss, losses, distances, valid=None):
 
 
 def positive_weights(raw):
-    """max(raw, 0) normalised to sum 1; all zeros when no model beats the baseline."""
+    """max(raw, 0) normalised to sum 1; all zeros when no model beats the baseline.
+
+    Examples:
+        >>> positive_weights(jnp.array([0.25, -0.5, 0.75])).tolist()
+        [0.25, 0.0, 0.75]
+        >>> positive_weights(jnp.array([-1.0, -2.0])).tolist()  # nobody beats the baseline
+        [0.0, 0.0]
+    """
     pos = jnp.maximum(raw, 0.0)
     total = jnp.sum(pos)
     return jnp.where(total > 0, pos / jnp.where(total > 0, total, 1.0), 0.0)
 
 
 def apply_weights(base, models, weights):
-    """theta_b + sum_m w_m (theta_m - theta_b). ``models`` is a stacked tree [M, ...]."""
+    """theta_b + sum_m w_m (theta_m - theta_b). ``models`` is a stacked tree [M, ...].
+
+    Examples:
+        >>> base = {"w": jnp.array([0.0, 0.0])}
+        >>> models = {"w": jnp.array([[2.0, 0.0], [0.0, 4.0]])}  # M=2 received models
+        >>> apply_weights(base, models, jnp.array([0.5, 0.25]))["w"].tolist()
+        [1.0, 1.0]
+    """
 
     def leaf(b, m):
         diff = m.astype(jnp.float32) - b.astype(jnp.float32)[None]
@@ -63,12 +89,22 @@ def apply_weights(base, models, weights):
 
 
 def affinity_increment(raw):
-    """raw / |sum raw| (the authors' client-to-client weight update; 1e-9 floor on the sum)."""
+    """raw / |sum raw| (the authors' client-to-client weight update; 1e-9 floor on the sum).
+
+    Examples:
+        >>> affinity_increment(jnp.array([0.5, -0.25, 0.75])).tolist()
+        [0.5, -0.25, 0.75]
+    """
     return raw / jnp.maximum(jnp.abs(jnp.sum(raw)), 1e-9)
 
 
 def exploration_rate(round_index, epsilon: float, decay: float):
-    """epsilon - round * decay, floored at 0 (the authors' schedule)."""
+    """epsilon - round * decay, floored at 0 (the authors' schedule).
+
+    Examples:
+        >>> [round(float(exploration_rate(t, epsilon=0.3, decay=0.05)), 3) for t in (0, 2, 10)]
+        [0.3, 0.2, 0.0]
+    """
     return jnp.maximum(epsilon - decay * round_index, 0.0)
 
 
@@ -79,6 +115,13 @@ def egreedy_select(key, affinity, available, count: int, epsilon):
     highest-affinity ``available`` clients (ties broken at random), the
     exploring slots uniform random ones among the remaining available. Slots
     left empty (fewer available clients than ``count``) are not ``valid``.
+
+    Examples:
+        >>> affinity = jnp.array([0.1, 0.9, 0.5, 0.7])
+        >>> available = jnp.array([True, True, True, False])
+        >>> index, valid = egreedy_select(jax.random.PRNGKey(0), affinity, available, count=2, epsilon=0.0)
+        >>> sorted(index.tolist()), valid.tolist()  # the two highest-affinity available clients
+        ([1, 2], [True, True])
     """
     n = affinity.shape[0]
     k_explore, k_tie, k_random = jax.random.split(key, 3)

@@ -29,7 +29,14 @@ def _linear(fan_in: int, fan_out: int):
 
 
 def init_hypernetwork(key, num_clients: int, target, embed_dim: int, hidden: int = 100, n_hidden: int = 3):
-    """phi for a target parameter tree ``target`` (arrays or ShapeDtypeStructs)."""
+    """phi for a target parameter tree ``target`` (arrays or ShapeDtypeStructs).
+
+    Examples:
+        >>> target = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}  # the client model's parameters
+        >>> phi = init_hypernetwork(jax.random.PRNGKey(0), num_clients=4, target=target, embed_dim=5, hidden=8, n_hidden=1)
+        >>> phi["embeddings"].shape, [layer["w"].shape for layer in phi["mlp"]], phi["heads"]["w"]["w"].shape
+        ((4, 5), [(5, 8), (8, 8)], (8, 6))
+    """
     widths = [embed_dim] + [hidden] * (n_hidden + 1)
     layout = {"mlp": [_linear(a, b) for a, b in zip(widths[:-1], widths[1:])],
               "heads": jax.tree.map(lambda a: _linear(hidden, math.prod(a.shape)), target)}
@@ -49,7 +56,15 @@ def init_hypernetwork(key, num_clients: int, target, embed_dim: int, hidden: int
 
 
 def generate(phi, index, target):
-    """theta_i = h(phi; v_index): a parameter tree shaped like ``target``."""
+    """theta_i = h(phi; v_index): a parameter tree shaped like ``target``.
+
+    Examples:
+        >>> target = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+        >>> phi = init_hypernetwork(jax.random.PRNGKey(0), 4, target, embed_dim=5, hidden=8, n_hidden=1)
+        >>> theta = generate(phi, 2, target)  # client 2's model
+        >>> jax.tree.map(jnp.shape, theta)
+        {'b': (2,), 'w': (3, 2)}
+    """
     x = phi["embeddings"][index]
     for i, layer in enumerate(phi["mlp"]):
         if i > 0:
@@ -62,7 +77,14 @@ def generate(phi, index, target):
 
 
 def generate_many(phi, indices, target):
-    """Stacked theta for ``indices`` [S]: leaves [S, ...]."""
+    """Stacked theta for ``indices`` [S]: leaves [S, ...].
+
+    Examples:
+        >>> target = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+        >>> phi = init_hypernetwork(jax.random.PRNGKey(0), 4, target, embed_dim=5, hidden=8, n_hidden=1)
+        >>> jax.tree.map(jnp.shape, generate_many(phi, jnp.array([0, 3]), target))
+        {'b': (2, 2), 'w': (2, 3, 2)}
+    """
     return jax.vmap(lambda i: generate(phi, i, target))(indices)
 
 
@@ -70,6 +92,17 @@ def hypernetwork_gradient(phi, indices, deltas, weights, target):
     """sum_s w_s (d theta_s / d phi)^T Delta theta_s by one `jax.vjp` of `generate_many`.
 
     deltas: stacked tree [S, ...] of theta_s - theta~_s; weights [S].
+
+    Examples:
+        >>> target = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+        >>> phi = init_hypernetwork(jax.random.PRNGKey(0), 4, target, embed_dim=5, hidden=8, n_hidden=1)
+        >>> indices, weights = jnp.array([0, 3]), jnp.array([0.5, 0.5])
+        >>> trained = jax.tree.map(lambda a: a + 0.1, generate_many(phi, indices, target))  # theta~ after local steps
+        >>> deltas = jax.tree.map(jnp.subtract, generate_many(phi, indices, target), trained)
+        >>> grad = hypernetwork_gradient(phi, indices, deltas, weights, target)
+        >>> reference = jax.grad(surrogate_objective)(phi, indices, trained, weights, target)
+        >>> bool(jax.tree.all(jax.tree.map(lambda a, b: jnp.allclose(a, b, atol=1e-6), grad, reference)))
+        True
     """
     _, pullback = jax.vjp(lambda p: generate_many(p, indices, target), phi)
     w = jnp.asarray(weights)
@@ -78,7 +111,16 @@ def hypernetwork_gradient(phi, indices, deltas, weights, target):
 
 
 def surrogate_objective(phi, indices, trained, weights, target):
-    """sum_s w_s (1/2) ||h(phi; v_s) - theta~_s||^2 (theta~ fixed): its gradient is the server's direction."""
+    """sum_s w_s (1/2) ||h(phi; v_s) - theta~_s||^2 (theta~ fixed): its gradient is the server's direction.
+
+    Examples:
+        >>> target = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+        >>> phi = init_hypernetwork(jax.random.PRNGKey(0), 4, target, embed_dim=5, hidden=8, n_hidden=1)
+        >>> indices = jnp.array([0, 3])
+        >>> trained = jax.tree.map(lambda a: a + 0.1, generate_many(phi, indices, target))
+        >>> round(float(surrogate_objective(phi, indices, trained, jnp.array([0.5, 0.5]), target)), 4)  # 0.5 * 8 * 0.01
+        0.04
+    """
     generated = generate_many(phi, indices, target)
     trained = jax.lax.stop_gradient(trained)
     per_client = sum(jnp.sum(jnp.square(g - t).reshape(g.shape[0], -1), axis=1)

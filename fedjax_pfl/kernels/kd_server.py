@@ -1,7 +1,7 @@
 """pFedKD-WCL's server gradient: grad_w of the KL between the global model w
 and a client's fixed personal model theta_i, over the client's whole train set.
 
-Two directions (METHODS.md, pFedKD-WCL):
+Two directions (docs/methods/conventions.md, pFedKD-WCL):
 - ``teacher_first`` (default; the authors' code, ``F.kl_div(log p_theta, p_w)``):
   KL(p_w || p_theta), the same direction as the client's distillation term;
 - ``student_first`` (the paper's text): KL(p_theta || p_w).
@@ -30,6 +30,13 @@ def server_kl(global_logits, personal_logits, temperature: float = 1.0, directio
     """T^2 * mean over real samples of the KL between p_w and p_theta (theta held fixed).
 
     global_logits, personal_logits [B, C]; ``direction`` as in the module docstring.
+
+    Examples:
+        >>> global_logits, personal_logits = jnp.array([[2.0, 0.0]]), jnp.array([[0.0, 0.0]])
+        >>> round(float(server_kl(global_logits, personal_logits)), 4)  # KL(p_w || p_theta)
+        0.3278
+        >>> round(float(server_kl(global_logits, personal_logits, direction="student_first")), 4)  # KL(p_theta || p_w)
+        0.4338
     """
     personal_logits = jax.lax.stop_gradient(personal_logits)
     if direction == "teacher_first":
@@ -41,7 +48,16 @@ def server_kl(global_logits, personal_logits, temperature: float = 1.0, directio
 
 def server_kl_gradient(global_logits_fn: Callable, global_params, personal_logits, temperature: float = 1.0,
                        direction: str = "teacher_first", mask=None):
-    """grad_w of `server_kl` on one batch: ``global_logits_fn(params) -> logits [B, C]``."""
+    """grad_w of `server_kl` on one batch: ``global_logits_fn(params) -> logits [B, C]``.
+
+    Examples:
+        >>> import numpy as np
+        >>> def global_logits_fn(params):  # a global model whose logits are its parameters
+        ...     return params[None, :]
+        >>> grad = server_kl_gradient(global_logits_fn, jnp.array([2.0, 0.0]), jnp.array([[0.0, 0.0]]))
+        >>> print(np.asarray(grad).round(4))  # pushes p_w toward the personal model's uniform output
+        [ 0.21 -0.21]
+    """
     return jax.grad(lambda p: server_kl(global_logits_fn(p), personal_logits, temperature, direction, mask))(
         global_params)
 
@@ -56,6 +72,20 @@ def client_server_gradient(global_logits_fn: Callable, global_params, personal_l
     of ``chunk_size`` rows (bounded memory) and the gradient is that of the mean
     over all n real samples, exactly as one full-batch pass. n = 0 gives zeros.
     Returns (mean KL, gradient pytree like ``global_params``).
+
+    Examples:
+        >>> import numpy as np
+        >>> def global_logits_fn(params, x):  # a linear global model
+        ...     return x @ params
+        >>> def personal_logits_fn(x):  # the client's fixed personal model
+        ...     return jnp.zeros((x.shape[0], 2))
+        >>> x = jnp.array([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])  # 2 real samples, one padding row
+        >>> value, grad = client_server_gradient(global_logits_fn, jnp.eye(2), personal_logits_fn, x, 2, chunk_size=2)
+        >>> round(float(value), 4)  # mean KL over the 2 real samples
+        0.1109
+        >>> print(np.asarray(grad).round(4))
+        [[ 0.0983 -0.0983]
+         [-0.0983  0.0983]]
     """
     n_max = x.shape[0]
     chunk = max(1, min(chunk_size, n_max))

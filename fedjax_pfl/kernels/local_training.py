@@ -45,11 +45,23 @@ class Batch(NamedTuple):
 
 
 def steps_per_epoch(n_max: int, batch_size: int) -> int:
+    """``ceil(n_max / B)``, at least 1: the batch slots of an epoch over the padded data.
+
+    Examples:
+        >>> steps_per_epoch(10, 4), steps_per_epoch(0, 4)
+        (3, 1)
+    """
     return max(1, math.ceil(n_max / batch_size))
 
 
 def epoch_order(key, n, n_max: int):
-    """A random order of the ``n`` valid indices of ``range(n_max)``, padding last."""
+    """A random order of the ``n`` valid indices of ``range(n_max)``, padding last.
+
+    Examples:
+        >>> order = epoch_order(jax.random.PRNGKey(0), 3, 5)  # 3 real samples of 5 rows
+        >>> sorted(order[:3].tolist()), order[3:].tolist()
+        ([0, 1, 2], [3, 4])
+    """
     r = jax.random.uniform(key, (n_max,))
     r = jnp.where(jnp.arange(n_max) < n, r, 2.0)
     return jnp.argsort(r)
@@ -57,7 +69,13 @@ def epoch_order(key, n, n_max: int):
 
 def epoch_orders(key, n, n_max: int, max_epochs: int, batch_size: int):
     """[max_epochs, ceil(n_max/B) * B] sample orders: epoch e's shuffle of the ``n``
-    valid indices first, then padding (index 0, masked)."""
+    valid indices first, then padding (index 0, masked).
+
+    Examples:
+        >>> orders = epoch_orders(jax.random.PRNGKey(0), 3, 5, max_epochs=2, batch_size=2)
+        >>> orders.shape, [sorted(o[:3]) for o in orders.tolist()]
+        ((2, 6), [[0, 1, 2], [0, 1, 2]])
+    """
     spe = steps_per_epoch(n_max, batch_size)
     keys = jax.random.split(key, max_epochs)
     orders = jax.vmap(lambda k: epoch_order(k, n, n_max))(keys)
@@ -65,19 +83,36 @@ def epoch_orders(key, n, n_max: int, max_epochs: int, batch_size: int):
 
 
 def client_steps_per_epoch(n, batch_size: int, drop_last: bool = False):
-    """``ceil(n / B)``, or ``floor(n / B)`` with ``drop_last``: one client's steps per epoch."""
+    """``ceil(n / B)``, or ``floor(n / B)`` with ``drop_last``: one client's steps per epoch.
+
+    Examples:
+        >>> int(client_steps_per_epoch(5, 2)), int(client_steps_per_epoch(5, 2, drop_last=True))
+        (3, 2)
+    """
     n = jnp.asarray(n, jnp.int32)
     return n // batch_size if drop_last else (n + batch_size - 1) // batch_size
 
 
 def real_steps(n, batch_size: int, epochs, drop_last: bool = False):
-    """``epochs * ceil(n / B)`` (``floor`` with ``drop_last``): the steps a client with ``n`` samples takes."""
+    """``epochs * ceil(n / B)`` (``floor`` with ``drop_last``): the steps a client with ``n`` samples takes.
+
+    Examples:
+        >>> int(real_steps(61, 10, epochs=2)), int(real_steps(6, 10, 2, drop_last=True))
+        (14, 0)
+    """
     return jnp.asarray(epochs, jnp.int32) * client_steps_per_epoch(n, batch_size, drop_last)
 
 
 def step_batch_index(orders, step, n, batch_size: int, spe):
     """(sample indices [B], mask [B]) of real step ``step`` (epoch-major) of one client
-    whose epochs have ``spe`` steps (`client_steps_per_epoch`, at least 1)."""
+    whose epochs have ``spe`` steps (`client_steps_per_epoch`, at least 1).
+
+    Examples:
+        >>> orders = jnp.array([[4, 2, 0, 1, 3, 0]])  # one epoch over n=5 real samples, B=2 (padding index 0)
+        >>> index, mask = step_batch_index(orders, 2, n=5, batch_size=2, spe=3)  # the epoch's last, partial batch
+        >>> index.tolist(), mask.tolist()
+        ([3, 0], [True, False])
+    """
     epoch, within = step // spe, step % spe
     start = within * batch_size
     index = jax.lax.dynamic_slice(orders[epoch], (start,), (batch_size,))
@@ -86,7 +121,15 @@ def step_batch_index(orders, step, n, batch_size: int, spe):
 
 
 def make_batch(data, index, mask, normalize: Callable) -> Batch:
-    """Gather one batch of a single client's padded data and normalise it."""
+    """Gather one batch of a single client's padded data and normalise it.
+
+    Examples:
+        >>> from fedjax_pfl.data.client_data import ClientData
+        >>> data = ClientData(jnp.array([[0], [10], [20]], jnp.uint8), jnp.array([0, 1, 2]), jnp.asarray(3))
+        >>> batch = make_batch(data, jnp.array([2, 0]), jnp.array([True, False]), lambda x: x / 10.0)
+        >>> batch.x.tolist(), batch.y.tolist(), batch.mask.tolist()
+        ([[2.0], [0.0]], [2, 0], [True, False])
+    """
     return Batch(normalize(data.x[index]), data.y[index], mask)
 
 
@@ -111,7 +154,20 @@ def reporting_steps(report: Callable | None) -> Iterator[None]:
 
 
 def train(objective: Objective, optimizer: optax.GradientTransformation, variables, data, key, **kwargs):
-    """`train_with_state` from a fresh optimizer state -> (variables, mean loss); the state is dropped."""
+    """`train_with_state` from a fresh optimizer state -> (variables, mean loss); the state is dropped.
+
+    Examples:
+        >>> import optax
+        >>> from fedjax_pfl.data.client_data import ClientData
+        >>> from fedjax_pfl.kernels.batch_losses import feature_mse
+        >>> data = ClientData(jnp.ones((4, 1)), jnp.zeros(4, jnp.int32), jnp.asarray(3))  # 3 real samples
+        >>> def objective(variables, batch, key):  # fit w to 2 on the real samples
+        ...     return feature_mse(batch.x * variables["params"]["w"], 2.0 * batch.x, batch.mask), None
+        >>> variables, loss = train(objective, optax.sgd(0.1), {"params": {"w": jnp.zeros(())}}, data,
+        ...                         jax.random.PRNGKey(0), batch_size=2, max_epochs=20, epochs=20, normalize=lambda x: x)
+        >>> round(float(variables["params"]["w"]), 3)  # 40 steps (2 per epoch)
+        2.0
+    """
     variables, loss, _ = train_with_state(objective, optimizer, variables, data, key, **kwargs)
     return variables, loss
 
@@ -144,6 +200,19 @@ def train_with_state(
     Step ``s`` of epoch ``e`` draws its key as the ``e * ceil(n_max/B) + s``-th
     of ``split(step_key, max_epochs * ceil(n_max/B))``, so the keys do not
     depend on how many steps other clients take.
+
+    Examples:
+        >>> import optax
+        >>> from fedjax_pfl.data.client_data import ClientData
+        >>> from fedjax_pfl.kernels.batch_losses import feature_mse
+        >>> data = ClientData(jnp.ones((4, 1)), jnp.zeros(4, jnp.int32), jnp.asarray(3))
+        >>> def objective(variables, batch, key):
+        ...     return feature_mse(batch.x * variables["params"]["w"], 2.0 * batch.x, batch.mask), None
+        >>> variables, loss, state = train_with_state(objective, optax.sgd(0.1, momentum=0.9), {"params": {"w": jnp.zeros(())}},
+        ...                                           data, jax.random.PRNGKey(0), batch_size=2, max_epochs=1, epochs=1,
+        ...                                           normalize=lambda x: x)
+        >>> round(float(variables["params"]["w"]), 3), round(float(loss), 3)  # 2 steps; the momentum is in state
+        (1.08, 3.28)
     """
     n_max = data.y.shape[0]
     spe_max = steps_per_epoch(n_max, batch_size)
@@ -197,6 +266,12 @@ def sum_batches(fn, data, batch_size: int, normalize: Callable):
     Padding-only batches are never computed; rows past ``n`` inside the last
     batch are masked, so ``fn`` must give them no weight. Used for evaluation
     and statistics passes (Fisher traces, prototypes, class means).
+
+    Examples:
+        >>> from fedjax_pfl.data.client_data import ClientData
+        >>> data = ClientData(jnp.arange(5.0)[:, None], jnp.zeros(5, jnp.int32), jnp.asarray(3))  # 3 real of 5 rows
+        >>> float(sum_batches(lambda b: jnp.sum(b.x[:, 0] * b.mask), data, batch_size=2, normalize=lambda x: x))  # 0+1+2
+        3.0
     """
     count = (data.n + batch_size - 1) // batch_size
     shape = jax.eval_shape(fn, _batch_in_order(data, 0, batch_size, normalize))
@@ -216,6 +291,12 @@ def map_batches(fn, data, batch_size: int, normalize: Callable):
 
     Visits padding-only batches too (with an all-False mask): for tests and
     inspection; passes that reduce over batches use `sum_batches`.
+
+    Examples:
+        >>> from fedjax_pfl.data.client_data import ClientData
+        >>> data = ClientData(jnp.arange(5.0)[:, None], jnp.zeros(5, jnp.int32), jnp.asarray(3))
+        >>> map_batches(lambda b: b.mask.sum(), data, batch_size=2, normalize=lambda x: x).tolist()  # real rows per slot
+        [2, 1, 0]
     """
     n_max = data.y.shape[0]
     spe = steps_per_epoch(n_max, batch_size)

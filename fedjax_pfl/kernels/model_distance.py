@@ -27,7 +27,7 @@ two clusters whose spread is 1/70 of their separation. Pairs closer than the
 Gram's rounding noise are reported at distance 0 (see `pairwise_sq_distances`),
 so the server step is never amplified by a spuriously tiny distance.
 
-Model-distance loss (METHODS.md, DiversiFed; reconstructed from the paper's
+Model-distance loss (docs/methods/conventions.md, DiversiFed; reconstructed from the paper's
 words, so it lives in ONE pure function, `model_distance_loss`, to be swapped):
 
     L(D) = sum_i L_i,  L_i = sum_{j != i} log( exp(d_ij/tau) / sum_{k != i} exp(d_ik/tau) )
@@ -91,7 +91,13 @@ def _compute_dtype(a):
 
 
 def center_models(models):
-    """(W - mean over models, mean) in the compute dtype. W [N, P]."""
+    """(W - mean over models, mean) in the compute dtype. W [N, P].
+
+    Examples:
+        >>> wc, mean = center_models(jnp.array([[1.0, 2.0], [3.0, 6.0]]))
+        >>> wc.tolist(), mean.tolist()
+        ([[-1.0, -2.0], [1.0, 2.0]], [2.0, 4.0])
+    """
     w = _as_matrix(models)
     w = w.astype(_compute_dtype(w))
     n = w.shape[0]
@@ -110,6 +116,13 @@ def pairwise_sq_distances(models, resolution: float | None = None):
     measured noise is up to ~20 eps at 11M float32 parameters), is set to 0:
     such a pair cannot be told apart from identical models at this precision
     (this also clamps tiny negatives). Pass ``resolution=0`` to only clamp.
+
+    Examples:
+        >>> import numpy as np
+        >>> print(np.asarray(pairwise_sq_distances(jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]]))).round(3))
+        [[ 0. 25.  1.]
+         [25.  0. 18.]
+         [ 1. 18.  0.]]
     """
     wc, _ = center_models(models)
     gram = jnp.matmul(wc, wc.T, precision=_HIGHEST)
@@ -124,7 +137,12 @@ def pairwise_sq_distances(models, resolution: float | None = None):
 
 
 def safe_sqrt(x):
-    """sqrt(x) for x >= 0 with value 0 and gradient 0 at x == 0 (never NaN)."""
+    """sqrt(x) for x >= 0 with value 0 and gradient 0 at x == 0 (never NaN).
+
+    Examples:
+        >>> safe_sqrt(jnp.array([4.0, 0.0])).tolist(), jax.grad(lambda x: safe_sqrt(x))(0.0).tolist()
+        ([2.0, 0.0], 0.0)
+    """
     positive = x > 0
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
 
@@ -133,12 +151,24 @@ def pairwise_distances(models, resolution: float | None = None):
     """Euclidean distances d_ij = ||w_i - w_j||_2, [N, N], for W [N, P] or a stacked tree.
 
     See `pairwise_sq_distances` for ``resolution``.
+
+    Examples:
+        >>> import numpy as np
+        >>> print(np.asarray(pairwise_distances(jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]]))).round(3))
+        [[0.    5.    1.   ]
+         [5.    0.    4.243]
+         [1.    4.243 0.   ]]
     """
     return safe_sqrt(pairwise_sq_distances(models, resolution))
 
 
 def mean_distance(distances):
-    """Mean off-diagonal entry of D [N, N] (1 when N < 2 or all distances are 0); differentiable."""
+    """Mean off-diagonal entry of D [N, N] (1 when N < 2 or all distances are 0); differentiable.
+
+    Examples:
+        >>> round(float(mean_distance(jnp.array([[0.0, 5.0, 1.0], [5.0, 0.0, 3.0], [1.0, 3.0, 0.0]]))), 4)
+        3.0
+    """
     n = distances.shape[0]
     if n < 2:
         return jnp.ones((), distances.dtype)
@@ -148,7 +178,13 @@ def mean_distance(distances):
 
 
 def distance_scale(distances, normalization: str = "mean", num_params: int | None = None):
-    """The scale s of `normalize_distances`, as a constant (no gradient flows through it)."""
+    """The scale s of `normalize_distances`, as a constant (no gradient flows through it).
+
+    Examples:
+        >>> d = jnp.array([[0.0, 5.0, 1.0], [5.0, 0.0, 3.0], [1.0, 3.0, 0.0]])
+        >>> [round(float(distance_scale(d, norm, num_params=4)), 4) for norm in NORMALIZATIONS]
+        [3.0, 2.0, 1.0]
+    """
     if normalization == "none":
         return jnp.ones((), distances.dtype)
     if normalization == "sqrt_params":
@@ -161,7 +197,19 @@ def distance_scale(distances, normalization: str = "mean", num_params: int | Non
 
 
 def normalize_distances(distances, normalization: str = "mean", num_params: int | None = None):
-    """-> (D / s, s); see the module docstring for the choices of s."""
+    """-> (D / s, s); see the module docstring for the choices of s.
+
+    Examples:
+        >>> import numpy as np
+        >>> d = jnp.array([[0.0, 5.0, 1.0], [5.0, 0.0, 3.0], [1.0, 3.0, 0.0]])
+        >>> d_hat, s = normalize_distances(d)
+        >>> round(float(s), 4)  # the mean off-diagonal distance
+        3.0
+        >>> print(np.asarray(d_hat).round(3))
+        [[0.    1.667 0.333]
+         [1.667 0.    1.   ]
+         [0.333 1.    0.   ]]
+    """
     s = distance_scale(distances, normalization, num_params)
     return distances / s, s
 
@@ -171,10 +219,15 @@ def _off_diagonal(n: int):
 
 
 def model_distance_loss(distances, tau):
-    """L(D) = sum_i sum_{j != i} log softmax_{k != i}(d_ik / tau)_j  (METHODS.md, DiversiFed).
+    """L(D) = sum_i sum_{j != i} log softmax_{k != i}(d_ik / tau)_j  (docs/methods/conventions.md, DiversiFed).
 
     distances [N, N] (symmetric, zero diagonal; entries are used as independent
     inputs, so dL/dD_ij is the L_i part only). The only place the formula lives.
+
+    Examples:
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> round(float(model_distance_loss(d, tau=1.0)), 4)
+        -4.6393
     """
     n = distances.shape[0]
     if n < 2:
@@ -190,6 +243,16 @@ def model_distance_loss_grad(distances, tau):
     """Closed form of dL/dD for `model_distance_loss`: (1/tau)(1 - (N-1) s_ij) off the diagonal.
 
     s_ij = softmax_{k != i}(d_ik / tau)_j. Rows sum to 0. A test reference for autodiff.
+
+    Examples:
+        >>> import numpy as np
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> bool(jnp.allclose(model_distance_loss_grad(d, 1.0), jax.grad(model_distance_loss)(d, 1.0), atol=1e-6))
+        True
+        >>> print(np.asarray(model_distance_loss_grad(d, 1.0)).round(3))  # rows sum to 0: near attracts, far repels
+        [[ 0.     0.462 -0.462]
+         [ 0.     0.     0.   ]
+         [-0.462  0.462  0.   ]]
     """
     n = distances.shape[0]
     if n < 2:
@@ -200,7 +263,14 @@ def model_distance_loss_grad(distances, tau):
 
 
 def scale_free_loss(loss_fn: Callable = model_distance_loss):
-    """``D, tau -> loss_fn(D / mean(D), tau)``: invariant to a common scaling of all distances."""
+    """``D, tau -> loss_fn(D / mean(D), tau)``: invariant to a common scaling of all distances.
+
+    Examples:
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> loss = scale_free_loss()
+        >>> round(float(loss(d, 1.0)), 4) == round(float(loss(10.0 * d, 1.0)), 4)
+        True
+    """
 
     def loss(distances, tau):
         return loss_fn(distances / mean_distance(distances), tau)
@@ -212,6 +282,14 @@ def pair_coefficients(distances, tau, loss_fn: Callable = model_distance_loss, s
     """c_ij = dL/dd_ij with d_ij = d_ji one variable: G + G^T, G = grad of ``loss_fn`` w.r.t. D.
 
     ``scale_free``: differentiate ``loss_fn(D / mean(D))`` instead (through the mean).
+
+    Examples:
+        >>> import numpy as np
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> print(np.asarray(pair_coefficients(d, 1.0)).round(3))  # symmetric: dL/dd_ij with d_ij = d_ji
+        [[ 0.     0.462 -0.924]
+         [ 0.462  0.     0.462]
+         [-0.924  0.462  0.   ]]
     """
     if scale_free:
         loss_fn = scale_free_loss(loss_fn)
@@ -228,6 +306,17 @@ def mixing_matrix(distances, tau, eta, *, loss_fn: Callable = model_distance_los
     whose mixed model is wanted (the clients of this round). Pairs at
     distance 0 get 0 off the diagonal. Every row sums to 1. ``scale_free``:
     c from ``L(D / mean(D))`` (see `pair_coefficients`).
+
+    Examples:
+        >>> import numpy as np
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> xi = mixing_matrix(d, tau=1.0, eta=0.1)
+        >>> print(np.asarray(xi).round(3))  # a negative entry repels
+        [[ 1.     0.046 -0.046]
+         [ 0.046  0.908  0.046]
+         [-0.046  0.046  1.   ]]
+        >>> print(np.asarray(xi.sum(axis=1)).round(3))
+        [1. 1. 1.]
     """
     n = distances.shape[0]
     c = pair_coefficients(distances, tau, loss_fn, scale_free)
@@ -246,6 +335,13 @@ def apply_mixing(xi, models):
     xi [S, N], models [N, P] or a stacked tree with N rows (then a stacked tree
     with S rows comes back, in the models' dtypes). Equal to Xi @ W for any Xi;
     centering keeps nearly identical models exact in float32.
+
+    Examples:
+        >>> xi = jnp.array([[0.5, 0.5, 0.0], [0.0, 1.5, -0.5]])  # S=2 rows over N=3 models
+        >>> import numpy as np
+        >>> print(np.asarray(apply_mixing(xi, jnp.array([[0.0, 0.0], [2.0, 0.0], [0.0, 4.0]]))).round(3))
+        [[ 1.  0.]
+         [ 3. -2.]]
     """
     is_tree = not hasattr(models, "ndim")
     w = _as_matrix(models)
@@ -275,6 +371,17 @@ def mix_models(models, tau, eta, *, normalization: str = "mean", rows=None,
     models: [N, P] or a stacked tree of all N stored models; U comes back in
     the same form with S = len(rows) rows; D are the raw (unnormalised) distances.
     ``scale_free``: c from L(D / mean(D)) differentiated through the mean (module docstring).
+
+    Examples:
+        >>> import numpy as np
+        >>> models = jnp.array([[0.0, 0.0], [1.0, 0.0], [0.0, 3.0]])  # N=3 flattened models
+        >>> u, xi, d = mix_models(models, tau=1.0, eta=0.05, rows=jnp.array([0]))
+        >>> print(np.asarray(d).round(3))
+        [[0.    1.    3.   ]
+         [1.    0.    3.162]
+         [3.    3.162 0.   ]]
+        >>> print(np.asarray(u).round(3))  # client 0's anchor: toward model 1 (near), away from model 2 (far)
+        [[ 0.098 -0.043]]
     """
     w = _as_matrix(models)
     d = pairwise_distances(w)

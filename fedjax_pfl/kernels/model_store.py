@@ -12,7 +12,15 @@ import jax.numpy as jnp
 
 
 def store_arrived(stored, selected, arrived, rows):
-    """``stored`` (leaves [N, ...]) with rows ``selected`` [S] set to ``rows`` where ``arrived`` [S]."""
+    """``stored`` (leaves [N, ...]) with rows ``selected`` [S] set to ``rows`` where ``arrived`` [S].
+
+    Examples:
+        >>> stored = {"w": jnp.zeros((4, 2))}  # N=4 clients' stored models
+        >>> rows = {"w": jnp.ones((2, 2))}  # uploads of the S=2 selected clients
+        >>> new = store_arrived(stored, jnp.array([1, 3]), jnp.array([True, False]), rows)  # client 3's upload was lost
+        >>> new["w"][:, 0].tolist()
+        [0.0, 1.0, 0.0, 0.0]
+    """
 
     def store(all_rows, new_rows):
         old = all_rows[selected]
@@ -23,5 +31,10 @@ def store_arrived(stored, selected, arrived, rows):
 
 
 def arrived_mask(num_clients: int, selected, arrived):
-    """bool [N]: True for the clients whose upload arrived this round."""
+    """bool [N]: True for the clients whose upload arrived this round.
+
+    Examples:
+        >>> arrived_mask(4, jnp.array([1, 3]), jnp.array([True, False])).tolist()
+        [False, True, False, False]
+    """
     return jnp.zeros((num_clients,), bool).at[selected].set(arrived)

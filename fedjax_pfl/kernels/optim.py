@@ -11,7 +11,15 @@ OPTIMIZERS = ("sgd", "adam")
 
 
 def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
-    """torch.optim.SGD / Adam semantics: weight decay is added to the gradient."""
+    """torch.optim.SGD / Adam semantics: weight decay is added to the gradient.
+
+    Examples:
+        >>> opt = make_optimizer("sgd", 0.1, weight_decay=0.5)
+        >>> w = jnp.array([1.0])
+        >>> updates, _ = opt.update(jnp.array([1.0]), opt.init(w), w)
+        >>> round(float(updates[0]), 4)  # -lr * (grad + decay * w)
+        -0.15
+    """
     if isinstance(lr, (int, float)) and lr <= 0:  # a traced lr (method_values.py) is checked before tracing
         raise UserError(f"learning rate must be > 0, got {lr}")
     if name == "sgd":
@@ -30,6 +38,13 @@ def projected_sgd(lr, decay: float = 0.0, every_step: bool = True) -> optax.Grad
 
     ``every_step=False`` steps at the first update only and leaves later
     updates zero (APFL's authors update alpha once per round).
+
+    Examples:
+        >>> opt = projected_sgd(0.5)
+        >>> alpha = jnp.array([0.4, 0.9])
+        >>> updates, _ = opt.update(jnp.array([0.2, -1.0]), opt.init(alpha), alpha)
+        >>> [round(float(a), 4) for a in alpha + updates]  # the second step is clipped at 1
+        [0.3, 1.0]
     """
 
     def init(params):

@@ -42,7 +42,13 @@ class ClassSums(NamedTuple):
 
 
 def class_sums(features, labels, num_classes: int, mask=None) -> ClassSums:
-    """Per-class sums of one batch: features [B, d], labels [B], mask [B] (real samples)."""
+    """Per-class sums of one batch: features [B, d], labels [B], mask [B] (real samples).
+
+    Examples:
+        >>> sums = class_sums(jnp.array([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]]), jnp.array([0, 0, 1]), num_classes=3)
+        >>> sums.count.tolist(), sums.sum.tolist(), sums.sq.tolist()
+        ([2.0, 1.0, 0.0], [[4.0, 0.0], [0.0, 2.0], [0.0, 0.0]], [10.0, 4.0, 0.0])
+    """
     features = jnp.asarray(features, jnp.float32)
     m = jnp.ones(labels.shape, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
     onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32) * m[:, None]  # [B, C]
@@ -54,6 +60,14 @@ def class_sums(features, labels, num_classes: int, mask=None) -> ClassSums:
 
 
 def add_sums(a: ClassSums, b: ClassSums) -> ClassSums:
+    """The `ClassSums` of two batches together.
+
+    Examples:
+        >>> a = class_sums(jnp.array([[1.0, 0.0]]), jnp.array([0]), 2)
+        >>> b = class_sums(jnp.array([[3.0, 0.0]]), jnp.array([0]), 2)
+        >>> add_sums(a, b).count.tolist(), add_sums(a, b).sum.tolist()
+        ([2.0, 0.0], [[4.0, 0.0], [0.0, 0.0]])
+    """
     return ClassSums(*(x + y for x, y in zip(a, b)))
 
 
@@ -63,6 +77,14 @@ def client_class_sums(feature_fn: Callable, data, num_classes: int, batch_size: 
 
     ``feature_fn(x) -> [B, d]`` (e.g. the model's features in inference mode);
     ``data`` is one client's padded (x, y, n); batches in storage order.
+
+    Examples:
+        >>> from fedjax_pfl.data.client_data import ClientData
+        >>> data = ClientData(jnp.array([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [9.0, 9.0]]), jnp.array([0, 0, 1, 0]),
+        ...                   jnp.asarray(3))  # 3 real samples, one padding row
+        >>> sums = client_class_sums(lambda x: x, data, num_classes=2, batch_size=2, normalize=lambda x: x)
+        >>> sums.count.tolist(), sums.sum.tolist()
+        ([2.0, 1.0], [[4.0, 0.0], [0.0, 2.0]])
     """
 
     def per_batch(batch):
@@ -72,13 +94,27 @@ def client_class_sums(feature_fn: Callable, data, num_classes: int, batch_size: 
 
 
 def prototypes(sums: ClassSums):
-    """(prototypes [C, d], counts [C]): class means, a zero row where a class is absent."""
+    """(prototypes [C, d], counts [C]): class means, a zero row where a class is absent.
+
+    Examples:
+        >>> sums = class_sums(jnp.array([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]]), jnp.array([0, 0, 1]), num_classes=3)
+        >>> protos, counts = prototypes(sums)
+        >>> protos.tolist(), counts.tolist()  # class 2 is absent: a zero row
+        ([[2.0, 0.0], [0.0, 2.0], [0.0, 0.0]], [2.0, 1.0, 0.0])
+    """
     protos = sums.sum / jnp.maximum(sums.count, 1.0)[:, None]
     return protos, sums.count
 
 
 def feature_statistics(sums: ClassSums, variance: str = "code"):
-    """FedPAC's (V_i scalar, h_i [C, d]) from a client's `ClassSums` (see module docstring)."""
+    """FedPAC's (V_i scalar, h_i [C, d]) from a client's `ClassSums` (see module docstring).
+
+    Examples:
+        >>> sums = class_sums(jnp.array([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [0.0, 2.0]]), jnp.array([0, 0, 1, 1]), 2)
+        >>> v, h = feature_statistics(sums)
+        >>> round(float(v), 4), h.tolist()
+        (0.625, [[1.0, 0.0], [0.0, 1.0]])
+    """
     if variance not in VARIANCES:
         raise ValueError(f"variance must be one of {VARIANCES}, got {variance!r}")
     n = jnp.maximum(sums.count.sum(), 1.0)
@@ -105,6 +141,12 @@ def nearest_prototype_logits(features, protos, present):
 
     The argmax is the nearest present prototype; a class without a prototype
     gets `ABSENT_LOGIT`.
+
+    Examples:
+        >>> protos = jnp.array([[0.0, 0.0], [4.0, 0.0], [1.0, 0.0]])
+        >>> logits = nearest_prototype_logits(jnp.array([[1.0, 0.0]]), protos, jnp.array([True, True, False]))
+        >>> logits[0, :2].tolist(), int(logits.argmax())  # class 2 has no prototype
+        ([-1.0, -9.0], 0)
     """
     features = jnp.asarray(features, jnp.float32)
     protos = jnp.asarray(protos, jnp.float32)

@@ -55,6 +55,13 @@ def project_simplex(v, mask=None):
     The exact sort-based algorithm (Held et al. 1974; Duchi et al. 2008):
     theta = (sum of the rho largest - 1) / rho, a = max(v - theta, 0). With an
     all-False mask the result is all zeros.
+
+    Examples:
+        >>> import numpy as np
+        >>> print(np.asarray(project_simplex(jnp.array([0.5, 1.0, -1.0]))).round(3))
+        [0.25 0.75 0.  ]
+        >>> print(np.asarray(project_simplex(jnp.array([0.5, 1.0, 2.0]), mask=jnp.array([True, True, False]))).round(3))
+        [0.25 0.75 0.  ]
     """
     v = jnp.asarray(v)
     m = v.shape[-1]
@@ -72,7 +79,12 @@ def project_simplex(v, mask=None):
 
 
 def quadratic_objective(P, a):
-    """a^T P a (the FedPAC objective)."""
+    """a^T P a (the FedPAC objective).
+
+    Examples:
+        >>> round(float(quadratic_objective(jnp.array([[2.0, 0.0], [0.0, 1.0]]), jnp.array([0.5, 0.5]))), 4)
+        0.75
+    """
     return jnp.dot(a, jnp.dot(P, a, precision=_HI), precision=_HI)
 
 
@@ -111,6 +123,12 @@ def solve_simplex_qp(P, mask=None, *, num_iters: int = 1000, polish: bool = True
     (the largest eigenvalue of the masked P) is computed when not given.
     Non-PSD input is not an error but the result is then only a stationary point:
     repair P first (`repair_psd`).
+
+    Examples:
+        >>> import numpy as np
+        >>> P = jnp.array([[2.0, 0.0], [0.0, 1.0]])  # min 2 a_0^2 + a_1^2 on the simplex: a = (1/3, 2/3)
+        >>> print(np.asarray(solve_simplex_qp(P)).round(3))
+        [0.333 0.667]
     """
     P = jnp.asarray(P)
     if not jnp.issubdtype(P.dtype, jnp.floating):
@@ -152,6 +170,16 @@ def repair_psd(P, floor: float = 0.01, repair: str = "drop", tol: float = 1e-5):
     (not PSD beyond rounding), P' is rebuilt from its eigenpairs: ``'drop'`` keeps
     only eigenvalues >= ``floor`` (the authors' code), ``'clip'`` raises every
     eigenvalue to at least ``floor``. Otherwise P' = P.
+
+    Examples:
+        >>> import numpy as np
+        >>> P = jnp.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3 and -1: not PSD
+        >>> repaired, was_repaired = repair_psd(P)
+        >>> bool(was_repaired)
+        True
+        >>> print(np.asarray(repaired).round(3))  # the negative eigenpair is dropped
+        [[1.5 1.5]
+         [1.5 1.5]]
     """
     if repair not in REPAIRS:
         raise ValueError(f"repair must be one of {REPAIRS}, got {repair!r}")
@@ -174,6 +202,14 @@ def combination_weights(P, own, mask=None, *, floor: float = 0.01, repair: str =
     uploads arrived. Steps: restrict to the mask, `repair_psd`, `solve_simplex_qp`,
     zero weights <= ``min_weight``, renormalise. Falls back to one_hot(own) when the
     result is not finite or ``own`` is masked out.
+
+    Examples:
+        >>> import numpy as np
+        >>> P = jnp.array([[0.1, 0.0, 0.0], [0.0, 0.1, 0.0], [0.0, 0.0, 5.0]])  # client 2's head is far from client 0's
+        >>> print(np.asarray(combination_weights(P, own=0)).round(3))
+        [0.495 0.495 0.01 ]
+        >>> print(np.asarray(combination_weights(P, own=0, mask=jnp.array([True, False, True]))).round(3))
+        [0.98 0.   0.02]
     """
     P = jnp.asarray(P)
     m = P.shape[-1]
@@ -191,7 +227,15 @@ def combination_weights(P, own, mask=None, *, floor: float = 0.01, repair: str =
 
 
 def solve_simplex_qp_batch(P, mask=None, *, num_iters: int = 1000, polish: bool = True):
-    """`solve_simplex_qp` vmapped over a leading axis: P [S, m, m] -> [S, m]; mask [m] or [S, m]."""
+    """`solve_simplex_qp` vmapped over a leading axis: P [S, m, m] -> [S, m]; mask [m] or [S, m].
+
+    Examples:
+        >>> import numpy as np
+        >>> P = jnp.stack([jnp.diag(jnp.array([2.0, 1.0])), jnp.diag(jnp.array([1.0, 1.0]))])  # S=2 problems
+        >>> print(np.asarray(solve_simplex_qp_batch(P)).round(3))
+        [[0.333 0.667]
+         [0.5   0.5  ]]
+    """
     P = jnp.asarray(P)
     S, m = P.shape[0], P.shape[-1]
     mask = jnp.broadcast_to(_full_mask(m, mask), (S, m))
@@ -203,6 +247,13 @@ def combination_weights_batch(P, mask=None, own=None, **kwargs):
 
     ``own`` defaults to arange(S) (problem s belongs to client s, S == m).
     ``mask`` [m] (shared) or [S, m]. Keyword options as `combination_weights`.
+
+    Examples:
+        >>> import numpy as np
+        >>> P = jnp.stack([jnp.diag(jnp.array([1.0, 1.0])), jnp.diag(jnp.array([1.0, 3.0]))])  # one P per client
+        >>> print(np.asarray(combination_weights_batch(P)).round(3))
+        [[0.5  0.5 ]
+         [0.75 0.25]]
     """
     P = jnp.asarray(P)
     S, m = P.shape[0], P.shape[-1]

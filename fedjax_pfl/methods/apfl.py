@@ -15,7 +15,7 @@ model; a never-selected client holds the initial models and alpha).
 
 The authors' code (MLOPTPSU/FedTorch, comms/trainings/federated/apfl.py,
 ``inference_personal``, ``alpha_update``) differs from the paper's text; the
-defaults follow the code (METHODS.md rule), the paper's reading is behind flags:
+defaults follow the code (docs/methods/conventions.md rule), the paper's reading is behind flags:
 - ``mix='output'`` (code): the mixed model's prediction is
   alpha v(x) + (1 - alpha) w(x), a mixture of the two models' logits
   (`losses.output_mixture_cross_entropy`); ``mix='params'`` (paper): the model

@@ -212,6 +212,6 @@ class Method:
 
 
 def shared_init(method: Method, key, num_clients: int):
-    """Every client starts from the same initial variables (METHODS.md)."""
+    """Every client starts from the same initial variables (docs/methods/conventions.md)."""
     variables = method.init_variables(key)
     return variables, tree_ops.broadcast(variables, num_clients)

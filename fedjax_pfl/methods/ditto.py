@@ -14,11 +14,11 @@ Round t, each selected client i, from the global model w of the round start:
 Evaluation protocol: each client's personal model v_i (a never-selected
 client holds the initial model).
 
-lamda = 0 is Local training of v_i (METHODS.md: "0 is just Local"). The
+lamda = 0 is Local training of v_i (docs/methods/conventions.md: "0 is just Local"). The
 default lamda = 1 is the value in the authors' Fashion-MNIST scripts
 (run_fashion_*_lam1.sh). The authors sample clients by size and average
 uniformly; this library samples uniformly and averages by n_i (FedAvg's rule,
-METHODS.md "Client sampling"). The authors' ``dynamic_lam`` (choosing lamda
+docs/methods/conventions.md "Client sampling"). The authors' ``dynamic_lam`` (choosing lamda
 on validation data) is not implemented. ``train.persistent_optimizer``: the
 client keeps two optimizer states across its rounds, one for its copy of the
 global model (``opt_state``) and one for v_i (``personal_opt_state``), as

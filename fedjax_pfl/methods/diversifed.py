@@ -1,4 +1,4 @@
-"""DiversiFed: attraction and repulsion between personalized models (METHODS.md).
+"""DiversiFed: attraction and repulsion between personalized models (docs/methods/conventions.md).
 
 Each client keeps a full personalized model w_i; nothing is averaged. The
 server keeps the latest uploaded parameters of EVERY client (``server['params']``,
@@ -18,7 +18,7 @@ so D = 0 and u_i = w_i until models differ. (The storage, client and server
 steps are the shape shared with FedAMP: methods/anchored.py.)
 
 Distances cover all trainable parameters (``params``; BatchNorm statistics,
-if any, stay private). The loss L and the server step eta follow METHODS.md
+if any, stay private). The loss L and the server step eta follow docs/methods/conventions.md
 (`model_distance` module docstring).
 
 Options (``method.<name>=value``):
@@ -30,7 +30,7 @@ Options (``method.<name>=value``):
                  distance, so tau and eta do not depend on the model size or
                  on how far training has moved the models; default),
                  'sqrt_params' (divided by sqrt(P): RMS difference per
-                 parameter) or 'none' (raw Euclidean distances, METHODS.md's
+                 parameter) or 'none' (raw Euclidean distances, docs/methods/conventions.md's
                  formula as written).
 Presets: configs/diversifed_*.yaml (FMNIST pathological, Dirichlet 0.1/0.5/1.0,
 practical; CIFAR-10 LeNet).

@@ -1,7 +1,7 @@
 """FedAS (Yang et al., CVPR 2024): parameter alignment and Fisher-weighted
 client synchronization, on top of the shared-body shape (body shared, head private).
 
-Round t, for each selected client i (METHODS.md, "FedAS"):
+Round t, for each selected client i (docs/methods/conventions.md, "FedAS"):
 
 1. Parameter alignment (``align``; skipped in round 0, ``info.round == 0``).
    The client's previous local body f_old (its stored variables, frozen, in

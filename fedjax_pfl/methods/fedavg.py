@@ -3,7 +3,7 @@
 Every selected client trains the global model E epochs; the server averages
 the full models with weights n_i. Evaluation (``eval.model``): ``global``, the global model, or,
 with ``method.finetune_epochs=k`` (methods/finetune.py), the global model
-fine-tuned k epochs on each client's train data (FedAvg-FT; METHODS.md uses
+fine-tuned k epochs on each client's train data (FedAvg-FT; docs/methods/conventions.md uses
 k = E). The fine-tuned copy is not stored.
 """
 

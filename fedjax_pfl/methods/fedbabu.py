@@ -7,7 +7,7 @@ is never updated, so it stays equal on every client), and uploads the body;
 the server averages bodies with weights n_i. Evaluation protocol: the global
 body with that head, fine-tuned on each client's train data before testing
 (methods/finetune.py: ``finetune_epochs``, default 5 = the paper's tau;
-``finetune_part``, default 'head' as METHODS.md settles it, 'all' for the
+``finetune_part``, default 'head' as docs/methods/conventions.md settles it, 'all' for the
 paper's whole-model variant). The fine-tuned copy is never stored.
 
 Choices: fine-tuning uses the run's optimizer and learning rate (the paper

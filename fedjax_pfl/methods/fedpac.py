@@ -2,7 +2,7 @@
 prototypes and classifier collaboration; and ``fedpac_proto``, the seeds'
 variant whose head-combination weights come from prototype losses.
 
-Round t, each selected client i (METHODS.md "FedPAC"; authors' code
+Round t, each selected client i (docs/methods/conventions.md "FedPAC"; authors' code
 JianXu95/FedPAC methods/fedpac.py, tools.py, running.py):
 
 1. With the current model (received global body + own head), in inference
@@ -33,7 +33,7 @@ Server (only uploads that arrived, ``info.uploaded``, take part):
   head_i = sum_j a_ij head_j, written into the client's variables. A client
   whose upload was lost keeps its trained head.
 
-``fedpac_proto`` (METHODS.md "FedPAC with prototype-loss weights"): the same
+``fedpac_proto`` (docs/methods/conventions.md "FedPAC with prototype-loss weights"): the same
 client step and server body/prototype aggregation; the head weights are
 alpha_ij = softmax_j(-f_ij / ``temperature``) over uploading j with
 f_ij = sum_k pi_jk CE(head_i(c_j^k), k), client j's post-training

@@ -19,7 +19,7 @@ global prototype of the client's features (`prototypes.nearest_prototype_logits`
 the code reports both).
 
 Where the paper and the authors' code differ, the default is the code
-(METHODS.md rule), the paper behind a flag:
+(docs/methods/conventions.md rule), the paper behind a flag:
 - ``proto_weights='clients'`` (code): the global prototype of class k is the
   plain mean over the clients that hold k; ``'counts'`` (paper's Eq. 6):
   weighted by the clients' sample counts n_ik.

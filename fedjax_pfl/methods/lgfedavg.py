@@ -9,7 +9,7 @@ layers into every local model before testing).
 
 Choices: the authors' ``num_layers_keep`` sets how many top layers are global
 and their runs also warm-start from a FedAvg model; here the shared part is
-this library's head (the last Dense layer, METHODS.md) and all clients start
+this library's head (the last Dense layer, docs/methods/conventions.md) and all clients start
 from the same random model, as PFLlib's LG-FedAvg does.
 """
 

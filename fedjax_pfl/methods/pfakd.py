@@ -1,6 +1,6 @@
 """PFAKD: personalized FL with feature alignment by knowledge distillation.
 
-Algorithm (METHODS.md, "PFAKD"), per selected client i in round t:
+Algorithm (docs/methods/conventions.md, "PFAKD"), per selected client i in round t:
   1. take the received global body f_G into the local model (own head h_i kept)
      and keep a frozen copy of it as the teacher f_T = f_G;
   2. train body and head E epochs on
@@ -19,12 +19,12 @@ changes between local steps. With ``beta = 0`` the method is FedPer.
 local and teacher intermediate conv maps (``ModelOutput.maps``):
 ``gamma * 0.5 * ||Q_local - Q_teacher||_2`` per chosen map, batch-averaged.
 "PFAKD+AT" is named but not defined in the paper's text; this is this
-library's reading of it (METHODS.md), with the layers (``at_layers``, indices
+library's reading of it (docs/methods/conventions.md), with the layers (``at_layers``, indices
 into ``ModelOutput.maps``, default all) and the weight (``gamma``) as options.
 The paper gives no gamma; the default 1.0 puts the AT term on the scale of the
 beta = 1 feature term. With ``gamma = 0`` pfakd_at equals pfakd.
 
-From the authors' code (fei0829/PFAKD, a PFLlib fork), where METHODS.md is
+From the authors' code (fei0829/PFAKD, a PFLlib fork), where docs/methods/conventions.md is
 silent: the teacher is a deep copy of the received global body that is never
 put in eval mode, so with BatchNorm (ResNet-18) it normalises with the batch's
 statistics (``teacher_train_mode=True``, the default; False applies it with the

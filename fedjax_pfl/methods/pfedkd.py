@@ -1,6 +1,6 @@
 """pFedKD-WCL: personal models distilled from a global teacher (weighted combination loss).
 
-Algorithm (METHODS.md, "pFedKD-WCL"; authors' code HengruiH/pFedKD):
+Algorithm (docs/methods/conventions.md, "pFedKD-WCL"; authors' code HengruiH/pFedKD):
 - state: a global model w on the server; a persistent personal model theta_i
   per client, initialised independently per client (its own key), never
   overwritten by w;

@@ -6,7 +6,7 @@ Every model is a ``BodyHead`` module: ``body(x) -> (features, maps)`` and
 ``batch_stats['body']``. Whether those statistics are shared with the body or
 kept local is the method's decision: the model only exposes them.
 
-The head is the last Dense layer (METHODS.md "Shared conventions"), except for
+The head is the last Dense layer (docs/methods/conventions.md "Shared conventions"), except for
 ``pfakd_cnn``, whose head is the PFAKD authors' 2-layer MLP. The feature is the
 body output (post-activation), i.e. the head's input. ``maps`` are the
 post-activation (and post-pooling) outputs of each conv block, or of each

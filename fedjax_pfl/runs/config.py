@@ -4,7 +4,7 @@ A run is described by `RunConfig`. A YAML file (configs/*.yaml) gives any
 subset of its fields as nested mappings; ``key.sub=value`` overrides apply on
 top (values parsed as YAML scalars). ``method`` holds the method's own options
 (e.g. ``method.mu=0.01`` for FedProx), checked against its options dataclass.
-Defaults: the FedAS paper's CIFAR-10 setting (METHODS.md).
+Defaults: the FedAS paper's CIFAR-10 setting (docs/methods/conventions.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,171 @@
+"""The documentation site: a page per method with a line per option, a strict offline build, and
+the docstring examples of the losses, aggregation rules and kernels, run as doctests.
+
+The build runs `mkdocs build --strict` (the [docs] extra, part of [test]) into a temporary
+folder once per session; nothing is skipped when MkDocs is missing: the test fails.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+import inspect
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedjax_pfl.methods import registry
+from fedjax_pfl.methods.options import describe
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def hooks():
+    return load_hooks()
+
+
+@pytest.fixture(scope="module")
+def pages(hooks):
+    return hooks.generated_pages()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    return out
+
+
+def test_every_method_has_a_paper_entry_and_a_page(hooks, pages):
+    papers = hooks.load_papers()
+    assert set(papers) == set(registry()), "docs/methods/papers.yaml and the registry list different methods"
+    for name in registry():
+        page = pages[f"methods/{name}.md"]
+        assert page.startswith(f"# {papers[name]['name']}\n"), name
+        for section in ("## Paper", "## Algorithm", "## Options", "## Evaluation protocol",
+                        "## Differences from the paper and the authors' code", "## Reproduction results"):
+            assert section in page, (name, section)
+
+
+def test_every_option_has_a_line_with_its_default(hooks, pages):
+    for name, cls in registry().items():
+        page = pages[f"methods/{name}.md"]
+        for option in describe(cls.hparams_type):
+            line = next((ln for ln in page.splitlines() if ln.startswith(f"| `method.{option.name}` |")), None)
+            assert line is not None, f"{name}: option {option.name} has no line on its page"
+            assert f"`{hooks.cell(hooks.show_value(option.default))}`" in line, (name, option.name, line)
+            assert hooks.cell(option.help) in line, (name, option.name)
+
+
+def test_eval_protocols_are_on_each_page(pages):
+    for name, cls in registry().items():
+        section = pages[f"methods/{name}.md"].split("## Evaluation protocol", 1)[1].split("\n## ", 1)[0]
+        for protocol in cls.eval_models:
+            assert f"`{protocol}`" in section, (name, protocol)
+
+
+def test_reproduction_rows_reach_the_method_pages(hooks, tmp_path):
+    """A committed table's rows show on their methods' pages (row labels map to methods); absent: a line."""
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "table.md").write_text(
+        "# Demo paper, Table 1: reproduced with fedjax_pfl\n\nAccuracy (%): best.\n\n"
+        "| method | a paper | a fedjax_pfl |\n|---|---|---|\n| fedavg_ft | 90.00 | 89.50 ± 0.10 |\n"
+        "| fedper | - | 88.00 ± 0.20 |\n")
+    tables = hooks.reproduction_tables(tmp_path)
+    names = registry()
+    aliases = hooks.row_methods(names)
+    fedavg = hooks.reproduction_section("fedavg", tables, names, aliases)
+    assert "| fedavg_ft | 90.00 | 89.50 ± 0.10 |" in fedavg and "fedper" not in fedavg
+    assert "Demo paper, Table 1" in fedavg
+    assert hooks.reproduction_section("fedas", tables, names, aliases).startswith("No reproduction yet")
+    assert hooks.reproduction_tables(tmp_path / "missing") == []
+
+
+def test_cli_and_config_references_list_every_flag_and_key(pages):
+    from fedjax_pfl.runs import config as config_lib
+
+    cli = pages["reference/cli.md"]
+    for module, function, _ in load_hooks().CLI_PARSERS:
+        for action in getattr(importlib.import_module(module), function)()._actions:
+            for flag in action.option_strings:
+                assert f"`{flag}`" in cli, flag
+    config = pages["reference/config.md"]
+    for key in ("`train.lr`", "`partition.alpha`", "`eval.model`", "`seed`", "`model.conv_impl`"):
+        assert key in config, key
+    assert len(config_lib.TrainConfig.__dataclass_fields__) <= config.count("`train.")
+
+
+def test_site_builds_strict_and_offline(site):
+    for name, cls in registry().items():
+        html = (site / "methods" / f"{name}.html").read_text(encoding="utf-8")
+        for option in describe(cls.hparams_type):
+            assert f"method.{option.name}" in html, (name, option.name)
+    assert "class_mean_alignment" in (site / "reference" / "losses.html").read_text(encoding="utf-8")
+    # nothing is fetched from elsewhere when a page is opened: no remote scripts, styles, fonts or images
+    remote = re.compile(r"""<(?:script|img|iframe)[^>]*\bsrc=["']?(?:https?:)?//|<link[^>]*\bhref=["']?(?:https?:)?//""")
+    for page in site.rglob("*.html"):
+        assert not remote.search(page.read_text(encoding="utf-8")), f"{page} loads a remote resource"
+
+
+def test_docs_point_nowhere_outside_the_repository(pages):
+    """No page sends the reader to a spec outside the repository (the data folder in commands is a setting)."""
+    texts = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in (ROOT / "docs").rglob("*.md")}
+    texts.update(pages)
+    for where, text in texts.items():
+        for outside in ("shared/specs", "METHODS.md", "DESIGN.md", "PAPER_RESULTS.md"):
+            assert outside not in text, (where, outside)
+
+
+# ---- doctests of the pure functions ------------------------------------------------
+
+def pure_function_modules() -> list[str]:
+    import fedjax_pfl.kernels as kernels
+
+    return ["fedjax_pfl.aggregation"] + [f"fedjax_pfl.kernels.{m.name}" for m in pkgutil.iter_modules(kernels.__path__)]
+
+
+@pytest.mark.parametrize("name", pure_function_modules())
+def test_docstring_examples_run(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False, report=True)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples of {name} failed"
+
+
+@pytest.mark.parametrize("name", pure_function_modules())
+def test_every_public_function_has_an_example(name):
+    module = importlib.import_module(name)
+    missing = [n for n, f in vars(module).items()
+               if inspect.isfunction(f) and f.__module__ == name and not n.startswith("_")
+               and ">>>" not in (f.__doc__ or "")]
+    assert not missing, f"{name}: public functions without a docstring example: {missing}"
+
+
+def test_losses_face_reexports_only_functions_with_examples():
+    import fedjax_pfl.losses as losses
+
+    for n in losses.__all__:
+        assert ">>>" in (getattr(losses, n).__doc__ or ""), n
+
+
+def test_readme_lists_every_method_with_its_module():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name, cls in registry().items():
+        module = cls.__module__.replace(".", "/") + ".py"
+        assert f"]({module}) | `{name}` |" in readme, f"README's methods table has no row for {name}"
+        assert (ROOT / module).is_file(), module
