@@ -142,7 +142,17 @@ _step_reports: list[Callable] = []  # trace time only: who wants to hear of each
 @contextlib.contextmanager
 def reporting_steps(report: Callable | None) -> Iterator[None]:
     """While tracing inside this block, `train_with_state` and `sum_batches` call ``report(kind, done, total,
-    value)`` at each step or batch (see the module docstring)."""
+    value)`` at each step or batch (see the module docstring).
+
+    Examples:
+        >>> from fedjax_pfl.data.client_data import ClientData
+        >>> data = ClientData(jnp.ones((5, 1)), jnp.zeros(5, jnp.int32), jnp.asarray(5))
+        >>> heard = []
+        >>> with reporting_steps(lambda kind, done, total, value: heard.append(kind)):
+        ...     total = sum_batches(lambda batch: batch.mask.sum(), data, batch_size=2, normalize=lambda x: x)
+        >>> int(total), heard  # three batches hold real samples; the pass reported once while tracing
+        (5, ['pass'])
+    """
     if report is None:
         yield
         return
