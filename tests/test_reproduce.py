@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_pfl.runs import cli as train, reproduce
+from fedjax_pfl.runs import cli as train, config, data_check, paper_table, reproduce
 from fedjax_pfl.runs import results_writer, table_spec
 from signal_after_round import signal_after
 
@@ -39,36 +39,53 @@ def _error_line(capsys):
     return err[0]
 
 
+TABLES = {"diversifed_table1", "diversifed_table2", "fedas_table2", "fedas_table3", "fedpac_table1", "pfakd_table1",
+          "pfakd_table2", "pfedkd_table1"}
+
+
 def test_list_shows_every_table(capsys):
     assert reproduce.main(["--list"]) == 0
     out = capsys.readouterr().out
-    names = table_spec.table_names()
-    assert {"diversifed_table1_fmnist", "pfedkd_table1", "pfakd_table1_fmnist", "fedpac_table1", "fedas_table2",
-            "fedas_table3"} <= set(names)
-    for name in names:
+    assert set(table_spec.table_names()) == TABLES
+    for name in TABLES:
         assert f"| {name} |" in out
     assert "800, 600" in out  # pFedKD-WCL: MNIST 800 rounds, Synthetic 600
+    assert "17 rows (16 with runs of their own) x 4 settings x 3 seeds" in out  # FedPAC: Replicate shows fedpac's
 
 
-def test_every_cell_of_every_table_builds_a_valid_config(tmp_path):
-    count = 0
-    for name in table_spec.table_names():
-        spec = table_spec.find_table(name)
-        for cell in spec.cells(seeds=[0]):
-            cfg = reproduce.build_config(reproduce.cell_argv(cell, tmp_path / cell.folder_name, 2))
-            assert cfg.method_name == cell.method.method and cfg.train.rounds == 2
-            count += 1
-    assert count > 100
+def _cifar100_missing() -> bool:
+    return data_check.missing_data(config.build(None, ["data.name=cifar100"])) is not None
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_dry_run_lists_every_cell_with_a_valid_config(name, capsys):
+    """One line per (row that runs, setting) with its training command; every cell's config validates (the
+    dry run builds each); a setting whose dataset is missing says 'no data'."""
+    spec = table_spec.find_table(name)
+    assert reproduce.main([name, "--dry-run", "--seeds", "0"]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[")]
+    cells = spec.cells(seeds=[0])
+    assert len(printed) == len(cells) == len({spec.run_row(m).name for m in spec.methods}) * len(spec.settings)
+    for line, cell in zip(printed, cells):
+        assert f"/{len(cells)}] {cell.folder_name}: " in line
+        assert f"--method {cell.method.method} --seed 0" in line and all(o in line for o in cell.overrides)
+        no_data = "data.name=cifar100" in cell.overrides and _cifar100_missing()
+        assert (f"{cell.folder_name}: no data: python -m fedjax_pfl.train" in line) == no_data, line
 
 
 def test_pfedkd_table_sets_the_papers_baseline_options():
     spec = table_spec.find_table("pfedkd_table1")
-    cells = {c.method.name: c for c in spec.cells(settings=["mnist_mlr"], seeds=[0])}
-    built = {m: reproduce.build_config(reproduce.base_argv(c)) for m, c in cells.items()}
-    assert built["fedprox"].method["mu"] == 0.01 and built["perfedavg"].method["beta"] == 0.002
-    assert built["pfedme"].train.all_clients_train and not built["pfedkd"].train.all_clients_train
-    assert built["pfedkd"].train.local_epochs == 20 and built["pfedkd"].train.rounds == 800
-    assert built["pfedkd"].partition.max_classes_per_client == 3
+    cells = {(c.method.name, c.setting.name): c for c in spec.cells(seeds=[0])}
+    built = {k: reproduce.build_config(reproduce.base_argv(c)) for k, c in cells.items()}
+    assert built["fedprox", "mnist_mlr"].method["mu"] == 0.01
+    assert built["perfedavg", "synthetic_mlp"].method["beta"] == 0.002
+    assert built["pfedme", "mnist_mlr"].train.all_clients_train and not built["pfedkd", "mnist_mlr"].train.all_clients_train
+    lamdas = {s: built["pfedme", s].method["lamda"] for s in ("mnist_mlr", "mnist_mlp", "synthetic_mlr", "synthetic_mlp")}
+    assert lamdas == {"mnist_mlr": 15, "mnist_mlp": 15, "synthetic_mlr": 20, "synthetic_mlp": 30}
+    assert built["pfedkd", "mnist_mlr"].train.local_epochs == 20 and built["pfedkd", "mnist_mlr"].train.rounds == 800
+    assert built["pfedkd", "mnist_mlr"].partition.max_classes_per_client == 3
+    assert built["fedavg", "synthetic_mlp"].model.hidden == (128,) and built["fedavg", "mnist_mlp"].model.hidden == (128,)
+    assert built["fedavg", "synthetic_mlr"].train.rounds == 600 and spec.metric == "last" and spec.also_metrics == ("best",)
 
 
 def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
@@ -94,10 +111,13 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
         assert float(rows[method]["std"]) == pytest.approx(np.std(best), abs=1e-12)
         assert rows[method]["status"] == "2 finished" and rows[method]["rounds"] == "2"
     text = (out / "table.md").read_text()
-    assert "| method | synth paper | synth fedjax_pfl |" in text and "| local | 55.50 |" in text
-    assert "synth: 2 of 4 (reduced)" in text and "Seeds: 0, 1 (reduced" in text
-    local = rows["local"]
-    assert f"{100 * float(local['mean']):.2f} ± {100 * float(local['std']):.2f}" in text
+    assert "| method | synth ours | synth paper | synth Δ |" in text
+    assert "Rounds: 2 of 4 (reduced)." in text and "Seeds: 0, 1 (reduced" in text
+    local, diff = rows["local"], 100 * float(rows["local"]["mean"]) - 55.5
+    assert float(local["diff"]) == pytest.approx(diff / 100) and local["flag"] == str(abs(diff) > 1.5)
+    assert (f"| local | {100 * float(local['mean']):.2f} ± {100 * float(local['std']):.2f} (n=2) | 55.50 | "
+            f"{diff:+.2f}{' ⚠' if abs(diff) > 1.5 else ''} |") in text
+    assert "| global | " in text and text.rstrip().endswith("| - | - |")  # no paper number: no difference
     # 3) again: every cell is skipped, nothing is trained
     monkeypatch.setattr(train, "main", lambda argv=None, observe=None: pytest.fail("a finished cell ran again"))
     assert reproduce.main(argv) == 0
