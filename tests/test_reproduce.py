@@ -1,6 +1,7 @@
 """``python -m fedjax_pfl.reproduce``: paper tables as data, run cell by cell, resumable."""
 
 import csv
+import re
 import json
 
 import numpy as np
@@ -82,6 +83,7 @@ def test_pfedkd_table_sets_the_papers_baseline_options():
     assert built["pfedme", "mnist_mlr"].train.all_clients_train and not built["pfedkd", "mnist_mlr"].train.all_clients_train
     lamdas = {s: built["pfedme", s].method["lamda"] for s in ("mnist_mlr", "mnist_mlp", "synthetic_mlr", "synthetic_mlp")}
     assert lamdas == {"mnist_mlr": 15, "mnist_mlp": 15, "synthetic_mlr": 20, "synthetic_mlp": 30}
+    assert built["pfedme", "synthetic_mlp"].method["personal_lr"] == 0.01  # 0.1 diverges at lambda 30
     assert built["pfedkd", "mnist_mlr"].train.local_epochs == 20 and built["pfedkd", "mnist_mlr"].train.rounds == 800
     assert built["pfedkd", "mnist_mlr"].partition.max_classes_per_client == 3
     assert built["fedavg", "synthetic_mlp"].model.hidden == (128,) and built["fedavg", "mnist_mlp"].model.hidden == (128,)
@@ -196,3 +198,134 @@ def test_seeds_of_a_fixed_size_setting_run_as_one_program_and_equal_one_by_one(t
                                                                          abs=1e-5)
     assert reproduce.main(["--table-file", str(table), "--out", str(tmp_path / "together"), "--no-progress"]) == 0
     assert capsys.readouterr().out.count("skipped (done)") == 2
+
+
+MISSING = """
+paper: "Tiny paper"
+table: "Table 0"
+seeds: [0]
+settings:
+  - name: synth
+    overrides: [data.name=synthetic, partition.scheme=natural, partition.num_clients=3, model.name=mlr,
+                train.rounds=2]
+  - {name: c100, overrides: [data.name=cifar100, partition.num_clients=3]}
+methods: [fedavg]
+"""
+
+
+def test_a_missing_dataset_is_a_note_and_the_other_cells_run(tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(empty))
+    monkeypatch.setenv("FEDJAX_PFL_CACHE_DIR", str(empty))
+    ran = []
+    monkeypatch.setattr(train, "main", lambda argv, observe=None: ran.append(argv) or 0)
+    table = tmp_path / "missing.yaml"
+    table.write_text(MISSING)
+    argv = ["--table-file", str(table), "--out", str(tmp_path / "r"), "--no-progress"]
+    assert reproduce.main([*argv, "--dry-run"]) == 0
+    assert "fedavg-c100/seed0: no data: python -m fedjax_pfl.train" in capsys.readouterr().out
+    assert reproduce.main(argv) == 0  # documented: missing data does not change the exit status
+    out, err = capsys.readouterr()
+    assert len(ran) == 1 and "data.name=synthetic" in ran[0]  # only the cell with data ran
+    assert err.strip().splitlines() == [
+        "note: not run, dataset files missing (c100): Dataset file cifar-100-python.tar.gz (or its extracted "
+        "folder cifar-100-python/) not found"]
+    text = (tmp_path / "r" / "table.md").read_text()
+    assert "| fedavg | - (1 not run) | - (1 no data) |" in text
+    note = [ln for ln in text.splitlines() if ln.startswith("Not run, dataset files missing (c100)")]
+    assert len(note) == 1 and "cifar-100-python.tar.gz" in note[0] and "--data-dir DIR" in note[0]
+
+
+def _fake_run(folder, seed: int, accuracies: list[float]) -> None:
+    """A finished run folder as the training command leaves it, with the given accuracy per round."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": {"seed": seed}}))
+    (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": r, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.0, "loss": 1.0, "seconds": r}) + "\n"
+        for r, a in enumerate(accuracies)))
+
+
+FLAGS = """
+paper: "Tiny paper"
+table: "Table 0"
+metric: last
+also_metrics: [best]
+seeds: [0, 1]
+settings: [{name: s}]
+methods:
+  - local
+  - {name: global, label: "global (paper)", method: fedavg}
+  - {name: global_rerun, label: "global (rerun)", runs_of: global}
+paper_results: {local: {s: "79.50 +- 1.00"}, global: [90], global_rerun: [70.5]}
+notes: "A note of the table file."
+"""
+
+
+def test_ours_paper_difference_and_flag_of_finished_cells(tmp_path):
+    table = tmp_path / "flags.yaml"
+    table.write_text(FLAGS)
+    spec = table_spec.load_table(table)
+    runs = tmp_path / "runs"
+    _fake_run(runs / "local-s" / "seed0", 0, [0.90, 0.80])
+    _fake_run(runs / "local-s" / "seed1", 1, [0.82, 0.82])
+    _fake_run(runs / "global-s" / "seed0", 0, [0.70, 0.70])
+    _fake_run(runs / "global-s" / "seed1", 1, [0.75, 0.70])
+    text = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    assert "| method | s ours | s paper | s Δ |" in text
+    assert "| local | 81.00 ± 1.00 (n=2) | 79.50 ± 1.00 | +1.50 |" in text  # exactly 1.5 apart: not flagged
+    assert "| global (paper) | 70.00 ± 0.00 (n=2) | 90.00 | -20.00 ⚠ |" in text
+    assert "| global (rerun) | 70.00 ± 0.00 (n=2) | 70.50 | -0.50 |" in text  # the same runs, its own number
+    assert "| local | 86.00 ± 4.00 (n=2) |" in text.split("## Also: ")[1]  # best round, no paper column
+    assert text.rstrip().endswith("## Notes\n\nA note of the table file.")
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "table.csv"))}
+    assert float(rows["global"]["diff"]) == pytest.approx(-0.2) and rows["global"]["flag"] == "True"
+    assert float(rows["local"]["paper_std"]) == pytest.approx(0.01) and rows["local"]["flag"] == "False"
+    assert rows["global_rerun"]["folders"] == rows["global"]["folders"]
+    assert float(rows["local"]["best_mean"]) == pytest.approx(0.86)
+
+
+GRID = """
+paper: P
+table: T
+grid:
+  overrides: [data.name=synthetic]
+  axes:
+    - {name: beta, key: partition.alpha, values: [0.1, 0.5]}
+    - {name: P, key: train.join_ratio, values: [0.2, 1]}
+methods: [fedavg, {name: copy, runs_of: fedavg}]
+paper_results: {fedavg: [1, null, 3, 4], copy: {beta0.5_P1: "5 +- 0.5"}}
+"""
+
+
+def test_a_grid_spans_the_product_of_its_axes(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(GRID)
+    spec = table_spec.load_table(path)
+    assert [(s.name, s.group, s.column) for s in spec.settings] == [
+        ("beta0.1_P0.2", "beta0.1", "P0.2"), ("beta0.1_P1", "beta0.1", "P1"),
+        ("beta0.5_P0.2", "beta0.5", "P0.2"), ("beta0.5_P1", "beta0.5", "P1")]
+    assert spec.settings[1].overrides == ("data.name=synthetic", "partition.alpha=0.1", "train.join_ratio=1")
+    assert {c.method.name for c in spec.cells()} == {"fedavg"} and len(spec.cells(methods=["copy"])) == 4
+    assert spec.paper_value("fedavg", "beta0.1_P1") is None and spec.paper_value("fedavg", "beta0.5_P1").mean == 4
+    assert spec.paper_value("copy", "beta0.5_P1").std == 0.5
+
+
+@pytest.mark.parametrize("change, message", [
+    (("[1, null, 3, 4]", "[1, 3]"), "lists 2 values for 4 settings"),
+    (("[1, null, 3, 4]", "[1, null, 3, 140]"), "must be a percentage from 0 to 100"),
+    (('"5 +- 0.5"', '"5 pm 0.5"'), "must be a percentage from 0 to 100"),
+    (("runs_of: fedavg", "runs_of: copy"), "runs_of of copy must name a row that runs"),
+    (("{name: copy, runs_of: fedavg}", "{name: copy, runs_of: fedavg, overrides: [a.b=1]}"),
+     "give it only name, label, runs_of"),
+    (("values: [0.2, 1]", "values: []"), "needs key (a dotted config key) and values"),
+    (("paper: P", "paper: P\nsettings: [{name: x}]"), "give either settings (a list) or grid"),
+    (("paper: P", "paper: P\nnotse: x"), "unknown key(s) notse"),
+])
+def test_bad_table_schema_is_one_line(tmp_path, change, message):
+    path = tmp_path / "bad.yaml"
+    assert change[0] in GRID
+    path.write_text(GRID.replace(*change))
+    with pytest.raises(table_spec.UserError, match=re.escape(message)):
+        table_spec.load_table(path)
