@@ -80,14 +80,17 @@ def test_pfedkd_table_sets_the_papers_baseline_options():
     built = {k: reproduce.build_config(reproduce.base_argv(c)) for k, c in cells.items()}
     assert built["fedprox", "mnist_mlr"].method["mu"] == 0.01
     assert built["perfedavg", "synthetic_mlp"].method["beta"] == 0.002
-    assert built["pfedme", "mnist_mlr"].train.all_clients_train and not built["pfedkd", "mnist_mlr"].train.all_clients_train
-    lamdas = {s: built["pfedme", s].method["lamda"] for s in ("mnist_mlr", "mnist_mlp", "synthetic_mlr", "synthetic_mlp")}
+    assert built["pfedme", "mnist_mlr"].train.all_clients_train
+    assert not built["pfedkd", "mnist_mlr"].train.all_clients_train
+    lamdas = {s: built["pfedme", s].method["lamda"] for s in ("mnist_mlr", "mnist_mlp", "synthetic_mlr",
+                                                              "synthetic_mlp")}
     assert lamdas == {"mnist_mlr": 15, "mnist_mlp": 15, "synthetic_mlr": 20, "synthetic_mlp": 30}
     assert built["pfedme", "synthetic_mlp"].method["personal_lr"] == 0.01  # 0.1 diverges at lambda 30
-    assert built["pfedkd", "mnist_mlr"].train.local_epochs == 20 and built["pfedkd", "mnist_mlr"].train.rounds == 800
+    assert (built["pfedkd", "mnist_mlr"].train.local_epochs, built["pfedkd", "mnist_mlr"].train.rounds) == (20, 800)
     assert built["pfedkd", "mnist_mlr"].partition.max_classes_per_client == 3
-    assert built["fedavg", "synthetic_mlp"].model.hidden == (128,) and built["fedavg", "mnist_mlp"].model.hidden == (128,)
-    assert built["fedavg", "synthetic_mlr"].train.rounds == 600 and spec.metric == "last" and spec.also_metrics == ("best",)
+    assert built["fedavg", "synthetic_mlp"].model.hidden == built["fedavg", "mnist_mlp"].model.hidden == (128,)
+    assert built["fedavg", "synthetic_mlr"].train.rounds == 600
+    assert spec.metric == "last" and spec.also_metrics == ("best",)
 
 
 def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
@@ -243,7 +246,8 @@ def _fake_run(folder, seed: int, accuracies: list[float]) -> None:
     (folder / "config.json").write_text(json.dumps({"config": {"seed": seed}}))
     (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
     (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"round": r, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.0, "loss": 1.0, "seconds": r}) + "\n"
+        json.dumps({"round": r, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.0, "loss": 1.0,
+                    "seconds": r}) + "\n"
         for r, a in enumerate(accuracies)))
 
 
