@@ -174,12 +174,18 @@ def citation(paper: dict) -> str:
 
 
 @dataclasses.dataclass
+class TableBlock:
+    heading: str  # the '## ' heading above it ('' when none)
+    header: list[str]  # the table's header and delimiter rows
+    rows: dict[str, str]  # row label -> the row's Markdown line
+
+
+@dataclasses.dataclass
 class ReproductionTable:
     folder: str  # reproductions/<folder>/table.md
     title: str
-    notes: list[str]  # the lines between the title and the table
-    header: list[str]  # the table's header and delimiter rows
-    rows: dict[str, str]  # row label -> the row's Markdown line
+    notes: list[str]  # the lines between the title and the first table or heading
+    blocks: list[TableBlock]  # its Markdown tables (one per group of settings)
     text: str
 
     @property
@@ -188,12 +194,23 @@ class ReproductionTable:
 
 
 def parse_table(folder: str, text: str) -> ReproductionTable:
+    """A table.md (runs/paper_table.py): title, the lines before the first table, and each table under its
+    '## ' heading."""
     lines = text.splitlines()
     title = next((ln[2:].strip() for ln in lines if ln.startswith("# ")), folder)
-    table = [ln for ln in lines if ln.startswith("|")]
-    notes = [ln for ln in lines if ln.strip() and not ln.startswith(("|", "# "))]
-    rows = {ln.split("|")[1].strip(): ln for ln in table[2:]}
-    return ReproductionTable(folder, title, notes, table[:2], rows, text)
+    notes, blocks, heading, table = [], [], "", []
+    for ln in [*lines, ""]:
+        if ln.startswith("|"):
+            table.append(ln)
+            continue
+        if table:
+            blocks.append(TableBlock(heading, table[:2], {r.split("|")[1].strip(): r for r in table[2:]}))
+            table = []
+        if ln.startswith("## "):
+            heading = ln[3:].strip()
+        elif ln.strip() and not ln.startswith("# ") and not blocks and not heading:
+            notes.append(ln)
+    return ReproductionTable(folder, title, notes, blocks, text)
 
 
 def reproduction_tables(root: Path = REPRODUCTIONS) -> list[ReproductionTable]:
@@ -203,13 +220,17 @@ def reproduction_tables(root: Path = REPRODUCTIONS) -> list[ReproductionTable]:
 
 
 def row_methods(names) -> dict[str, str]:
-    """Row label of a paper table (configs/tables/*.yaml) -> the registered method it runs."""
+    """Row name or label of a paper table (configs/tables/*.yaml) -> the registered method it runs."""
     found = {}
     for path in sorted(TABLE_SPECS.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        for row in spec.get("methods", []):
-            if isinstance(row, dict) and "name" in row:
-                found[row["name"]] = row.get("method", row["name"])
+        rows = [r for r in spec.get("methods", []) if isinstance(r, dict) and "name" in r]
+        runs = {r["name"]: r.get("method", r["name"]) for r in rows if "runs_of" not in r}
+        for row in rows:
+            method = runs.get(row.get("runs_of"), row["name"]) if "runs_of" in row else runs[row["name"]]
+            found[row["name"]] = method
+            if "label" in row:
+                found[str(row["label"])] = method
     return {label: m for label, m in found.items() if m in names}
 
 
@@ -225,10 +246,14 @@ def method_of_row(label: str, names, aliases: dict[str, str]) -> str | None:
 def reproduction_section(name: str, tables: list[ReproductionTable], names, aliases) -> str:
     parts = []
     for t in tables:
-        rows = [line for label, line in t.rows.items() if method_of_row(label, names, aliases) == name]
-        if rows:
-            parts.append("\n".join([f"### {t.title}", "", *t.notes, "", *t.header, *rows, "",
-                                    f"The whole table: [{t.folder}](../{t.page})."]))
+        found = []
+        for b in t.blocks:
+            rows = [line for label, line in b.rows.items() if method_of_row(label, names, aliases) == name]
+            if rows:
+                found += [*([f"#### {b.heading}", ""] if b.heading else []), *b.header, *rows, ""]
+        if found:
+            parts.append("\n".join([f"### {t.title}", "", *t.notes, "", *found,
+                                    f"The whole table, with its notes: [{t.folder}](../{t.page})."]))
     if not parts:
         return ("No reproduction yet: no committed table under `reproductions/` lists this method. "
                 "`python -m fedjax_pfl.reproduce --list` shows the paper tables that can be run.")

@@ -97,6 +97,30 @@ def test_reproduction_rows_reach_the_method_pages(hooks, tmp_path):
     assert hooks.reproduction_tables(tmp_path / "missing") == []
 
 
+def test_grouped_paper_table_rows_reach_the_method_pages(hooks, tmp_path):
+    """A table.md as `reproduce` writes it (a table per group of settings, rows labelled as the paper prints
+    them, a row showing another row's runs): each method page gets its rows under each group's heading."""
+    from fedjax_pfl.runs import paper_table, table_spec
+
+    spec = table_spec.find_table("fedpac_table1")
+    lines = [{"method": m.name, "label": m.shown, "group": s.group, "column": s.column, "mean": 0.9, "std": 0.01,
+              "runs": 3, "status": "3 finished", "paper": spec.paper_value(m.name, s.name).mean / 100,
+              "paper_std": None, "diff": 0.02, "flag": True} for m in spec.methods for s in spec.settings]
+    text = paper_table.markdown(spec, lines, paper_table.header(spec, {"x": (200, 200)}, [0, 1, 2]), ["A note."])
+    (tmp_path / "fedpac_table1").mkdir()
+    (tmp_path / "fedpac_table1" / "table.md").write_text(text)
+    tables = hooks.reproduction_tables(tmp_path)
+    assert [b.heading for b in tables[0].blocks] == ["FMNIST", "CIFAR-10 (cifar10_jpeg)"]
+    names = registry()
+    aliases = hooks.row_methods(names)
+    fedpac = hooks.reproduction_section("fedpac", tables, names, aliases)
+    assert fedpac.count("| fedpac (paper) | 90.00 ± 1.00 (n=3) | 91.83 | +2.00 ⚠ |") == 1
+    assert fedpac.count("| fedpac (Replicate) |") == 2 and "#### CIFAR-10 (cifar10_jpeg)" in fedpac
+    assert "fedpac_proto (Modify)" not in fedpac and "A note." not in fedpac
+    assert "| fedpac_proto (Modify) |" in hooks.reproduction_section("fedpac_proto", tables, names, aliases)
+    assert "| fedavg_p (FedAvg-FT) |" in hooks.reproduction_section("fedavg", tables, names, aliases)
+
+
 def test_cli_and_config_references_list_every_flag_and_key(pages):
     from fedjax_pfl.runs import config as config_lib
 

@@ -1,12 +1,13 @@
 """``python -m fedjax_pfl.reproduce``: paper tables as data, run cell by cell, resumable."""
 
 import csv
+import re
 import json
 
 import numpy as np
 import pytest
 
-from fedjax_pfl.runs import cli as train, reproduce
+from fedjax_pfl.runs import cli as train, config, data_check, paper_table, reproduce
 from fedjax_pfl.runs import results_writer, table_spec
 from signal_after_round import signal_after
 
@@ -39,36 +40,57 @@ def _error_line(capsys):
     return err[0]
 
 
+TABLES = {"diversifed_table1", "diversifed_table2", "fedas_table2", "fedas_table3", "fedpac_table1", "pfakd_table1",
+          "pfakd_table2", "pfedkd_table1"}
+
+
 def test_list_shows_every_table(capsys):
     assert reproduce.main(["--list"]) == 0
     out = capsys.readouterr().out
-    names = table_spec.table_names()
-    assert {"diversifed_table1_fmnist", "pfedkd_table1", "pfakd_table1_fmnist", "fedpac_table1", "fedas_table2",
-            "fedas_table3"} <= set(names)
-    for name in names:
+    assert set(table_spec.table_names()) == TABLES
+    for name in TABLES:
         assert f"| {name} |" in out
     assert "800, 600" in out  # pFedKD-WCL: MNIST 800 rounds, Synthetic 600
+    assert "17 rows (16 with runs of their own) x 4 settings x 3 seeds" in out  # FedPAC: Replicate shows fedpac's
 
 
-def test_every_cell_of_every_table_builds_a_valid_config(tmp_path):
-    count = 0
-    for name in table_spec.table_names():
-        spec = table_spec.find_table(name)
-        for cell in spec.cells(seeds=[0]):
-            cfg = reproduce.build_config(reproduce.cell_argv(cell, tmp_path / cell.folder_name, 2))
-            assert cfg.method_name == cell.method.method and cfg.train.rounds == 2
-            count += 1
-    assert count > 100
+def _cifar100_missing() -> bool:
+    return data_check.missing_data(config.build(None, ["data.name=cifar100"])) is not None
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_dry_run_lists_every_cell_with_a_valid_config(name, capsys):
+    """One line per (row that runs, setting) with its training command; every cell's config validates (the
+    dry run builds each); a setting whose dataset is missing says 'no data'."""
+    spec = table_spec.find_table(name)
+    assert reproduce.main([name, "--dry-run", "--seeds", "0"]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[")]
+    cells = spec.cells(seeds=[0])
+    assert len(printed) == len(cells) == len({spec.run_row(m).name for m in spec.methods}) * len(spec.settings)
+    for line, cell in zip(printed, cells):
+        assert f"/{len(cells)}] {cell.folder_name}: " in line
+        assert f"--method {cell.method.method} --seed 0" in line and all(o in line for o in cell.overrides)
+        no_data = "data.name=cifar100" in cell.overrides and _cifar100_missing()
+        assert (f"{cell.folder_name}: no data: python -m fedjax_pfl.train" in line) == no_data, line
 
 
 def test_pfedkd_table_sets_the_papers_baseline_options():
     spec = table_spec.find_table("pfedkd_table1")
-    cells = {c.method.name: c for c in spec.cells(settings=["mnist_mlr"], seeds=[0])}
-    built = {m: reproduce.build_config(reproduce.base_argv(c)) for m, c in cells.items()}
-    assert built["fedprox"].method["mu"] == 0.01 and built["perfedavg"].method["beta"] == 0.002
-    assert built["pfedme"].train.all_clients_train and not built["pfedkd"].train.all_clients_train
-    assert built["pfedkd"].train.local_epochs == 20 and built["pfedkd"].train.rounds == 800
-    assert built["pfedkd"].partition.max_classes_per_client == 3
+    cells = {(c.method.name, c.setting.name): c for c in spec.cells(seeds=[0])}
+    built = {k: reproduce.build_config(reproduce.base_argv(c)) for k, c in cells.items()}
+    assert built["fedprox", "mnist_mlr"].method["mu"] == 0.01
+    assert built["perfedavg", "synthetic_mlp"].method["beta"] == 0.002
+    assert built["pfedme", "mnist_mlr"].train.all_clients_train
+    assert not built["pfedkd", "mnist_mlr"].train.all_clients_train
+    lamdas = {s: built["pfedme", s].method["lamda"] for s in ("mnist_mlr", "mnist_mlp", "synthetic_mlr",
+                                                              "synthetic_mlp")}
+    assert lamdas == {"mnist_mlr": 15, "mnist_mlp": 15, "synthetic_mlr": 20, "synthetic_mlp": 30}
+    assert built["pfedme", "synthetic_mlp"].method["personal_lr"] == 0.01  # 0.1 diverges at lambda 30
+    assert (built["pfedkd", "mnist_mlr"].train.local_epochs, built["pfedkd", "mnist_mlr"].train.rounds) == (20, 800)
+    assert built["pfedkd", "mnist_mlr"].partition.max_classes_per_client == 3
+    assert built["fedavg", "synthetic_mlp"].model.hidden == built["fedavg", "mnist_mlp"].model.hidden == (128,)
+    assert built["fedavg", "synthetic_mlr"].train.rounds == 600
+    assert spec.metric == "last" and spec.also_metrics == ("best",)
 
 
 def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
@@ -94,10 +116,13 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
         assert float(rows[method]["std"]) == pytest.approx(np.std(best), abs=1e-12)
         assert rows[method]["status"] == "2 finished" and rows[method]["rounds"] == "2"
     text = (out / "table.md").read_text()
-    assert "| method | synth paper | synth fedjax_pfl |" in text and "| local | 55.50 |" in text
-    assert "synth: 2 of 4 (reduced)" in text and "Seeds: 0, 1 (reduced" in text
-    local = rows["local"]
-    assert f"{100 * float(local['mean']):.2f} ± {100 * float(local['std']):.2f}" in text
+    assert "| method | synth ours | synth paper | synth Δ |" in text
+    assert "Rounds: 2 of 4 (reduced)." in text and "Seeds: 0, 1 (reduced" in text
+    local, diff = rows["local"], 100 * float(rows["local"]["mean"]) - 55.5
+    assert float(local["diff"]) == pytest.approx(diff / 100) and local["flag"] == str(abs(diff) > 1.5)
+    assert (f"| local | {100 * float(local['mean']):.2f} ± {100 * float(local['std']):.2f} (n=2) | 55.50 | "
+            f"{diff:+.2f}{' ⚠' if abs(diff) > 1.5 else ''} |") in text
+    assert "| global | " in text and text.rstrip().endswith("| - | - |")  # no paper number: no difference
     # 3) again: every cell is skipped, nothing is trained
     monkeypatch.setattr(train, "main", lambda argv=None, observe=None: pytest.fail("a finished cell ran again"))
     assert reproduce.main(argv) == 0
@@ -176,3 +201,135 @@ def test_seeds_of_a_fixed_size_setting_run_as_one_program_and_equal_one_by_one(t
                                                                          abs=1e-5)
     assert reproduce.main(["--table-file", str(table), "--out", str(tmp_path / "together"), "--no-progress"]) == 0
     assert capsys.readouterr().out.count("skipped (done)") == 2
+
+
+MISSING = """
+paper: "Tiny paper"
+table: "Table 0"
+seeds: [0]
+settings:
+  - name: synth
+    overrides: [data.name=synthetic, partition.scheme=natural, partition.num_clients=3, model.name=mlr,
+                train.rounds=2]
+  - {name: c100, overrides: [data.name=cifar100, partition.num_clients=3]}
+methods: [fedavg]
+"""
+
+
+def test_a_missing_dataset_is_a_note_and_the_other_cells_run(tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(empty))
+    monkeypatch.setenv("FEDJAX_PFL_CACHE_DIR", str(empty))
+    ran = []
+    monkeypatch.setattr(train, "main", lambda argv, observe=None: ran.append(argv) or 0)
+    table = tmp_path / "missing.yaml"
+    table.write_text(MISSING)
+    argv = ["--table-file", str(table), "--out", str(tmp_path / "r"), "--no-progress"]
+    assert reproduce.main([*argv, "--dry-run"]) == 0
+    assert "fedavg-c100/seed0: no data: python -m fedjax_pfl.train" in capsys.readouterr().out
+    assert reproduce.main(argv) == 0  # documented: missing data does not change the exit status
+    out, err = capsys.readouterr()
+    assert len(ran) == 1 and "data.name=synthetic" in ran[0]  # only the cell with data ran
+    assert err.strip().splitlines() == [
+        "note: not run, dataset files missing (c100): Dataset file cifar-100-python.tar.gz (or its extracted "
+        "folder cifar-100-python/) not found"]
+    text = (tmp_path / "r" / "table.md").read_text()
+    assert "| fedavg | - (1 not run) | - (1 no data) |" in text
+    note = [ln for ln in text.splitlines() if ln.startswith("Not run, dataset files missing (c100)")]
+    assert len(note) == 1 and "cifar-100-python.tar.gz" in note[0] and "--data-dir DIR" in note[0]
+
+
+def _fake_run(folder, seed: int, accuracies: list[float]) -> None:
+    """A finished run folder as the training command leaves it, with the given accuracy per round."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": {"seed": seed}}))
+    (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": r, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.0, "loss": 1.0,
+                    "seconds": r}) + "\n"
+        for r, a in enumerate(accuracies)))
+
+
+FLAGS = """
+paper: "Tiny paper"
+table: "Table 0"
+metric: last
+also_metrics: [best]
+seeds: [0, 1]
+settings: [{name: s}]
+methods:
+  - local
+  - {name: global, label: "global (paper)", method: fedavg}
+  - {name: global_rerun, label: "global (rerun)", runs_of: global}
+paper_results: {local: {s: "79.50 +- 1.00"}, global: [90], global_rerun: [70.5]}
+notes: "A note of the table file."
+"""
+
+
+def test_ours_paper_difference_and_flag_of_finished_cells(tmp_path):
+    table = tmp_path / "flags.yaml"
+    table.write_text(FLAGS)
+    spec = table_spec.load_table(table)
+    runs = tmp_path / "runs"
+    _fake_run(runs / "local-s" / "seed0", 0, [0.90, 0.80])
+    _fake_run(runs / "local-s" / "seed1", 1, [0.82, 0.82])
+    _fake_run(runs / "global-s" / "seed0", 0, [0.70, 0.70])
+    _fake_run(runs / "global-s" / "seed1", 1, [0.75, 0.70])
+    text = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    assert "| method | s ours | s paper | s Δ |" in text
+    assert "| local | 81.00 ± 1.00 (n=2) | 79.50 ± 1.00 | +1.50 |" in text  # exactly 1.5 apart: not flagged
+    assert "| global (paper) | 70.00 ± 0.00 (n=2) | 90.00 | -20.00 ⚠ |" in text
+    assert "| global (rerun) | 70.00 ± 0.00 (n=2) | 70.50 | -0.50 |" in text  # the same runs, its own number
+    assert "| local | 86.00 ± 4.00 (n=2) |" in text.split("## Also: ")[1]  # best round, no paper column
+    assert text.rstrip().endswith("## Notes\n\nA note of the table file.")
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "table.csv"))}
+    assert float(rows["global"]["diff"]) == pytest.approx(-0.2) and rows["global"]["flag"] == "True"
+    assert float(rows["local"]["paper_std"]) == pytest.approx(0.01) and rows["local"]["flag"] == "False"
+    assert rows["global_rerun"]["folders"] == rows["global"]["folders"]
+    assert float(rows["local"]["best_mean"]) == pytest.approx(0.86)
+
+
+GRID = """
+paper: P
+table: T
+grid:
+  overrides: [data.name=synthetic]
+  axes:
+    - {name: beta, key: partition.alpha, values: [0.1, 0.5]}
+    - {name: P, key: train.join_ratio, values: [0.2, 1]}
+methods: [fedavg, {name: copy, runs_of: fedavg}]
+paper_results: {fedavg: [1, null, 3, 4], copy: {beta0.5_P1: "5 +- 0.5"}}
+"""
+
+
+def test_a_grid_spans_the_product_of_its_axes(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(GRID)
+    spec = table_spec.load_table(path)
+    assert [(s.name, s.group, s.column) for s in spec.settings] == [
+        ("beta0.1_P0.2", "beta0.1", "P0.2"), ("beta0.1_P1", "beta0.1", "P1"),
+        ("beta0.5_P0.2", "beta0.5", "P0.2"), ("beta0.5_P1", "beta0.5", "P1")]
+    assert spec.settings[1].overrides == ("data.name=synthetic", "partition.alpha=0.1", "train.join_ratio=1")
+    assert {c.method.name for c in spec.cells()} == {"fedavg"} and len(spec.cells(methods=["copy"])) == 4
+    assert spec.paper_value("fedavg", "beta0.1_P1") is None and spec.paper_value("fedavg", "beta0.5_P1").mean == 4
+    assert spec.paper_value("copy", "beta0.5_P1").std == 0.5
+
+
+@pytest.mark.parametrize("change, message", [
+    (("[1, null, 3, 4]", "[1, 3]"), "lists 2 values for 4 settings"),
+    (("[1, null, 3, 4]", "[1, null, 3, 140]"), "must be a percentage from 0 to 100"),
+    (('"5 +- 0.5"', '"5 pm 0.5"'), "must be a percentage from 0 to 100"),
+    (("runs_of: fedavg", "runs_of: copy"), "runs_of of copy must name a row that runs"),
+    (("{name: copy, runs_of: fedavg}", "{name: copy, runs_of: fedavg, overrides: [a.b=1]}"),
+     "give it only name, label, runs_of"),
+    (("values: [0.2, 1]", "values: []"), "needs key (a dotted config key) and values"),
+    (("paper: P", "paper: P\nsettings: [{name: x}]"), "give either settings (a list) or grid"),
+    (("paper: P", "paper: P\nnotse: x"), "unknown key(s) notse"),
+])
+def test_bad_table_schema_is_one_line(tmp_path, change, message):
+    path = tmp_path / "bad.yaml"
+    assert change[0] in GRID
+    path.write_text(GRID.replace(*change))
+    with pytest.raises(table_spec.UserError, match=re.escape(message)):
+        table_spec.load_table(path)

@@ -12,11 +12,12 @@
   an fsynced append), read back (run_folder.py), checked before writing
   (output_folder.py), continued (resume.py);
 - runs side by side (report.py) and papers' tables (reproduce.py,
-  table_spec.py, paper_table.py).
+  table_spec.py, paper_numbers.py, paper_table.py; data_check.py finds a
+  table's missing datasets before it runs).
 
 This is the top layer below the entry points (fedjax_pfl/train.py,
 reproduce.py, report.py): it may import the engine, methods, models and
 data, and nothing below imports it. The readers (run_folder.py, report.py,
-paper_table.py, tables.py, figures.py) need no JAX at import, so a report
+paper_table.py, paper_numbers.py, tables.py, figures.py) need no JAX at import, so a report
 can be made where no accelerator or training code runs.
 """

@@ -9,7 +9,9 @@ Defaults: the FedAS paper's CIFAR-10 setting (docs/methods/conventions.md).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import typing
 from pathlib import Path
@@ -161,11 +163,14 @@ def _coerce(value, annotation, where: str):
     return value
 
 
+_type_hints = functools.cache(typing.get_type_hints)  # per dataclass: a table builds hundreds of configs
+
+
 def apply_mapping(cfg, mapping: dict, where: str = ""):
     """Set fields of dataclass ``cfg`` from a nested mapping (in place)."""
     if not isinstance(mapping, dict):
         raise UserError(f"config section {where or 'root'} must be a mapping")
-    hints = typing.get_type_hints(type(cfg))
+    hints = _type_hints(type(cfg))
     names = {f.name for f in dataclasses.fields(cfg)}
     for key, value in mapping.items():
         path = f"{where}.{key}" if where else key
@@ -202,9 +207,16 @@ def parse_override(text: str) -> dict:
 
 
 def load_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML file (a fresh copy each call; the file is parsed again only when it changed)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file {path} not found (presets live in configs/)")
+    stat = path.stat()
+    return copy.deepcopy(_parse_yaml(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_yaml(path: Path, mtime_ns: int, size: int) -> dict:
     try:
         with open(path) as f:
             data = yaml.safe_load(f) or {}

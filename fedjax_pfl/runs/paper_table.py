@@ -1,93 +1,156 @@
 """A reproduced paper table: table.md and table.csv from the run folders of its cells.
 
-One row per method, one column per setting; each entry is the table's metric
-(report.py's ``best``, ``last`` or ``mean_last_10`` of a run, the values of
-its summary.json) as mean ± std over the seeds that have a run (population
-std, ddof=0, as report.md), beside the paper's number where the table file
-gives it. The header states the rounds and seeds actually used and says
-"reduced" where they are fewer than the paper's. table.csv has one line per
-(method, setting) with fractions, not percent. Nothing here imports JAX.
+One row per row of the paper's table, one column block per setting: ours,
+the table's metric (report.py's ``best``, ``last`` or ``mean_last_10`` of a
+run, the values of its summary.json) as mean ± std over the seeds that have a
+run (population std, ddof=0, as report.md) and their number; the paper's
+number where the table file gives it; and the difference ours - paper in
+percentage points, flagged (⚠) beyond ``paper_numbers.FLAG_POINTS``. A cell
+without a paper number shows no difference. Settings with a ``group`` are
+printed as one table per group. The header states the rounds and seeds
+actually used and says "reduced" where they are fewer than the paper's; the
+notes close the file (the table file's ``notes``, then one line per dataset
+whose files were missing). table.csv has one line per (row, setting) with
+fractions, not percent (the paper's number and the difference too). Nothing
+here imports JAX.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import numpy as np
-
 from fedjax_pfl.runs import run_folder
-from fedjax_pfl.runs.report import format_percent, load_run, mean_std, write_csv
-from fedjax_pfl.runs.table_spec import METRICS, Cell, TableSpec
+from fedjax_pfl.runs.report import load_run, mean_std, write_csv
+from fedjax_pfl.runs.table_spec import METRICS, NO_DATA, Cell, MethodRow, TableSpec
 from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.runs.paper_numbers import FLAG_POINTS, difference, flagged
 
 
-def entry(spec: TableSpec, cells: list[Cell], runs_dir: Path) -> dict:
-    """The CSV line of one (method, setting) from the runs of its seeds that exist."""
-    first = cells[0]
+def _fraction(value):
+    return None if value is None else value / 100
+
+
+def entry(spec: TableSpec, row: MethodRow, cells: list[Cell], runs_dir: Path, no_data: bool = False) -> dict:
+    """The CSV line of one (row, setting) from the runs of its seeds that exist (``cells``: its run row's)."""
+    setting = cells[0].setting
     runs = [load_run(runs_dir / c.folder_name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)]
-    mean, std = mean_std([getattr(r, spec.metric) for r in runs])
-    statuses = [r.status for r in runs] + ["not run"] * (len(cells) - len(runs))
-    return {"table": spec.name, "method": first.method.name, "setting": first.setting.name, "metric": spec.metric,
-            "mean": mean, "std": std, "runs": len(runs),
+    means = {m: mean_std([getattr(r, m) for r in runs]) for m in (spec.metric, *spec.also_metrics)}
+    mean, std = means[spec.metric]
+    statuses = [r.status for r in runs] + [NO_DATA if no_data else "not run"] * (len(cells) - len(runs))
+    paper = spec.paper_value(row.name, setting.name)
+    diff = difference(mean, paper)
+    return {"table": spec.name, "method": row.name, "label": row.shown, "runs": len(runs),
+            "setting": setting.name, "group": setting.group, "column": setting.column, "metric": spec.metric,
+            "mean": mean, "std": std, "paper": _fraction(paper and paper.mean),
+            "paper_std": _fraction(paper and paper.std), "diff": _fraction(diff), "flag": flagged(diff),
+            **{f"{m}_mean": v[0] for m, v in means.items() if m != spec.metric},
+            **{f"{m}_std": v[1] for m, v in means.items() if m != spec.metric},
             "seeds": ", ".join(str(r.config.get("seed")) for r in runs),
             "rounds": ", ".join(dict.fromkeys(str(r.rounds_done) for r in runs)),
             "status": ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)),
-            "paper": spec.paper_value(first.method.name, first.setting.name),
             "folders": ";".join(str(r.path) for r in runs)}
 
 
-def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path) -> list[dict]:
-    """One line per (method, setting) of ``cells``, methods outermost."""
+def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozenset()) -> list[dict]:
+    """One line per (shown row, setting) of ``cells``, rows outermost; ``no_data``: settings without files."""
     groups: dict[tuple, list[Cell]] = {}
     for c in cells:
         groups.setdefault((c.method.name, c.setting.name), []).append(c)
-    return [entry(spec, group, runs_dir) for group in groups.values()]
+    settings = list(dict.fromkeys(c.setting.name for c in cells))
+    rows = spec.shown_rows({c.method.name for c in cells})
+    return [entry(spec, row, groups[(spec.run_row(row).name, s)], runs_dir, s in no_data)
+            for row in rows for s in settings]
 
 
-def _paper_cell(value) -> str:
-    return "-" if value is None else f"{float(value):.2f}"
+def ours_cell(e: dict, metric: str = "") -> str:
+    """``mean ± std (n=k)`` in percent, with the seeds' state when not all finished; '-' without runs."""
+    mean, std = (e["mean"], e["std"]) if not metric else (e[f"{metric}_mean"], e[f"{metric}_std"])
+    text = f"{100 * mean:.2f} ± {100 * std:.2f} (n={e['runs']})" if math.isfinite(mean) else "-"
+    if e["status"] != f"{e['runs']} finished":  # say when seeds are missing, unfinished or failed
+        text += f" ({e['status']})"
+    return text
+
+
+def paper_cell(e: dict) -> str:
+    if e["paper"] is None:
+        return "-"
+    return f"{100 * e['paper']:.2f}" + ("" if e["paper_std"] is None else f" ± {100 * e['paper_std']:.2f}")
+
+
+def diff_cell(e: dict) -> str:
+    """Ours - paper in points with a sign, ⚠ when flagged; '-' without both numbers."""
+    if e["diff"] is None:
+        return "-"
+    return f"{100 * e['diff']:+.2f}" + (" ⚠" if e["flag"] else "")
+
+
+def rounds_line(rounds: dict) -> str:
+    """``rounds`` maps setting -> (used, paper's): the settings grouped by their rounds."""
+    by_rounds: dict[tuple, list[str]] = {}
+    for setting, pair in rounds.items():
+        by_rounds.setdefault(pair, []).append(setting)
+    parts = [f"{used}" + (f" of {paper} (reduced)" if used < paper else "")
+             + ("" if len(by_rounds) == 1 else f" ({', '.join(settings)})")
+             for (used, paper), settings in by_rounds.items()]
+    return f"Rounds: {'; '.join(parts)}."
 
 
 def header(spec: TableSpec, rounds: dict, seeds: list[int], extra: list[str] = ()) -> list[str]:
     """Title and the lines that say what was run: ``rounds`` maps setting -> (used, paper's); ``extra`` lines."""
-    reduced_rounds = [f"{s}: {used} of {paper} (reduced)" if used < paper else f"{s}: {used}"
-                      for s, (used, paper) in rounds.items()]
     seeds_text = ", ".join(map(str, seeds))
     if len(seeds) < len(spec.seeds):
         seeds_text += f" (reduced; the table file's seeds: {', '.join(map(str, spec.seeds))})"
     return [f"# {spec.paper}, {spec.table}: reproduced with fedjax_pfl", "",
             f"Accuracy (%): {METRICS[spec.metric]} ({spec.metric}) of the unweighted mean over clients of each "
             "client's test accuracy with the model its method evaluates (eval.model: personalized, or global for "
-            "FedAvg-style methods); mean ± std over seeds (ddof=0).",
-            f"Rounds: {'; '.join(reduced_rounds)}.", f"Seeds: {seeds_text}.",
-            *extra, *([spec.note] if spec.note else []), ""]
+            "FedAvg-style methods).",
+            f"Each cell: ours = mean ± std over the n seeds run (ddof=0); paper = the published number; "
+            f"Δ = ours − paper in points, ⚠ where |Δ| > {FLAG_POINTS}; '-' = none.",
+            rounds_line(rounds), f"Seeds: {seeds_text}.", *extra, ""]
 
 
-def markdown(spec: TableSpec, lines: list[dict], head: list[str]) -> str:
-    """Methods as rows, settings as columns (each with the paper's number beside it when the file gives any)."""
-    settings = list(dict.fromkeys(e["setting"] for e in lines))
-    methods = list(dict.fromkeys(e["method"] for e in lines))
-    by_key = {(e["method"], e["setting"]): e for e in lines}
-    with_paper = any(e["paper"] is not None for e in lines)
-    columns = [c for s in settings for c in ([f"{s} paper", f"{s} fedjax_pfl"] if with_paper else [s])]
-    out = [*head, "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    for m in methods:
-        values = []
-        for s in settings:
-            e = by_key[(m, s)]
-            ours = format_percent(e["mean"], e["std"], e["runs"]) if np.isfinite(e["mean"]) else "-"
-            if e["status"] != f"{e['runs']} finished":  # say when seeds are missing, unfinished or failed
-                ours += f" ({e['status']})"
-            values += [_paper_cell(e["paper"]), ours] if with_paper else [ours]
-        out.append(f"| {m} | " + " | ".join(values) + " |")
-    return "\n".join(out) + "\n"
+def block(lines: list[dict], metric: str = "") -> list[str]:
+    """One Markdown table: rows as printed, per setting ours (and paper and Δ when any paper number is given)."""
+    columns = list(dict.fromkeys(e["column"] for e in lines))
+    with_paper = not metric and any(e["paper"] is not None for e in lines)
+    heads = [h for c in columns for h in ([f"{c} ours", f"{c} paper", f"{c} Δ"] if with_paper else [c])]
+    out = ["| method | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    for label in dict.fromkeys(e["label"] for e in lines):
+        values = [v for e in lines if e["label"] == label
+                  for v in ([ours_cell(e), paper_cell(e), diff_cell(e)] if with_paper else [ours_cell(e, metric)])]
+        out.append(f"| {label} | " + " | ".join(values) + " |")
+    return out
+
+
+def markdown(spec: TableSpec, lines: list[dict], head: list[str], notes: list[str] = ()) -> str:
+    """The header, one table per group of settings (a '## group' heading when there are groups), the
+    ``also_metrics`` tables (ours only) and the notes."""
+    out = list(head)
+    for group in dict.fromkeys(e["group"] for e in lines):
+        out += ([f"## {group}", ""] if group else []) + block([e for e in lines if e["group"] == group]) + [""]
+    for metric in spec.also_metrics:
+        out += [f"## Also: {METRICS[metric]} ({metric}), no paper numbers", ""]
+        out += block([{**e, "column": f"{e['group']} {e['column']}".strip()} for e in lines], metric) + [""]
+    notes = [n for n in (spec.notes, *notes) if n]
+    if notes:
+        out += ["## Notes", "", *[line for n in notes for line in (n, "")]]
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def write_table(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, seeds: list[int],
-                extra: list[str] = ()) -> str:
-    """Write table.md and table.csv into ``out`` (runs under out/runs); returns the markdown."""
-    lines = entries(spec, cells, out / "runs")
-    text = markdown(spec, lines, header(spec, rounds, seeds, extra))
+                extra: list[str] = (), no_data: dict | None = None) -> str:
+    """Write table.md and table.csv into ``out`` (runs under out/runs); returns the markdown.
+
+    ``no_data`` maps a setting whose dataset files are missing to the reason (one note line per reason)."""
+    no_data = no_data or {}
+    lines = entries(spec, cells, out / "runs", set(no_data))
+    reasons: dict[str, list[str]] = {}
+    for setting, reason in no_data.items():
+        reasons.setdefault(reason, []).append(setting)
+    notes = [f"Not run, dataset files missing ({', '.join(s)}): {r}; supply them (--data-dir DIR) and run the "
+             "same command again." for r, s in reasons.items()]
+    text = markdown(spec, lines, header(spec, rounds, seeds, extra), notes)
     with atomic_write(out / "table.md") as f:
         f.write(text)
     write_csv(out / "table.csv", lines)

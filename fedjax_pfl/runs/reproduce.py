@@ -1,9 +1,11 @@
 """A paper's table in one command: ``python -m fedjax_pfl.reproduce NAME [options] [key.sub=value ...]``.
 
-Runs every cell (method x setting x seed) of the table configs/tables/NAME.yaml
+Runs every cell (row x setting x seed) of the table configs/tables/NAME.yaml
 (`fedjax_pfl.runs.table_spec`) through the training command, in this process
 (``runs.cli.main``, so JAX starts once), printing each cell's
-equivalent shell command, and writes the table (`fedjax_pfl.runs.paper_table`):
+equivalent shell command, and writes the table (`fedjax_pfl.runs.paper_table`:
+per cell ours as mean ± std over seeds, the paper's number, the difference,
+flagged beyond 1.5 points):
 
     reproductions/NAME/table.md, table.csv, runs/<method>-<setting>/seed<k>/
 
@@ -22,9 +24,14 @@ another configuration (other rounds or overrides) is an error: use another
 ``--out``. ``--rounds`` / ``--seeds`` scale down (the table says "reduced"),
 ``--methods`` / ``--settings`` pick a subset, ``--dry-run`` only prints the
 commands, ``--list`` shows the tables. Overrides after NAME apply to every
-cell (e.g. ``data.name=cifar10_jpeg`` with ``--settings``). Bad input: one
-line, exit 2; a cell that fails is reported and the others still run (exit 1);
-Ctrl-C stops after the round in flight, writes the table so far, exit 130.
+cell (e.g. ``data.name=cifar10`` with ``--settings``). A setting whose dataset
+files are not found (e.g. CIFAR-100 where only other files are at hand) is not
+run: its cells show "no data", the table's notes and stderr say which file is
+missing in one line, and the exit status is what the other cells make it (0
+when they all finished); supply the files and run the same command again. Bad
+input: one line, exit 2; a cell that fails is reported and the others still
+run (exit 1); Ctrl-C stops after the round in flight, writes the table so far,
+exit 130.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.output_folder import check_writable
-from fedjax_pfl.runs.table_spec import TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
+from fedjax_pfl.runs.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
 TRAIN = "python -m fedjax_pfl.train"
 
@@ -181,9 +188,52 @@ def list_tables(folder: Path = TABLES_DIR) -> str:
         configs = [config_lib.build(s.config, s.overrides) for s in spec.settings]
         rounds = ", ".join(dict.fromkeys(str(c.train.rounds) for c in configs))
         data = ", ".join(dict.fromkeys(c.data.name for c in configs))
-        cells = f"{len(spec.methods)} methods x {len(spec.settings)} settings x {len(spec.seeds)} seeds"
+        running = len({spec.run_row(m).name for m in spec.methods})
+        shared = f" ({running} with runs of their own)" if running < len(spec.methods) else ""
+        cells = f"{len(spec.methods)} rows{shared} x {len(spec.settings)} settings x {len(spec.seeds)} seeds"
         lines.append(f"| {name} | {spec.paper} | {spec.table} | {cells} | {rounds} | {data} |")
     return "\n".join(lines) + "\n"
+
+
+def first_cells(cells: list[Cell]) -> dict[str, Cell]:
+    """Setting name -> its first cell, in table order."""
+    first: dict[str, Cell] = {}
+    for c in cells:
+        first.setdefault(c.setting.name, c)
+    return first
+
+
+def settings_without_data(cells: list[Cell], extra: list[str], data_dir: str | None) -> dict[str, str]:
+    """Setting name -> why its dataset cannot be loaded (runs/data_check.py), for the settings of ``cells``."""
+    from fedjax_pfl.runs.data_check import missing_data
+
+    data = ["--data-dir", data_dir] if data_dir else []
+    first = first_cells(cells)
+    reasons = {name: missing_data(build_config(base_argv(c, [*extra, *data]))) for name, c in first.items()}
+    return {name: r for name, r in reasons.items() if r}
+
+
+def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str], no_data: dict) -> list[tuple]:
+    """(label, cells, argv, state, folder) per program to run, in table order: a cell's new seeds as one
+    program where they can share it, cells whose dataset is missing in state 'no data'."""
+    plans = []
+    for group in _groups(cells):
+        argvs = [cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra, args.data_dir)
+                 for c in group]
+        configs = [build_config(a) for a in argvs]
+        states = [cell_state(out / "runs" / c.folder_name, cfg) for c, cfg in zip(group, configs)]
+        if group[0].setting.name in no_data:
+            states = ["finished" if st == "finished" else NO_DATA for st in states]
+        new = [c for c, st in zip(group, states) if st == "new"]
+        together = len(new) > 1 and batchable(configs[0]) and not args.one_by_one
+        if together:
+            folder = out / "runs" / group[0].group_name
+            plans.append((f"{group[0].group_name} seeds {','.join(str(c.seed) for c in new)} (one program)", new,
+                          seeds_argv(argvs[group.index(new[0])], [c.seed for c in new], folder), "new", folder))
+        for c, a, st in zip(group, argvs, states):
+            if not (together and st == "new"):
+                plans.append((c.folder_name, [c], a, st, out / "runs" / c.folder_name))
+    return plans
 
 
 def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
@@ -207,29 +257,16 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         check_writable(out)
     command.folder = out
     cells = spec.cells(methods, settings, seeds)
-    published = {c.setting.name: paper_rounds(c, extra) for c in cells}
+    published = {name: paper_rounds(c, extra) for name, c in first_cells(cells).items()}
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
+    no_data = settings_without_data(cells, extra, args.data_dir)
+    plans = plan_cells(cells, out, rounds, args, extra, no_data)
     failed, status = [], 0
-    plans = []  # (label, cells, argv, state, folder)
-    for group in _groups(cells):
-        argvs = [cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra, args.data_dir)
-                 for c in group]
-        configs = [build_config(a) for a in argvs]
-        states = [cell_state(out / "runs" / c.folder_name, cfg) for c, cfg in zip(group, configs)]
-        new = [c for c, st in zip(group, states) if st == "new"]
-        together = len(new) > 1 and batchable(configs[0]) and not args.one_by_one
-        if together:
-            folder = out / "runs" / group[0].group_name
-            plans.append((f"{group[0].group_name} seeds {','.join(str(c.seed) for c in new)} (one program)", new,
-                          seeds_argv(argvs[group.index(new[0])], [c.seed for c in new], folder), "new", folder))
-        for c, a, st in zip(group, argvs, states):
-            if not (together and st == "new"):
-                plans.append((c.folder_name, [c], a, st, out / "runs" / c.folder_name))
-    for i, (label, plan_cells, argv, state, folder) in enumerate(plans, 1):
+    for i, (label, plan_cells_, argv, state, folder) in enumerate(plans, 1):
         command = shlex.join([*TRAIN.split(), *argv, *(["--resume"] if state == "resume" else [])])
         print(f"[{i}/{len(plans)}] {label}: {'skipped (done)' if state == 'finished' else state}"
               f"{'' if state == 'finished' else ': ' + command}", flush=True)
-        if args.dry_run or state == "finished":
+        if args.dry_run or state in ("finished", NO_DATA):
             continue
         rc = run_cell(argv, state, folder, not args.no_progress, observe)
         if rc == 130:
@@ -238,18 +275,28 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
                   file=sys.stderr)
             break
         if rc != 0:
-            failed += [c.folder_name for c in plan_cells]
+            failed += [c.folder_name for c in plan_cells_]
+    for reason, names in _by_value(no_data).items():
+        print(f"note: not run, dataset files missing ({', '.join(names)}): {reason}", file=sys.stderr)
     if args.dry_run:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     head_extra = [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
-    text = write_table(spec, cells, out, rounds, seeds, head_extra)
+    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data)
     print(text, end="")
     print(f"wrote {out}/ (table.md, table.csv, runs/)")
     if failed:
         print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
         return status or 1
     return status
+
+
+def _by_value(mapping: dict) -> dict:
+    """{key: value} -> {value: [keys]}, in first-seen order."""
+    out: dict = {}
+    for key, value in mapping.items():
+        out.setdefault(value, []).append(key)
+    return out
 
 
 def _groups(cells: list[Cell]) -> list[list[Cell]]:
