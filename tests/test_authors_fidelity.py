@@ -3,11 +3,6 @@
 pFedMe's weight decay, FedRep's head/body split and Per-FedAvg's two-step
 adaptation, each against what the old code did differently."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +21,6 @@ from fedjax_pfl.methods.fedrod import PERSONAL
 from fedjax_pfl.methods.step_counted import random_batch_index
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.runs import config as config_lib
-from forced_devices import cpu_devices_env
 
 SIZES = [7, 23, 13, 16, 12]
 C, B = 3, 5
@@ -142,44 +136,6 @@ def test_every_client_step_under_fused_rounds_mappings_and_the_experiment_axis(m
     jax.tree.map(np.testing.assert_array_equal, _host(jax.tree.map(lambda a: a[0], (servers, stacked))), want)
     other = eng.run_rounds(*eng.init(jax.random.key(7)), jax.random.key(7), 0, 4, 4, 2)[:2]
     jax.tree.map(np.testing.assert_array_equal, _host(jax.tree.map(lambda a: a[1], (servers, stacked))), _host(other))
-
-
-SHARDED = textwrap.dedent("""
-    import jax, jax.numpy as jnp, numpy as np, optax
-    from fedjax_pfl.engine import engine as engine_lib, sharding
-    from fedjax_pfl.data.client_data import stack_clients
-    from fedjax_pfl.methods import get_method
-    from fedjax_pfl.methods.base import LocalSetup
-    from fedjax_pfl.models.networks import build_model
-    rng = np.random.default_rng(0)
-    sizes = rng.integers(2, 9, 7)
-    x = rng.integers(0, 256, (sum(sizes), 4, 4, 1), dtype=np.uint8)
-    y = rng.integers(0, 3, sum(sizes)).astype(np.int32)
-    data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
-    setup = LocalSetup(model=build_model("mlp", (4, 4, 1), 3, hidden=(6,)), optimizer=optax.sgd(0.1),
-                       batch_size=4, local_epochs=1, normalize=lambda a: a.astype(jnp.float32) / 255.0)
-
-    def run(devices):
-        sharding.client_mesh = lambda d=None: jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), ("clients",))
-        eng = engine_lib.Engine(get_method("fedala")(setup), data, data,
-                                engine_lib.EngineConfig(3, client_mapping="vmap", shard=devices > 1))
-        server, clients = eng.init(jax.random.key(0))
-        server, clients, _, evals = eng.run_rounds(server, clients, jax.random.key(1), 0, 2, 2, 1)
-        assert eng.padded_clients == (9 if devices == 3 else 7)
-        return jax.device_get((server, jax.tree.map(lambda a: np.asarray(a)[:7], clients), evals))
-
-    want, got = run(1), run(3)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
-    print("SHARDED_OK")
-""")
-
-
-def test_fedala_every_client_step_on_three_devices_equals_one_device():
-    """7 clients padded to 9 rows over 3 forced CPU devices: the every-client step (ALA) gives one device's numbers."""
-    proc = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **cpu_devices_env(3)})
-    assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]
 
 
 # ------------------------------------------------------------------------------------ FedALA
