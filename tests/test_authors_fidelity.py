@@ -101,7 +101,8 @@ class _Counting(Method):
 
 def _counting_engine(mapping="vmap"):
     train = _train_data()
-    return engine_lib.Engine(_Counting(_setup()), train, train, engine_lib.EngineConfig(2, client_mapping=mapping)), train
+    config = engine_lib.EngineConfig(2, client_mapping=mapping)
+    return engine_lib.Engine(_Counting(_setup()), train, train, config), train
 
 
 def test_every_client_step_runs_on_all_clients_after_the_server_step():
@@ -156,8 +157,8 @@ def test_fedala_updates_and_evaluates_clients_that_were_not_selected():
         idle = sorted(set(range(len(SIZES))) - set(np.asarray(metrics["selected"]).tolist()))
         assert len(idle) == 3
         for c in range(len(SIZES)):  # layers=1: the whole body is the new global body
-            jax.tree.map(np.testing.assert_array_equal, _host(tree_ops.gather(clients["variables"], c))["params"]["body"],
-                         _host(server["variables"])["params"]["body"])
+            body = tree_ops.gather(clients["variables"], c)["params"]["body"]
+            jax.tree.map(np.testing.assert_array_equal, _host(body), _host(server["variables"])["params"]["body"])
         for c in idle:
             old, new = (tree_ops.gather(v["variables"]["params"]["head"], c) for v in (before, clients))
             assert not np.allclose(old["logits"]["kernel"], new["logits"]["kernel"]), (t, c)
@@ -179,8 +180,9 @@ def _padded_batches(seed=0):
     pad_y = jnp.zeros(3, jnp.int32)
     mask = jnp.arange(6) < 3
     noise = jnp.asarray(rng.normal(size=(3, 8, 8, 3)) * 5 + 3, jnp.float32)
-    return (Batch(x, y, jnp.ones(3, bool)), Batch(jnp.concatenate([x, jnp.zeros_like(x)]), jnp.concatenate([y, pad_y]), mask),
-            Batch(jnp.concatenate([x, noise]), jnp.concatenate([y, pad_y]), mask))
+    padded_y = jnp.concatenate([y, pad_y])
+    return (Batch(x, y, jnp.ones(3, bool)), Batch(jnp.concatenate([x, jnp.zeros_like(x)]), padded_y, mask),
+            Batch(jnp.concatenate([x, noise]), padded_y, mask))
 
 
 def _assert_same_over_padding(objective, variables):

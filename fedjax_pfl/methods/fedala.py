@@ -14,11 +14,11 @@ client (selected or not) initialises its model by adaptive local aggregation
 ALA is skipped while the local model equals the global one (the authors' test
 for the first round). A selected client trains E epochs of CE on the whole
 model from its ALA-initialised model and uploads the result.
-Evaluation protocol: each client's ALA-initialised model. This is the
-authors' order (TsingZ0/FedALA and PFLlib serverala.py: each round the server
-sends the global model to all clients, every client runs ALA, all clients are
-evaluated, then the selected ones train): our evaluation after round t is
-theirs at the start of round t+1. The engine runs the ALA step on all N
+Evaluation protocol (``eval.model=local_ala``): each client's ALA-initialised
+model. This is the authors' order (TsingZ0/FedALA and PFLlib serverala.py:
+each round the server sends the global model to all clients, every client
+runs ALA, all clients are evaluated, then the selected ones train): our
+evaluation after round t is theirs at the start of round t+1. The engine runs the ALA step on all N
 clients after the server step (``updates_every_client``), so a client that is
 not selected is still evaluated with the newest global model.
 
@@ -67,6 +67,7 @@ class FedALA(FedAvg):
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedALAConfig
     updates_every_client = True  # ALA on every client after each server step (`update_every_client`)
+    eval_models = ("local_ala",)  # each client's ALA of its own model and the current global model
 
     def __init__(self, setup, hparams=None):
         super().__init__(setup, hparams)
