@@ -18,9 +18,10 @@ Evaluation protocol (``eval.model=local_ala``): each client's ALA-initialised
 model. This is the authors' order (TsingZ0/FedALA and PFLlib serverala.py:
 each round the server sends the global model to all clients, every client
 runs ALA, all clients are evaluated, then the selected ones train): our
-evaluation after round t is theirs at the start of round t+1. The engine runs the ALA step on all N
-clients after the server step (``updates_every_client``), so a client that is
-not selected is still evaluated with the newest global model.
+evaluation after round t is theirs at the start of round t+1. The engine
+runs the ALA step on all N clients after the server step
+(``updates_every_client``), so a client that is not selected is still
+evaluated with the newest global model.
 
 Followed from the authors' code: eta=1, s=80%, threshold 0.1,
 10 losses for the convergence test, the data slice contiguous from a random

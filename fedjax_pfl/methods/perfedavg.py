@@ -11,18 +11,17 @@ Server: weighted mean of the client models (weights n_i), as FedAvg.
 
 Evaluation (``eval.model=global_adapted``): each client adapts a copy of the
 global model on its own TRAIN data: ``eval_steps`` (default 1) SGD steps of
-size alpha, then ``eval_beta_steps`` (default 1) steps of size beta, each on
-a fresh random batch of B train samples, and is tested with the result. The
-two default steps are what both authors' codes take (``train_one_step``);
-they differ in the data: the pFedMe authors' code (CharlieDinh/pFedMe
-userperavg.py, which produced the pFedMe paper's Per-FedAvg numbers) takes
-both steps on the next batches of the client's TEST loader and then tests on
-the whole test set, i.e. it adapts on the data it scores; that is not a
-valid protocol and is not offered here. The pFedKD authors' copy
-(HengruiH/pFedKD algorithms/perfedavg.py) takes them on random train
-batches, as here. PFLlib takes one alpha step on one train batch
-(``method.eval_beta_steps=0``). Both authors' codes evaluate after the
-server step of each round, as the engine does.
+size alpha, then ``eval_beta_steps`` (default 1) steps of size beta, each on a
+fresh random batch of B train samples, and is tested with the result. The two
+default steps are what both authors' codes take (``train_one_step``); they
+differ in the data: the pFedMe authors' code (CharlieDinh/pFedMe
+userperavg.py) takes both steps on the next batches of the client's TEST
+loader and then tests on the whole test set, i.e. it adapts on the data it
+scores; that is not a valid protocol and is not offered here. The pFedKD
+authors' copy (HengruiH/pFedKD algorithms/perfedavg.py) takes them on random
+train batches, as here. PFLlib takes one alpha step on one train batch
+(``method.eval_beta_steps=0``). Both authors' codes evaluate after the server
+step of each round, as the engine does.
 
 Hyperparameters (pFedMe paper, Dinh et al. 2020, Per-FedAvg on MNIST /
 Synthetic): alpha = train.lr = 0.005, beta = 0.001, R = 20, B = 20. The pFedKD

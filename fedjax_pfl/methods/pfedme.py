@@ -14,19 +14,19 @@ initial model, as there).
 Hyperparameters (pFedMe paper / authors' README, MNIST MLR): eta = 0.005,
 personal_lr = 0.1, lamda = 15, K = 5, beta = 1, R = 20, B = 20 (Synthetic:
 personal_lr 0.01, lamda 20; MNIST MLP: personal_lr 0.09). These are the
-defaults, except eta, which is train.lr. ``weight_decay`` = 0.001 is the mu
-of the authors' pFedMeOptimizer (CharlieDinh/pFedMe and PFLlib
-fedoptimizer.py), which neither the paper nor its hyperparameter table
-mentions; the pFedKD authors' copy (HengruiH/pFedKD) uses plain SGD, i.e.
-``method.weight_decay=0``. By default only the selected clients
-train each round (PFLlib). ``train.all_clients_train=true`` follows the
-authors' code (CharlieDinh/pFedMe, serverpFedMe.py ``train``: every user
-trains each round, then ``select_users`` picks the ones whose w_local is
-aggregated; the pFedKD authors' copy, HengruiH/pFedKD algorithms/pfedme.py,
-does the same): every client updates its theta_i each round, only the
-sampled clients' uploads enter the server step. Those authors evaluate the
-personalized models after all users trained (and, HengruiH, after the server
-step), which is the engine's evaluation after the round.
+defaults, except eta, which is train.lr. ``weight_decay`` = 0.001 is the mu of
+the authors' pFedMeOptimizer (CharlieDinh/pFedMe and PFLlib fedoptimizer.py),
+an L2 term of their code beside the paper's update; the pFedKD authors' copy
+(HengruiH/pFedKD) uses plain SGD, i.e. ``method.weight_decay=0``. By default
+only the selected clients train each round (PFLlib).
+``train.all_clients_train=true`` follows the authors' code
+(CharlieDinh/pFedMe, serverpFedMe.py ``train``: every user trains each round,
+then ``select_users`` picks the ones whose w_local is aggregated; the pFedKD
+authors' copy, HengruiH/pFedKD algorithms/pfedme.py, does the same): every
+client updates its theta_i each round, only the sampled clients' uploads enter
+the server step. Those authors evaluate the personalized models after all
+users trained (and, HengruiH, after the server step), which is the engine's
+evaluation after the round.
 """
 
 from __future__ import annotations
