@@ -57,6 +57,7 @@ EVAL_MODELS = {
     "local": "the client's own model after its last local training",
     "global_adapted": "the global model after a few gradient steps on the client's train data",
     "global_knn": "the global model mixed with a k-nearest-neighbour memory of the client's train features",
+    "local_ala": "the client's adaptive local aggregation of its own model and the current global model",
 }
 
 

@@ -76,7 +76,7 @@ def test_perfedavg_client_step_equals_reference(variant):
 
 
 def test_perfedavg_evaluates_after_one_step_and_averages_by_size():
-    method = _method("perfedavg", alpha=0.2)
+    method = _method("perfedavg", alpha=0.2, eval_beta_steps=0)  # PFLlib's one step (default: test_authors_fidelity)
     data = _client(method)
     server, _ = method.init(jax.random.key(0), 6)
     key = jax.random.key(9)
@@ -96,7 +96,8 @@ def test_pfedme_client_update_equals_reference_loop():
     """K inner steps theta <- theta - plr (grad f(theta) + lamda (theta - w_loc)) on one batch,
     then w_loc <- w_loc - eta lamda (w_loc - theta); R such steps from theta = w_loc = w."""
     lamda, plr, k_inner, eta, steps = 2.0, 0.05, 3, 0.1, 3
-    method = _method("pfedme", lamda=lamda, personal_lr=plr, K=k_inner, local_steps=steps)
+    method = _method("pfedme", lamda=lamda, personal_lr=plr, K=k_inner, local_steps=steps,
+                     weight_decay=0.0)  # the decay: test_authors_fidelity
     assert method.train_lr == pytest.approx(eta)
     data = _client(method, 2)
     server, clients = method.init(jax.random.key(0), 6)

@@ -43,9 +43,10 @@ SCRIPT = textwrap.dedent("""
         real = jax.tree.map(lambda a: np.asarray(a)[:20], clients)
         return jax.device_get((server, real, metrics, evals))
 
-    # each mapping once (vmap, map: the CPU default, chunked), each device count once
+    # each mapping once (vmap, map: the CPU default, chunked), each device count once; fedala: the
+    # engine's step on every client (Method.update_every_client) over padded, sharded rows
     for method, mapping, device_counts in (("fedavg", "vmap", (3,)), ("fedas", "map", (4,)),
-                                           ("fedper", "chunked", (8,))):
+                                           ("fedper", "chunked", (8,)), ("fedala", "vmap", (3,))):
         want = run(method, 1, mapping)
         for devices in device_counts:
             got = run(method, devices, mapping)

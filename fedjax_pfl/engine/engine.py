@@ -4,7 +4,9 @@ A round: (1) select round(N * join_ratio) clients from the round key; (2)
 gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
 lax.map or chunked vmap: client_mapping.py); (5) the method's server step on
-the stacked uploads; (6) scatter client state back. Under ``chunked`` (and
+the stacked uploads; (6) scatter client state back; (7) for a method that
+asks (``Method.updates_every_client``: FedALA), a per-client step on ALL N
+clients with the new server state, mapped like evaluation. Under ``chunked`` (and
 ``stream_chunks``), for a method without ``needs_selected_state``, steps 2, 4
 and 6 run chunk by chunk instead (`client_mapping.scan_chunks`): the round
 holds the [N, ...] state, one chunk's work and the [S, ...] uploads, not
@@ -104,6 +106,12 @@ def round_keys(key, round_index):
     """
     k = jax.random.split(jax.random.fold_in(key, round_index))
     return k[0], k[1]
+
+
+def every_client_keys(round_key, num_clients: int):
+    """Per-client keys of `Method.update_every_client` in a round: ``split(fold_in(round_key, 3), N)``,
+    a stream apart from the round key's three (selection, stragglers, client updates)."""
+    return jax.random.split(jax.random.fold_in(round_key, 3), num_clients)
 
 
 def is_eval_round(round_index, total_rounds: int, eval_every: int):
@@ -235,6 +243,8 @@ class Engine:
         server, chosen = method.server_update(server, chosen, uploads, info)
         if not self.streams:
             clients = tree_ops.scatter(clients, selected, chosen)
+        if method.updates_every_client:
+            clients = self._update_every_client(method, server, clients, train, key, round_index)
         has_loss = isinstance(uploads, dict) and "loss" in uploads
         client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
                        else jnp.zeros(selected.shape)).astype(jnp.float32)
@@ -249,6 +259,18 @@ class Engine:
             "executed_steps": executed,
         }
         return server, clients, metrics
+
+    def _update_every_client(self, method, server, clients, train, key, round_index):
+        """`Method.update_every_client` on all N clients after the server step, mapped like evaluation;
+        client keys from `every_client_keys`. Padding rows (sharding) stay as they were."""
+        keys = sharding.pad_clients(every_client_keys(key, self.num_clients), self.padded_clients)
+        real = jnp.arange(self.padded_clients) < self.num_clients
+
+        def one_client(client, data_i, key_i, real_i):
+            new = method.update_every_client(server, client, ClientData(*data_i), key_i, round_index)
+            return tree_ops.select(real_i, new, client)
+
+        return self._map_clients(one_client, interleave=False)(clients, tuple(train), keys, real)
 
     # ------------------------------------------------------------ fused rounds
     def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int,

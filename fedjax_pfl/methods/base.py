@@ -91,6 +91,9 @@ class Method:
     # client_mapping 'chunked', the engine gathers, trains and scatters them chunk by chunk: `prepare` is not
     # called and `server_update` gets ``clients=None`` (and must return it).
     needs_selected_state: bool = False
+    # After each round's server step the engine maps `update_every_client` over ALL N clients, selected or
+    # not (FedALA's adaptive local aggregation, which its authors run on every client every round).
+    updates_every_client: bool = False
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
         if setup.persistent_optimizer and not self.keeps_optimizer_state:
@@ -118,6 +121,11 @@ class Method:
         """-> (server, clients) from stacked uploads of the selected clients (``clients``
         may be None, to return as is: see ``needs_selected_state``)."""
         return server, clients
+
+    def update_every_client(self, server, client, data, key, round_index):
+        """-> client: one client's step from the new server state, which the engine runs on every client
+        after the server step and before evaluation (only when ``updates_every_client``)."""
+        return client
 
     def eval_variables(self, server, client, data, key):
         """The personalized model variables of one client, for evaluation (``eval_model``)."""

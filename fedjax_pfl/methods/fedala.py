@@ -1,9 +1,9 @@
 """FedALA (Zhang et al., AAAI 2023, "FedALA: Adaptive Local Aggregation for
 Personalized Federated Learning").
 
-Server: FedAvg on full models (weights n_i). Client i, before local training,
-initialises its model by adaptive local aggregation (ALA) of its old local
-model l and the received global model g:
+Server: FedAvg on full models (weights n_i). After every server step, EVERY
+client (selected or not) initialises its model by adaptive local aggregation
+(ALA) of its current local model l and the new global model g:
   * every layer below the top ``layers`` takes the global values;
   * the top layers become l + (g - l) * W element-wise, with W in [0, 1]
     learned on a random contiguous ``rand_percent``% slice of its train data:
@@ -12,20 +12,27 @@ model l and the received global model g:
     ``num_pre_loss`` epoch losses falls below ``threshold`` (capped at
     ``max_start_epochs``), later one epoch; W persists on the client (starts 1).
 ALA is skipped while the local model equals the global one (the authors' test
-for the first round). Then E epochs of CE on the whole model.
-Evaluation protocol: the client's local model after its last local training.
+for the first round). A selected client trains E epochs of CE on the whole
+model from its ALA-initialised model and uploads the result.
+Evaluation protocol (``eval.model=local_ala``): each client's ALA-initialised
+model. This is the authors' order (TsingZ0/FedALA and PFLlib serverala.py:
+each round the server sends the global model to all clients, every client
+runs ALA, all clients are evaluated, then the selected ones train): our
+evaluation after round t is theirs at the start of round t+1. The engine
+runs the ALA step on all N clients after the server step
+(``updates_every_client``), so a client that is not selected is still
+evaluated with the newest global model.
 
-Followed from the authors' code (TsingZ0/FedALA): eta=1, s=80%, threshold 0.1,
+Followed from the authors' code: eta=1, s=80%, threshold 0.1,
 10 losses for the convergence test, the data slice contiguous from a random
 start, W updated per batch and clipped. Chosen here: ``layers`` counts layers
 (a Dense/Conv/BatchNorm module with all its parameters; default 1 = the head's
 logits layer, the authors' default of the last weight and bias tensors) in
 forward order; batches of the slice are shuffled like every local epoch here;
 an epoch's loss for the convergence test is its mean batch loss; BatchNorm
-statistics are taken from the global model when ``train.share_batch_stats``;
-the start phase is capped (the authors' loop is unbounded); evaluation uses
-the trained local model, whereas the authors test the ALA-initialised model at
-the start of the next round.
+statistics are taken from the global model when ``train.share_batch_stats``
+(and computed over a batch's real rows only); the start phase is capped (the
+authors' loop is unbounded).
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ class FedALA(FedAvg):
     name = "fedala"
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedALAConfig
+    updates_every_client = True  # ALA on every client after each server step (`update_every_client`)
+    eval_models = ("local_ala",)  # each client's ALA of its own model and the current global model
 
     def __init__(self, setup, hparams=None):
         super().__init__(setup, hparams)
@@ -79,7 +88,7 @@ class FedALA(FedAvg):
 
         def objective(v, batch, key):
             params = ala.with_top(base["params"], ala.mix(local_top, global_top, v["params"]))
-            out = self.model.apply({**base, "params": params}, batch.x, train=True)
+            out = self.model.apply({**base, "params": params}, batch.x, train=True, mask=batch.mask)
             return losses.cross_entropy(out.logits, batch.y, batch.mask), None
 
         return objective
@@ -125,11 +134,13 @@ class FedALA(FedAvg):
         return tree_ops.select(same, local, mixed), weights, client["started"] | ~same
 
     def client_update(self, server, client, data, key, info):
-        k_ala, k_train = jax.random.split(key)
-        variables, weights, started = self.adaptive_local_aggregation(server["variables"], client, data, k_ala)
-        variables, loss = self.train(self.supervised_objective(), variables, data, k_train, info.epochs)
-        client = {"variables": variables, "weights": weights, "started": started}
-        return client, {"variables": variables, "loss": loss}
+        """E epochs from the client's ALA-initialised model."""
+        variables, loss = self.train(self.supervised_objective(), client["variables"], data, key, info.epochs)
+        return {**client, "variables": variables}, {"variables": variables, "loss": loss}
+
+    def update_every_client(self, server, client, data, key, round_index):
+        variables, weights, started = self.adaptive_local_aggregation(server["variables"], client, data, key)
+        return {"variables": variables, "weights": weights, "started": started}
 
     def eval_variables(self, server, client, data, key):
         return client["variables"]

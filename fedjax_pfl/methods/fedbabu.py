@@ -6,13 +6,23 @@ the shared random initialisation, trains the body only for E epochs (the head
 is never updated, so it stays equal on every client), and uploads the body;
 the server averages bodies with weights n_i. Evaluation protocol: the global
 body with that head, fine-tuned on each client's train data before testing
-(methods/finetune.py: ``finetune_epochs``, default 5 = the paper's tau;
-``finetune_part``, default 'head' as docs/methods/conventions.md settles it, 'all' for the
-paper's whole-model variant). The fine-tuned copy is never stored.
+(methods/finetune.py). The fine-tuned copy is never stored.
 
-Choices: fine-tuning uses the run's optimizer and learning rate (the paper
-fine-tunes with the training learning rate); BatchNorm statistics travel with
-the body (``train.share_batch_stats``).
+Fine-tuning follows PFLlib (clientbabu.py ``fine_tune``, main.py
+``fine_tuning_epochs``), the code behind the FedAS paper's FedBABU numbers:
+the whole model, body and head (``finetune_part=all``), for 10 epochs
+(``finetune_epochs``), with the training optimizer and learning rate. The
+FedBABU authors also fine-tune the whole model, for 5 epochs (their
+``personalization_epoch``), with SGD at learning rate 1e-3 and momentum 0.9:
+``method.finetune_epochs=5`` and the run's optimizer settings.
+``finetune_part=head`` tunes the head alone (the body stays the global one).
+PFLlib reports the untuned global model each round and the fine-tuned models
+once, after the last round, starting from each client's last model (the
+clients of the last round from their own trained body); here every
+evaluation fine-tunes a fresh copy of the global body with the head, as the
+paper describes.
+
+BatchNorm statistics travel with the body (``train.share_batch_stats``).
 """
 
 import dataclasses
@@ -25,9 +35,10 @@ from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 @dataclasses.dataclass(frozen=True)
 class FedBABUConfig(FineTuneConfig):
-    finetune_epochs: int = option(5, "epochs each client fine-tunes the global body and head on its train data "
-                                  "before testing (the paper's tau)", at_least=0)
-    finetune_part: str = option("head", "which part is fine-tuned", choices=PARTS)
+    finetune_epochs: int = option(10, "epochs each client fine-tunes the global body and head on its train data "
+                                  "before testing (PFLlib's fine_tuning_epochs; the authors' notebook: 5)", at_least=0)
+    finetune_part: str = option("all", "which part is fine-tuned (all: body and head, as PFLlib and the authors)",
+                                choices=PARTS)
 
 
 class FedBABU(SharedBodyMethod):

@@ -1,20 +1,32 @@
-"""FedRep (Collins et al. 2021): body averaged, head private; locally the head is
-trained first (``head_epochs``, default 1) with the body fixed, then the body for
-E epochs with the head fixed. Evaluation (``eval.model``): ``global`` by default
-(the received global body with the client's own head, as the authors' code),
-or ``local``."""
+"""FedRep (Collins et al., ICML 2021): body averaged, head private.
+
+Locally the head is trained first with the body fixed (``head_epochs``), then
+the body with the head fixed (``body_epochs``; default E = train.local_epochs).
+The defaults are PFLlib's split (clientrep.py: ``plocal_epochs`` = 1 head
+epoch, then E body epochs). The authors' code (lgcollins/FedRep,
+models/Update.py) splits E the other way: ``local_ep - local_rep_ep`` head
+epochs, then ``local_rep_ep`` = 1 body epoch (their scripts: local_ep 11, so
+10 head epochs and 1 body epoch): ``method.head_epochs=10 method.body_epochs=1``.
+A straggler that trains e < E epochs takes max(1, body_epochs * e // E) body
+epochs when ``body_epochs`` is set, else e.
+Evaluation (``eval.model``): ``global`` by default (the received global body
+with the client's own head, as the authors' code), or ``local``.
+"""
 
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
-from fedjax_pfl.methods.shared_body import SharedBodyMethod
 from fedjax_pfl.methods.options import Options, option
+from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 
 @dataclasses.dataclass(frozen=True)
 class FedRepConfig(Options):
-    head_epochs: int = option(1, "head-only epochs (body fixed) before the E body-only epochs", at_least=1)
+    head_epochs: int = option(1, "head-only epochs (body fixed), first (PFLlib: 1; the authors: 10)", at_least=1)
+    body_epochs: int | None = option(None, "body-only epochs (head fixed), after the head's (the authors: 1)",
+                                     at_least=1, none="train.local_epochs, as PFLlib")
 
 
 class FedRep(SharedBodyMethod):
@@ -22,10 +34,18 @@ class FedRep(SharedBodyMethod):
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedRepConfig
 
+    def body_epochs(self, epochs):
+        """(this client's body epochs, their static maximum) for ``epochs`` (E, or fewer for a straggler)."""
+        b = self.hparams.body_epochs
+        if b is None:
+            return epochs, self.setup.local_epochs
+        return jnp.clip(b * epochs // self.setup.local_epochs, 1, b), b
+
     def local_phase(self, server, client, variables, data, key, info):
         k_head, k_body = jax.random.split(key)
         objective = self.supervised_objective()
         h = self.hparams.head_epochs
+        body, body_max = self.body_epochs(info.epochs)
         variables, _ = self.train(objective, variables, data, k_head, h, part="head", max_epochs=h)
-        variables, loss = self.train(objective, variables, data, k_body, info.epochs, part="body")
+        variables, loss = self.train(objective, variables, data, k_body, body, part="body", max_epochs=body_max)
         return variables, loss, {}

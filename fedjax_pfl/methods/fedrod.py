@@ -57,7 +57,7 @@ class FedRoD(FedAvg):
         def objective(v, batch, key):
             params = dict(v["params"])
             personal = params.pop(PERSONAL)
-            out = self.model.apply({**v, "params": params}, batch.x, train=True)
+            out = self.model.apply({**v, "params": params}, batch.x, train=True, mask=batch.mask)
             generic_loss = losses.balanced_softmax_cross_entropy(out.logits, batch.y, counts, batch.mask)
             personal_logits = self.model.apply_head({"params": {"head": personal}}, jax.lax.stop_gradient(out.features))
             combined = jax.lax.stop_gradient(out.logits) + personal_logits

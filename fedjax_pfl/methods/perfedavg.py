@@ -2,25 +2,37 @@
 
 Client, for R local steps, each on fresh random batches of B (plain SGD):
 - ``variant=fo`` (first-order MAML, the default; as in the pFedMe authors'
-  code and the pFedKD authors' copy of it): temp = w - alpha grad f(w; D);
-  w <- w - beta grad f(temp; D');
+  code, the pFedKD authors' copy of it and PFLlib): temp = w - alpha grad f(w; D);
+  w <- w - beta grad f(temp; D') (w is restored before the beta step);
 - ``variant=hf`` (Hessian-free): w <- w - beta (I - alpha H(w; D'')) grad f(temp; D'),
   with the Hessian-vector product computed exactly (forward-over-reverse)
   instead of the paper's finite-difference approximation.
 Server: weighted mean of the client models (weights n_i), as FedAvg.
-Evaluation (``eval.model=global_adapted``): the global model after ``eval_steps`` (default 1) SGD steps of size
-alpha on random train batches of the client (the paper's "one step of
-gradient descent"; the pFedMe/pFedKD authors' code also takes a second,
-beta-sized step, which this library leaves out).
+
+Evaluation (``eval.model=global_adapted``): each client adapts a copy of the
+global model on its own TRAIN data: ``eval_steps`` (default 1) SGD steps of
+size alpha, then ``eval_beta_steps`` (default 1) steps of size beta, each on a
+fresh random batch of B train samples, and is tested with the result. The two
+default steps are what both authors' codes take (``train_one_step``); they
+differ in the data: the pFedMe authors' code (CharlieDinh/pFedMe
+userperavg.py) takes both steps on the next batches of the client's TEST
+loader and then tests on the whole test set, i.e. it adapts on the data it
+scores; that is not a valid protocol and is not offered here. The pFedKD
+authors' copy (HengruiH/pFedKD algorithms/perfedavg.py) takes them on random
+train batches, as here. PFLlib takes one alpha step on one train batch
+(``method.eval_beta_steps=0``). Both authors' codes evaluate after the server
+step of each round, as the engine does.
 
 Hyperparameters (pFedMe paper, Dinh et al. 2020, Per-FedAvg on MNIST /
 Synthetic): alpha = train.lr = 0.005, beta = 0.001, R = 20, B = 20. The pFedKD
-authors' script uses lr 0.01 and beta 0.1. alpha defaults to ``train.lr``.
-Note PFLlib's variant does not restore w before the beta step (it applies both
-steps); this library follows the MAML form above. Only the selected clients
-train, as in both authors' codes (CharlieDinh/pFedMe serverperavg.py,
-HengruiH/pFedKD algorithms/perfedavg.py); ``train.all_clients_train`` would
-train all of them for nothing here (the client keeps no state).
+authors' script uses lr 0.01 and beta 0.1 (their paper: beta 0.002). alpha
+defaults to ``train.lr``. Local batches: random B distinct samples per batch
+(pFedKD's copy); the pFedMe authors' code cycles through an unshuffled train
+loader across rounds, and PFLlib splits each batch of 2B of a shuffled epoch
+into D and D'. Only the selected clients train, as in both authors' codes
+(CharlieDinh/pFedMe serverperavg.py, HengruiH/pFedKD algorithms/perfedavg.py);
+``train.all_clients_train`` would train all of them for nothing here (the
+client keeps no state).
 """
 
 from __future__ import annotations
@@ -46,6 +58,8 @@ class PerFedAvgConfig(Options):
     local_steps: int | None = option(None, "R local steps per round", at_least=1,
                                      none="train.local_epochs read as steps")
     eval_steps: int = option(1, "SGD steps of size alpha from the global model at evaluation", at_least=1)
+    eval_beta_steps: int = option(1, "then SGD steps of size beta at evaluation (both authors' codes: 1; "
+                                  "PFLlib: 0)", at_least=0)
 
 
 class PerFedAvg(StepMethod):
@@ -86,10 +100,13 @@ class PerFedAvg(StepMethod):
         return {"variables": new}, clients
 
     def eval_variables(self, server, client, data, key):
-        alpha, params = self.alpha, server["variables"]["params"]
-        for k in jax.random.split(key, self.hparams.eval_steps):
+        """The global model after ``eval_steps`` alpha-sized and ``eval_beta_steps`` beta-sized SGD steps,
+        each on its own random train batch (the i-th step's batch from the i-th of ``split(key, steps)``)."""
+        hp = self.hparams
+        sizes = [self.alpha] * hp.eval_steps + [hp.beta] * hp.eval_beta_steps
+        params = server["variables"]["params"]
+        for size, k in zip(sizes, jax.random.split(key, len(sizes))):
             batch = random_batch(k, data, self.setup.batch_size, self.setup.normalize)
             g = jax.grad(self.batch_loss)(params, batch)
-            params = tree_ops.select(data.n > 0, tree_ops.sub(params, tree_ops.scale(g, alpha)), params)
+            params = tree_ops.select(data.n > 0, tree_ops.sub(params, tree_ops.scale(g, size)), params)
         return {"params": params}
-

@@ -3,7 +3,7 @@
 Client i, starting from the global model: theta = w_local = w; for R local
 steps, each on one random batch D of B samples:
 - K inner steps approximate the personalized model
-  theta <- theta - personal_lr * (grad f(theta; D) + lamda * (theta - w_local));
+  theta <- theta - personal_lr * (grad f(theta; D) + lamda * (theta - w_local) + weight_decay * theta);
 - local update w_local <- w_local - eta * lamda * (w_local - theta), eta = train.lr.
 The client uploads w_local and keeps theta as its personalized model.
 Server: w <- (1 - beta) w + beta * sum_i (n_i / sum_j n_j) w_local_i.
@@ -14,15 +14,19 @@ initial model, as there).
 Hyperparameters (pFedMe paper / authors' README, MNIST MLR): eta = 0.005,
 personal_lr = 0.1, lamda = 15, K = 5, beta = 1, R = 20, B = 20 (Synthetic:
 personal_lr 0.01, lamda 20; MNIST MLP: personal_lr 0.09). These are the
-defaults, except eta, which is train.lr. By default only the selected clients
-train each round (PFLlib). ``train.all_clients_train=true`` follows the
-authors' code (CharlieDinh/pFedMe, serverpFedMe.py ``train``: every user
-trains each round, then ``select_users`` picks the ones whose w_local is
-aggregated; the pFedKD authors' copy, HengruiH/pFedKD algorithms/pfedme.py,
-does the same): every client updates its theta_i each round, only the
-sampled clients' uploads enter the server step. Those authors evaluate the
-personalized models after all users trained (and, HengruiH, after the server
-step), which is the engine's evaluation after the round.
+defaults, except eta, which is train.lr. ``weight_decay`` = 0.001 is the mu of
+the authors' pFedMeOptimizer (CharlieDinh/pFedMe and PFLlib fedoptimizer.py),
+an L2 term of their code beside the paper's update; the pFedKD authors' copy
+(HengruiH/pFedKD) uses plain SGD, i.e. ``method.weight_decay=0``. By default
+only the selected clients train each round (PFLlib).
+``train.all_clients_train=true`` follows the authors' code
+(CharlieDinh/pFedMe, serverpFedMe.py ``train``: every user trains each round,
+then ``select_users`` picks the ones whose w_local is aggregated; the pFedKD
+authors' copy, HengruiH/pFedKD algorithms/pfedme.py, does the same): every
+client updates its theta_i each round, only the sampled clients' uploads enter
+the server step. Those authors evaluate the personalized models after all
+users trained (and, HengruiH, after the server step), which is the engine's
+evaluation after the round.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class PFedMeConfig(Options):
     lamda: float = option(15.0, "Moreau-envelope regularization lambda", more_than=0.0)
     personal_lr: float = option(0.1, "step size of the K inner steps on the personalized model", more_than=0.0)
     K: int = option(5, "inner steps per local step", at_least=1)
+    weight_decay: float = option(0.001, "L2 decay in the K inner steps (the authors' pFedMeOptimizer mu; 0: none)",
+                                 at_least=0.0)
     beta: float = option(1.0, "server mixing of the old and averaged global model (1: plain averaging)",
                          more_than=0.0)
     local_steps: int | None = option(None, "R local steps per round", at_least=1,
@@ -73,6 +79,7 @@ class PFedMe(StepMethod):
                 theta, _ = state
                 loss, g = grad(theta, batches[0])
                 g = tree_ops.add(g, tree_ops.scale(tree_ops.sub(theta, local), hp.lamda))
+                g = tree_ops.add(g, tree_ops.scale(theta, hp.weight_decay))
                 return tree_ops.sub(theta, tree_ops.scale(g, hp.personal_lr)), loss
 
             theta, loss = jax.lax.fori_loop(0, hp.K, inner, (theta, jnp.zeros((), jnp.float32)))
