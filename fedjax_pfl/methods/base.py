@@ -91,6 +91,10 @@ class Method:
     # client_mapping 'chunked', the engine gathers, trains and scatters them chunk by chunk: `prepare` is not
     # called and `server_update` gets ``clients=None`` (and must return it).
     needs_selected_state: bool = False
+    # Its server steps after each selected client, as pFedHN's authors do: the engine then visits the
+    # round's clients one after another (engine/sequential_clients.py), each trained from the server state
+    # the previous one's `server_update` left, that step given a round of one client.
+    server_steps_per_client: bool = False
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
         if setup.persistent_optimizer and not self.keeps_optimizer_state:

@@ -51,7 +51,7 @@ from fedjax_pfl.kernels import hypernetwork
 from fedjax_pfl.methods.options import Options, option
 from fedjax_pfl.methods.step_counted import StepMethod
 
-AGGREGATES = ("sum", "mean")
+AGGREGATES = ("sequential", "mean", "sum")
 GRAD_CLIP = 50.0  # both the inner and the hypernetwork gradient norms (the authors' clip_grad_norm_)
 
 
@@ -64,7 +64,8 @@ class PFedHNConfig(Options):
     embed_dim: int | None = option(None, "width of the client embeddings", at_least=1, none="1 + N/4")
     hidden: int = option(100, "width of the hypernetwork's hidden layers", at_least=1)
     n_hidden: int = option(3, "hidden layers of the hypernetwork", at_least=0)
-    aggregate: str = option("mean", "combine the selected clients' hypernetwork gradients by mean or sum",
+    aggregate: str = option("sequential", "sequential: a hypernetwork step after each selected client (the "
+                            "authors'); mean or sum: one step per round on the selected clients' gradients",
                             choices=AGGREGATES)
 
 
@@ -72,6 +73,11 @@ class PFedHN(StepMethod):
     name = "pfedhn"
     hparams_type = PFedHNConfig
     needs_selected_state = True  # the server step reads the selected clients' indices
+
+    @property
+    def server_steps_per_client(self):
+        """aggregate=sequential: the engine steps the hypernetwork after each client (the authors' loop)."""
+        return self.hparams.aggregate == "sequential"
 
     @property
     def target(self):
