@@ -104,9 +104,8 @@ def assert_close(a, b, tol=1e-5):
         np.testing.assert_allclose(np.asarray(la, np.float64), np.asarray(lb, np.float64), rtol=tol, atol=tol)
 
 
-def fmnist_run(data_dir, method_name, rounds, extra=()):
-    """A small FMNIST pathological run (6 clients, 2 classes, 100/50 samples, MLP 32, Adam)
-    -> (accuracy before training, summary after, last round's metrics, server, clients)."""
+def fmnist_engine(data_dir, method_name, extra=()):
+    """The engine of a small FMNIST pathological run (6 clients, 2 classes, 100/50 samples, MLP 32, Adam)."""
     from fedjax_pfl.runs import config as config_lib
     from fedjax_pfl.runs.experiment import build_experiment
 
@@ -115,7 +114,21 @@ def fmnist_run(data_dir, method_name, rounds, extra=()):
                  "partition.test_per_client=50", "partition.test_from=split", "model.name=mlp", "model.hidden=[32]",
                  "train.optimizer=adam", "train.lr=0.003", "train.batch_size=25", "train.local_epochs=2",
                  "train.join_ratio=1.0", f"method_name={method_name}", *extra]
-    eng = build_experiment(config_lib.build(None, overrides)).engine
+    return build_experiment(config_lib.build(None, overrides)).engine
+
+
+def fmnist_majority_baseline(data_dir):
+    """tests/majority_baseline.py's bar of `fmnist_engine`'s partition (the same for every method)."""
+    import majority_baseline
+
+    eng = fmnist_engine(data_dir, "local")
+    return majority_baseline.from_client_data(eng.train, eng.test, num_classes=10)
+
+
+def fmnist_run(data_dir, method_name, rounds, extra=()):
+    """A run of `fmnist_engine` -> (accuracy before training, summary after, last round's metrics,
+    server, clients)."""
+    eng = fmnist_engine(data_dir, method_name, extra)
     init_key, key = jax.random.split(jax.random.key(0))
     server, clients = eng.init(init_key)
     first = eng.evaluate_summary(server, clients, key)["accuracy"]

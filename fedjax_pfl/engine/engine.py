@@ -10,7 +10,9 @@ clients with the new server state, mapped like evaluation. Under ``chunked`` (an
 ``stream_chunks``), for a method without ``needs_selected_state``, steps 2, 4
 and 6 run chunk by chunk instead (`client_mapping.scan_chunks`): the round
 holds the [N, ...] state, one chunk's work and the [S, ...] uploads, not
-copies of all S selected clients' state. Stragglers (fewer local
+copies of all S selected clients' state. A method whose server steps after
+each client (``server_steps_per_client``, pFedHN) runs steps 2-6 client by
+client instead (`sequential_clients.scan_clients`). Stragglers (fewer local
 epochs, dropped uploads) are drawn from the same key. There is no Python loop
 over clients. Evaluation maps every client's personalized model over its test
 data in one call; the host reads metrics only when it asks for them.
@@ -34,7 +36,7 @@ import numpy as np
 
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.engine import client_mapping, method_values, round_progress, sharding
+from fedjax_pfl.engine import client_mapping, method_values, round_progress, sequential_clients, sharding
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
@@ -214,17 +216,23 @@ class Engine:
         uploaded &= jnp.arange(training) < cfg.clients_per_round
         keys = jax.random.split(k_clients, training)
         steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs, method.setup.drop_last)
-        if client_mapping.sorts_clients(self.mapping):  # each chunk runs to its own largest client
+        sequential = method.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
+        if client_mapping.sorts_clients(self.mapping) and not sequential:  # each chunk runs to its own largest client
             order = jnp.argsort(-steps, stable=True)
             selected, epochs, uploaded, keys, steps = (a[order] for a in (selected, epochs, uploaded, keys, steps))
 
-        def one_client(client, data_i, key_i, epochs_i):
+        def client_step(server, client, data_i, key_i, epochs_i):
             info = ClientRound(round_index, epochs_i)
             with local_training.reporting_steps(round_progress.report_step if report else None):
                 out = method.client_update(server, client, ClientData(*data_i), key_i, info)
             return round_progress.report_client(out) if report else out
 
-        if self.streams:  # each chunk: gather its rows, train them (vmap), write them back
+        one_client = functools.partial(client_step, server)
+        info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
+        if sequential:  # the server steps after each client
+            server, clients, uploads = sequential_clients.scan_clients(method, client_step, server, clients, train,
+                                                                       info, keys, epochs)
+        elif self.streams:  # each chunk: gather its rows, train them (vmap), write them back
             map_chunk = self._map_clients(one_client, interleave=True, mapping="vmap")
 
             def train_chunk(clients, positions):
@@ -239,16 +247,16 @@ class Engine:
             chosen = method.prepare(server, tree_ops.gather(clients, selected), selected)
             mapped = self._map_clients(one_client, interleave=True)
             chosen, uploads = mapped(chosen, tuple(tree_ops.gather(train, selected)), keys, epochs)
-        info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
-        server, chosen = method.server_update(server, chosen, uploads, info)
-        if not self.streams:
-            clients = tree_ops.scatter(clients, selected, chosen)
+        if not sequential:
+            server, chosen = method.server_update(server, chosen, uploads, info)
+            if not self.streams:
+                clients = tree_ops.scatter(clients, selected, chosen)
         if method.updates_every_client:
             clients = self._update_every_client(method, server, clients, train, key, round_index)
         has_loss = isinstance(uploads, dict) and "loss" in uploads
         client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
                        else jnp.zeros(selected.shape)).astype(jnp.float32)
-        executed = client_mapping.executed_steps(steps, self.mapping, cfg.chunk_size)
+        executed = client_mapping.executed_steps(steps, "map" if sequential else self.mapping, cfg.chunk_size)
         metrics = {
             "selected": selected,
             "epochs": epochs,

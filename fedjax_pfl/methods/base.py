@@ -94,6 +94,10 @@ class Method:
     # After each round's server step the engine maps `update_every_client` over ALL N clients, selected or
     # not (FedALA's adaptive local aggregation, which its authors run on every client every round).
     updates_every_client: bool = False
+    # Its server steps after each selected client, as pFedHN's authors do: the engine then visits the
+    # round's clients one after another (engine/sequential_clients.py), each trained from the server state
+    # the previous one's `server_update` left, that step given a round of one client.
+    server_steps_per_client: bool = False
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
         if setup.persistent_optimizer and not self.keeps_optimizer_state:
