@@ -78,6 +78,7 @@ class ModelConfig:
     name: str = "fedavgcnn"
     conv_impl: str = "auto"
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes
+    init: str = "flax"  # where parameters start: 'flax' (Flax's defaults) | 'torch' (PyTorch's defaults, the papers' code)
 
 
 @dataclasses.dataclass
@@ -296,6 +297,7 @@ def _check(ok: bool, message: str) -> None:
 def validate_values(cfg: RunConfig) -> None:
     """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
     from fedjax_pfl.engine.client_mapping import MAPPINGS
+    from fedjax_pfl.models.initialization import INITS
 
     t, p = cfg.train, cfg.partition
     for name in ("rounds", "local_epochs", "batch_size", "chunk_size"):
@@ -322,6 +324,7 @@ def validate_values(cfg: RunConfig) -> None:
     _check(cfg.data.synthetic_size_factor >= 1, f"data.synthetic_size_factor must be >= 1, got {cfg.data.synthetic_size_factor}")
     _check(cfg.data.synthetic_size_factor == 1 or cfg.data.name == "synthetic",
            f"data.synthetic_size_factor applies to data.name=synthetic only, not {cfg.data.name!r}; leave it at 1")
+    _check(cfg.model.init in INITS, f"model.init must be one of {', '.join(INITS)}, got {cfg.model.init!r}")
     _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
     _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,
            f"train.weight_decay must be >= 0, got {t.weight_decay}")

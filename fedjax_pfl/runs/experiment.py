@@ -142,7 +142,8 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
 def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
     t, m = cfg.train, cfg.model
     model_kwargs = {"hidden": m.hidden} if m.hidden else {}
-    model = build_model(m.name, dataset.input_shape, dataset.num_classes, conv_impl=m.conv_impl, **model_kwargs)
+    model = build_model(m.name, dataset.input_shape, dataset.num_classes, conv_impl=m.conv_impl, init=m.init,
+                        **model_kwargs)
 
     def optimizer_factory(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, name=t.optimizer):
         return make_optimizer(name, lr, momentum, weight_decay)
