@@ -370,8 +370,11 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def resume_differences(saved: dict, new: dict) -> list[str]:
-    """``'key: saved -> new'`` for each setting a resumed run would change, beyond RESUME_MAY_CHANGE."""
-    a, b = _flatten(saved), _flatten(new)
+    """``'key: saved -> new'`` for each setting a resumed run would change, beyond RESUME_MAY_CHANGE.
+
+    A key the saved config lacks (a run started before the key existed) counts as its default,
+    the behaviour that run had."""
+    a, b = {**_flatten(to_dict(RunConfig())), **_flatten(saved)}, _flatten(new)
     for flat in (a, b):  # an empty data_seed means `seed`: the same run
         if flat.get("data_seed") is None:
             flat["data_seed"] = flat.get("seed")
