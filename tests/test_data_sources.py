@@ -483,6 +483,32 @@ def test_synthetic_is_deterministic_and_fixed_size():
         synthetic.load_synthetic(alpha=-1)
 
 
+def test_synthetic_size_factor_is_the_pfedkd_authors_sizes():
+    """The pFedKD-WCL authors' generator: 5 x (lognormal(4, 2) + 50) samples per client, same clients."""
+    one = registry.load_dataset('synthetic', num_clients=8, seed=2)
+    five = registry.load_dataset('synthetic', num_clients=8, seed=2, size_factor=5)
+    sizes = lambda ds: np.bincount(ds.client_ids_train, minlength=8) + np.bincount(ds.client_ids_test, minlength=8)
+    np.testing.assert_array_equal(sizes(five), 5 * sizes(one))
+    np.testing.assert_array_equal(sizes(one), synthetic.client_sizes(np.random.default_rng(2), 8))
+    n_train = np.bincount(five.client_ids_train, minlength=8)
+    np.testing.assert_array_equal(n_train, (0.75 * sizes(five)).astype(int))
+    with pytest.raises(UserError, match='size_factor must be a whole number >= 1'):
+        synthetic.load_synthetic(size_factor=0)
+    with pytest.raises(UserError, match='leave it at 1'):
+        synthetic.load_synthetic(samples_per_client=40, size_factor=5)
+
+
+def test_synthetic_size_factor_reaches_the_generator_from_the_config():
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
+
+    cfg = config_lib.build(overrides=['method_name=fedavg', 'data.name=synthetic', 'partition.scheme=natural',
+                                      'partition.num_clients=4', 'model.name=mlr', 'data.synthetic_size_factor=3'])
+    ds = build_experiment(cfg).dataset
+    expected = 3 * synthetic.client_sizes(np.random.default_rng(0), 4)
+    np.testing.assert_array_equal(np.bincount(ds.client_ids_train) + np.bincount(ds.client_ids_test), expected)
+
+
 # ------------------------------------------------------ tfds, registry, Dataset
 
 def test_tfds_missing_package_says_what_to_install(monkeypatch):

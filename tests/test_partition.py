@@ -256,6 +256,104 @@ def test_max_classes_per_client_needs_the_dirichlet_scheme():
     from fedjax_pfl.runs import config
 
     cfg = config.build(overrides=["partition.scheme=iid", "partition.max_classes_per_client=2"])
-    with pytest.raises(UserError, match="applies to partition.scheme=dirichlet only"):
+    with pytest.raises(UserError, match="applies to partition.scheme=dirichlet or client_dirichlet only"):
         config.validate_values(cfg)
     config.validate_values(config.build(overrides=["partition.max_classes_per_client=2"]))
+
+
+# ------------------------------------------------------ client_dirichlet (pFedKD-WCL's authors) --
+
+MNIST_LIKE = _pool(per_class=6000)
+
+
+def test_client_dirichlet_sizes_are_the_linspace_and_at_most_k_classes():
+    parts = P.client_dirichlet(MNIST_LIKE, 20, 0.5, (1165, 3834), seed=0, max_classes_per_client=3)
+    assert [len(p) for p in parts] == np.linspace(1165, 3834, 20, dtype=int).tolist()
+    h = _hist(parts, MNIST_LIKE)
+    assert ((h > 0).sum(1) <= 3).all()
+    assert ((h > 0).sum(1) == 3).any(), "alpha 0.5: some client keeps three classes"
+    one = _hist(P.client_dirichlet(MNIST_LIKE, 20, 0.5, (1165, 3834), seed=0, max_classes_per_client=1), MNIST_LIKE)
+    assert ((one > 0).sum(1) == 1).all()
+
+
+def test_client_dirichlet_overlap_as_the_authors_never_within_a_client():
+    """Each client draws without replacement from whole class pools, independently of the others."""
+    parts = P.client_dirichlet(MNIST_LIKE, 20, 0.5, (1165, 3834), seed=1, max_classes_per_client=3)
+    assert all(np.unique(p).size == p.size and p.min() >= 0 and p.max() < MNIST_LIKE.size for p in parts)
+    # 5 clients of 60 samples, one class each from 2 classes of 100: three share a class, 180 > 100
+    tiny = np.repeat([0, 1], 100)
+    small = P.client_dirichlet(tiny, 5, 0.5, (60, 60), seed=0, max_classes_per_client=1)
+    flat = np.concatenate(small)
+    assert np.unique(flat).size < flat.size, "clients share samples"
+    train, test = P.split_train_test(parts, MNIST_LIKE, 0.75, seed=2)
+    for p, tr, te in zip(parts, train, test):
+        assert not np.isin(tr, te).any() and np.array_equal(np.sort(np.concatenate([tr, te])), p)
+
+
+def test_client_dirichlet_is_seeded_and_fast():
+    a = P.make_partition("client_dirichlet", MNIST_LIKE, 20, 3, alpha=0.05, size_range=[1165, 3834],
+                         max_classes_per_client=3)
+    b = P.client_dirichlet(MNIST_LIKE, 20, 0.05, (1165, 3834), seed=3, max_classes_per_client=3)
+    c = P.client_dirichlet(MNIST_LIKE, 20, 0.05, (1165, 3834), seed=4, max_classes_per_client=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    start = time.perf_counter()
+    P.client_dirichlet(MNIST_LIKE, 1000, 0.1, (20, 50), seed=0, max_classes_per_client=3)
+    assert time.perf_counter() - start < 5.0
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: P.client_dirichlet(MNIST_LIKE, 20, 0.5, (3834, 1165), 0), "1 <= smallest <= largest"),
+    (lambda: P.client_dirichlet(MNIST_LIKE, 20, 0.5, (0, 10), 0), "1 <= smallest <= largest"),
+    (lambda: P.client_dirichlet(MNIST_LIKE, 20, 0.5, (10,), 0), "two whole numbers"),
+    (lambda: P.client_dirichlet(MNIST_LIKE, 20, 0.0, (10, 20), 0), "alpha must be > 0"),
+    (lambda: P.client_dirichlet(MNIST_LIKE, 20, 0.5, (10, 20), 0, max_classes_per_client=0), "max_classes"),
+    (lambda: P.client_dirichlet(MNIST_LIKE, 2, 0.5, (10, 19000), 0, max_classes_per_client=3),
+     "cannot be drawn from at most 3 classes"),
+    (lambda: P.client_dirichlet(MNIST_LIKE, 2, 0.01, (10, 9000), 0, max_classes_per_client=3),
+     "samples of class .* but the pool has 6000; lower size_range"),
+    (lambda: P.make_partition("client_dirichlet", MNIST_LIKE, 20, 0, alpha=0.5), "missing: \\['size_range'\\]"),
+])
+def test_client_dirichlet_settings_it_cannot_satisfy(call, match):
+    with pytest.raises(UserError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["partition.scheme=client_dirichlet"], "size_range=\\[smallest, largest\\] is needed"),
+    (["partition.size_range=[10, 20]"], "size_range=\\[smallest, largest\\] is needed"),
+    (["partition.scheme=client_dirichlet", "partition.size_range=[20, 10]"], "1 <= smallest <= largest"),
+    (["partition.test_from=train"], "test_from must be 'split', 'split_train' or 'official'"),
+    (["data.synthetic_size_factor=5"], "applies to data.name=synthetic only"),
+])
+def test_client_dirichlet_config_errors(overrides, match):
+    from fedjax_pfl.runs import config
+
+    with pytest.raises(UserError, match=match):
+        config.validate_values(config.build(overrides=overrides))
+
+
+def test_split_train_partitions_the_train_set_only_and_is_recorded():
+    """The authors' data: client_dirichlet on the official train set, each client split 75/25."""
+    from fedjax_pfl.data.dataset import Dataset
+    from fedjax_pfl.runs import config, experiment
+
+    y_train = _pool(per_class=300)
+    y_test = _pool(per_class=50, seed=1)
+    ds = Dataset("toy", np.arange(y_train.size, dtype=np.float32)[:, None], y_train.astype(np.int32),
+                 -np.ones((y_test.size, 1), np.float32), y_test.astype(np.int32), 10, (0.0,), (1.0,))
+    cfg = config.build(overrides=["partition.scheme=client_dirichlet", "partition.size_range=[100, 200]",
+                                  "partition.max_classes_per_client=3", "partition.test_from=split_train",
+                                  "partition.num_clients=6", "partition.alpha=0.5"])
+    config.validate_values(cfg)
+    data = experiment.partition_dataset(ds, cfg.partition, seed=0)
+    n_train, n_test = np.asarray(data.train.n), np.asarray(data.test.n)
+    assert (n_train + n_test).tolist() == np.linspace(100, 200, 6, dtype=int).tolist()
+    for i in range(6):
+        seen = np.concatenate([np.asarray(data.train.x[i, :n_train[i], 0]), np.asarray(data.test.x[i, :n_test[i], 0])])
+        assert (seen >= 0).all(), "no official test sample is used"
+        assert np.unique(seen).size == seen.size
+    info = json.loads(json.dumps(data.summary))["info"]
+    assert info["scheme"] == "client_dirichlet" and info["size_range"] == [100, 200]
+    assert info["test_from"] == "split_train" and info["max_classes_per_client"] == 3
+    assert max(data.summary["train"]["classes_per_client"]) <= 3

@@ -348,6 +348,12 @@ def test_presets_parse_and_the_facade_exports_the_kernels():
     assert seen["pfedkd_mnist_mlp"].model.hidden == (128,)
     assert seen["pfedkd_mnist_mlr"].partition.num_clients == 20 and seen["pfedkd_mnist_mlr"].train.join_ratio == 0.25
     assert seen["pfedkd_synthetic"].partition.num_clients == 100 and seen["pfedkd_synthetic"].train.join_ratio == 0.1
+    for name in ("pfedkd_mnist_mlr", "pfedkd_mnist_mlp"):  # the authors' data (partition.client_dirichlet)
+        p = seen[name].partition
+        assert (p.scheme, p.size_range, p.max_classes_per_client, p.test_from) == (
+            "client_dirichlet", (1165, 3834), 3, "split_train")
+    assert seen["pfedkd_synthetic"].data.synthetic_size_factor == 5
+    assert all(cfg.model.init == "torch" for cfg in seen.values())
     # the baselines reuse the presets: no pFedKD-only options in them
     for m in ("fedavg", "fedprox", "perfedavg", "pfedme"):
         cfg = config_lib.build(str(root / "pfedkd_mnist_mlr.yaml"), base={"method_name": m})

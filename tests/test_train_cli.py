@@ -358,6 +358,15 @@ def test_a_run_saved_without_its_default_options_resumes_with_them(uninterrupted
         resume.check_same_config({**old, "config": {**old["config"], "method": {"mu": 0.5}}}, cfg)
 
 
+def test_a_run_saved_before_a_key_existed_resumes_with_the_keys_default():
+    """config.json of an older version lacks later keys (model.init, ...): it ran with their defaults."""
+    saved = config_lib.to_dict(config_lib.build())
+    del saved["model"]["init"], saved["partition"]["size_range"]
+    assert config_lib.resume_differences(saved, config_lib.to_dict(config_lib.build())) == []
+    torch = config_lib.to_dict(config_lib.build(overrides=["model.init=torch"]))
+    assert config_lib.resume_differences(saved, torch) == ["model.init: 'flax' -> 'torch'"]
+
+
 def test_data_files_read_are_recorded(data_dir):
     from fedjax_pfl.data import files, idx
 

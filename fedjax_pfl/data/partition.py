@@ -3,13 +3,16 @@
 Every partition is a pure function of (labels, parameters, seed): it draws from
 `np.random.default_rng(seed)` only, so the same seed gives the same partition
 and a different seed a different one. A partition is a list with one sorted
-int64 index array per client; no index appears twice. Schemes:
+int64 index array per client; no index appears twice (except across clients
+of `client_dirichlet`, which samples each client independently). Schemes:
 
 - `iid`: a random permutation cut into near-equal parts.
 - `dirichlet`: label skew, each class split over clients by Dir(alpha), then a
   deterministic repair lifts small clients to `min_size` (no retry loop).
 - `pathological`: each client holds exactly k classes (shards).
 - `practical`: FedPAC / DiversiFed groups with dominant classes.
+- `client_dirichlet`: pFedKD-WCL's authors: each client draws a Dir(alpha)
+  class mix, keeps its top k classes and samples a fixed size from the pool.
 
 Per-client train/test: `split_train_test` (stratified fraction),
 `sample_per_client` (exact per-client sizes), and
@@ -168,8 +171,9 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int =
     script (HengruiH/pFedKD utils/MNIST_dirichlet.py) draws Dir(alpha) over the
     classes per client, keeps its top 3 (renormalised) and samples a fixed
     size (1165..3834) per client from the class pools, independently per client
-    (clients may share samples). Here the classes are split over clients
-    (disjoint, whole pool) and then cut to each client's top k.
+    (clients may share samples): that is `client_dirichlet`. Here the classes
+    are split over clients (disjoint, whole pool) and then cut to each client's
+    top k.
     """
     labels = _check_labels(labels)
     num_clients = _check_clients(labels, num_clients)
@@ -368,6 +372,80 @@ def practical(labels, num_clients: int, num_groups: int, dominant_classes_per_gr
     return _from_owner(owner, num_clients)
 
 
+def linspace_sizes(size_range: Sequence[int], num_clients: int) -> np.ndarray:
+    """Client sizes floor(linspace(lo, hi, num_clients)), int64: the pFedKD-WCL authors' sizes.
+
+    Examples:
+        >>> linspace_sizes((1165, 3834), 4).tolist()
+        [1165, 2054, 2944, 3834]
+    """
+    if len(size_range) != 2 or any(int(v) != v for v in size_range):
+        raise UserError(f"size_range must be two whole numbers [smallest, largest], got {list(size_range)}.")
+    lo, hi = (int(v) for v in size_range)
+    if not 1 <= lo <= hi:
+        raise UserError(f"size_range [{lo}, {hi}] must satisfy 1 <= smallest <= largest.")
+    return np.floor(np.linspace(lo, hi, int(num_clients))).astype(np.int64)
+
+
+def client_dirichlet(labels, num_clients: int, alpha: float, size_range: Sequence[int], seed: int,
+                     max_classes_per_client: int | None = None) -> Partition:
+    """Each client draws its own class mix and samples a fixed number of examples from the whole pool.
+
+    The pFedKD-WCL authors' MNIST data (HengruiH/pFedKD utils/MNIST_dirichlet.py),
+    written from what it computes. Client i: sizes n_i = `linspace_sizes`
+    (size_range, num_clients); proportions p_i ~ Dir(alpha) over the classes;
+    only its k = `max_classes_per_client` largest are kept (renormalised; ties:
+    lower class id; None keeps all); n_i p_i is rounded to whole counts summing
+    to n_i; then that many samples of each class are drawn without replacement
+    from the class's whole pool.
+
+    Overlap, as the authors': a client never holds a sample twice, but clients
+    draw independently of each other, so two clients may hold the same sample
+    (and one client's test sample may be another's train sample once
+    `split_train_test` cuts each client). This scheme is the one that breaks
+    this module's "no index appears twice" across clients. Not every sample is used.
+
+    Where it differs from the authors' script: their rounding floors each count
+    and adds the remainder (0 to k-1 samples) to class 9, whether or not class 9
+    is among the client's top k, so a client can hold one or two samples of a
+    (k+1)-th class; here the remainder goes to the kept classes by largest
+    remainder, so a client holds at most k classes, as the paper describes.
+    Their script is unseeded (numpy's and torch's global generators); here
+    everything comes from `np.random.default_rng(seed)`. A class a client asks
+    more of than the pool holds is an error, as in their script.
+    """
+    labels = _check_labels(labels)
+    num_clients = _check_clients(labels, num_clients)
+    if not alpha > 0:
+        raise UserError(f"Dirichlet alpha must be > 0 (small = more skew), got {alpha}.")
+    num_classes = _num_classes(labels)
+    k = num_classes if max_classes_per_client is None else max_classes_per_client
+    if int(k) != k or k < 1:
+        raise UserError(f"max_classes_per_client must be a whole number >= 1, got {max_classes_per_client}.")
+    sizes = linspace_sizes(size_range, num_clients)
+    pools = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    most = int(np.sort([p.size for p in pools])[::-1][:int(k)].sum())
+    if sizes.max() > most:
+        raise UserError(f"a client of {sizes.max()} samples cannot be drawn from at most {k} classes that hold "
+                        f"{most} samples together; lower size_range or raise max_classes_per_client.")
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i, n in enumerate(sizes):
+        p = rng.dirichlet(np.full(num_classes, float(alpha)))
+        kept = np.zeros(num_classes, np.int64)
+        top = np.argsort(-p, kind="stable")[:int(k)]
+        kept[top] = np.round(p[top] * 2**32).astype(np.int64)
+        counts = _proportional_counts(kept, int(n), rng)
+        short = np.flatnonzero(counts > [pool.size for pool in pools])
+        if short.size:
+            c = int(short[0])
+            raise UserError(f"client {i} draws {counts[c]} samples of class {c} but the pool has "
+                            f"{pools[c].size}; lower size_range or raise alpha (or try another seed).")
+        picked = [rng.choice(pools[c], counts[c], replace=False) for c in np.flatnonzero(counts)]
+        parts.append(np.sort(np.concatenate(picked)).astype(np.int64))
+    return parts
+
+
 # --------------------------------------------------------------------------
 # Per-client train / test
 # --------------------------------------------------------------------------
@@ -473,7 +551,8 @@ def distribute_test_by_label_distribution(
 # Front door and summaries
 # --------------------------------------------------------------------------
 
-SCHEMES = {"iid": iid, "dirichlet": dirichlet, "pathological": pathological, "practical": practical}
+SCHEMES = {"iid": iid, "dirichlet": dirichlet, "pathological": pathological, "practical": practical,
+           "client_dirichlet": client_dirichlet}
 
 
 def make_partition(scheme: str, labels, num_clients: int, seed: int, **params: Any) -> Partition:

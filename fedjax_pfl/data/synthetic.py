@@ -4,10 +4,16 @@ Per client k: u_k ~ N(0, alpha), W_k ~ N(u_k, 1) [60 x 10], b_k ~ N(u_k, 1);
 B_k ~ N(0, beta), v_k ~ N(B_k, 1) [60]; x ~ N(v_k, Sigma) with Sigma diagonal,
 Sigma_jj = j^-1.2; y = argmax softmax(x W_k + b_k). As in the FedProx code, the
 second argument of N(., .) is a standard deviation. Client sizes are
-lognormal(4, 2) + 50 unless fixed. With `iid`, every client shares one W, b and
-v_k = B_k * 1 (the FedProx Synthetic-IID setting, alpha = beta = 0).
-Each client's samples are shuffled and split train/test (75/25 by default).
-Needs no files; deterministic for a seed (numpy.random.default_rng).
+lognormal(4, 2) + 50 unless fixed, times `size_factor`. With `iid`, every
+client shares one W, b and v_k = B_k * 1 (the FedProx Synthetic-IID setting,
+alpha = beta = 0). Each client's samples are shuffled and split train/test
+(75/25 by default). Needs no files; deterministic for a seed
+(numpy.random.default_rng).
+
+The pFedKD-WCL authors' generator (HengruiH/pFedKD utils/synthetic.py) computes
+the same distribution with client sizes 5 x (lognormal(4, 2) + 50):
+`size_factor=5`. Their script is unseeded; the draws here come in another order,
+so the same seed does not give their file.
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ def client_sizes(rng: np.random.Generator, num_clients: int) -> np.ndarray:
 
 def load_synthetic(alpha: float = 0.5, beta: float = 0.5, *, num_clients: int = 30,
                    seed: int = 0, samples_per_client: int | None = None,
-                   train_fraction: float = 0.75, iid: bool = False) -> Dataset:
+                   train_fraction: float = 0.75, iid: bool = False, size_factor: int = 1) -> Dataset:
     """Synthetic(alpha, beta) features float32 [n, 60] with client ids, 10 classes.
 
-    `samples_per_client` fixes every client's size (else lognormal(4, 2) + 50).
+    `samples_per_client` fixes every client's size (else size_factor x
+    (lognormal(4, 2) + 50)).
     Each client gets max(1, floor(train_fraction * n_k)) train samples and at
     least one test sample.
     """
@@ -44,9 +51,14 @@ def load_synthetic(alpha: float = 0.5, beta: float = 0.5, *, num_clients: int = 
                         f'got {samples_per_client}.')
     if not 0.0 < train_fraction < 1.0:
         raise UserError(f'train_fraction must be in (0, 1), got {train_fraction}.')
+    if int(size_factor) != size_factor or size_factor < 1:
+        raise UserError(f'Synthetic size_factor must be a whole number >= 1, got {size_factor}.')
+    if size_factor != 1 and samples_per_client is not None:
+        raise UserError('Synthetic size_factor scales the lognormal client sizes; with samples_per_client '
+                        'set, leave it at 1.')
     rng = np.random.default_rng(seed)
     if samples_per_client is None:
-        sizes = client_sizes(rng, num_clients)
+        sizes = client_sizes(rng, num_clients) * int(size_factor)
     else:
         sizes = np.full(num_clients, samples_per_client, np.int64)
     u = rng.normal(0.0, alpha, num_clients)

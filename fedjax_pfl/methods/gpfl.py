@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.models.conditional_valve import ConditionalValve, conditional_inputs, label_prior
+from fedjax_pfl.models.initialization import reinitialize
 from fedjax_pfl.kernels.global_guidance import REDUCTIONS, angle_level_guidance, magnitude_level_guidance
 from fedjax_pfl.methods.base import shared_init
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
@@ -86,6 +87,7 @@ class GPFL(OwnPrediction, SharedBodyMethod):
         d, c = self.setup.model.feature_dim, self.setup.model.num_classes
         gce = jax.random.normal(k_gce, (c, d), jnp.float32)
         cov = self.valve.init(k_cov, jnp.zeros((1, d)), jnp.zeros((d,)))["params"]
+        cov = reinitialize(cov, jax.random.fold_in(k_cov, 1), self.setup.model.initialization)
         server = {"body": self.shared_body(variables), "gce": gce, "cov": cov, "gce_before": jnp.copy(gce),
                   "rounds": jnp.zeros((), jnp.int32)}
         clients = {"variables": clients, "gce": jnp.tile(gce, (num_clients, 1, 1)),

@@ -39,6 +39,8 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
 
 Convolutions use ``conv.Conv2D`` with ``conv_impl`` ('auto' picks im2col on
 CPU, native elsewhere); the parameter tree does not depend on it.
+``init`` ('flax' or 'torch') picks where the parameters start
+(``initialization.py``: Flax's defaults, or PyTorch's as in the papers' code).
 This file must not hold training logic, losses or method-specific code.
 """
 
@@ -54,6 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.models.conv import Conv2D, Padding, max_pool, resolve_conv_impl
+from fedjax_pfl.models.initialization import INITS, reinitialize
 from fedjax_pfl.core.errors import UserError
 
 
@@ -201,14 +204,17 @@ class Model:
     input_shape: tuple
     num_classes: int
     feature_dim: int
+    initialization: str = "flax"  # 'flax' | 'torch' (initialization.py)
 
     def init(self, key: jax.Array) -> dict:
-        """Variables ``{'params': {'body', 'head'}}`` (+ ``{'batch_stats': {'body'}}`` with BN)."""
+        """Variables ``{'params': {'body', 'head'}}`` (+ ``{'batch_stats': {'body'}}`` with BN),
+        drawn as ``initialization`` says."""
         x = jnp.zeros((1,) + tuple(self.input_shape), jnp.float32)
         variables = dict(self.module.init(key, x, train=False))
         params = dict(variables["params"])
         params.setdefault("body", {})  # mlr's body has no parameters
-        variables["params"] = {"body": params["body"], "head": params["head"]}
+        params = {"body": params["body"], "head": params["head"]}
+        variables["params"] = reinitialize(params, jax.random.fold_in(key, 1), self.initialization)
         return variables
 
     def apply(self, variables: dict, x: jax.Array, *, train: bool = False,
@@ -308,15 +314,19 @@ def model_names() -> list[str]:
 
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, *,
-                conv_impl: str = "auto", **kwargs: Any) -> Model:
+                conv_impl: str = "auto", init: str = "flax", **kwargs: Any) -> Model:
     """Builds a registered model for inputs ``[B, *input_shape]`` and ``num_classes``.
 
+    ``init`` is where parameters start: 'flax' (Flax's defaults) or 'torch'
+    (PyTorch's defaults, as in the papers' code; ``initialization.py``).
     ``kwargs`` are model options (``hidden`` for mlp, ``variant`` for fedpac_cnn).
     Raises ``UserError`` for an unknown name or option, or an input shape the
     model cannot take.
     """
     if name not in _REGISTRY:
         raise UserError(f"Unknown model {name!r}; valid names: {', '.join(model_names())}.")
+    if init not in INITS:
+        raise UserError(f"Unknown model init {init!r}; choose one of: {', '.join(INITS)}.")
     input_shape = tuple(int(d) for d in input_shape)
     builder = _REGISTRY[name]
     options = list(inspect.signature(builder).parameters)[3:]
@@ -336,4 +346,4 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, *,
             lambda x: module.init_with_output(jax.random.PRNGKey(0), x)[0], x)
     except (ValueError, TypeError) as e:
         raise UserError(f"Model {name!r} cannot take inputs of shape {input_shape}: {e}") from e
-    return Model(name, module, input_shape, int(num_classes), int(features.shape[-1]))
+    return Model(name, module, input_shape, int(num_classes), int(features.shape[-1]), init)

@@ -28,11 +28,12 @@ class DataConfig:
     data_dir: str | None = None
     allow_download: bool = False
     source: str = "files"  # or 'tfds'
+    synthetic_size_factor: int = 1  # synthetic: client sizes x this (FedProx: 1; pFedKD-WCL's authors' generator: 5)
 
 
 @dataclasses.dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | pathological | practical | natural
+    scheme: str = "dirichlet"  # iid | dirichlet | pathological | practical | client_dirichlet | natural
     num_clients: int = 20
     alpha: float = 0.1  # Dirichlet concentration
     min_size: int = 10
@@ -44,9 +45,10 @@ class PartitionConfig:
     train_fraction: float = 0.75  # per-client split of the merged pool
     train_per_client: int | None = None  # fixed sizes (DiversiFed, FedPAC)
     test_per_client: int | None = None
-    test_from: str = "split"  # 'split' (per-client split of train+test) | 'official'
+    test_from: str = "split"  # 'split' (per-client split of train+test) | 'split_train' (of the train set only) | 'official'
     val_fraction: float = 0.0  # of each client's train split held out as validation data (picks grid points)
-    max_classes_per_client: int | None = None  # dirichlet: keep only each client's k largest classes (pFedKD-WCL)
+    max_classes_per_client: int | None = None  # (client_)dirichlet: keep only each client's k largest classes (pFedKD-WCL)
+    size_range: tuple[int, ...] | None = None  # client_dirichlet: client sizes floor(linspace(lo, hi, num_clients))
 
 
 @dataclasses.dataclass
@@ -78,6 +80,7 @@ class ModelConfig:
     name: str = "fedavgcnn"
     conv_impl: str = "auto"
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes
+    init: str = "flax"  # where parameters start: 'flax' (Flax's defaults) | 'torch' (PyTorch's defaults, the papers' code)
 
 
 @dataclasses.dataclass
@@ -306,6 +309,7 @@ def _check(ok: bool, message: str) -> None:
 def validate_values(cfg: RunConfig) -> None:
     """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
     from fedjax_pfl.engine.client_mapping import MAPPINGS
+    from fedjax_pfl.models.initialization import INITS
 
     t, p = cfg.train, cfg.partition
     for name in ("rounds", "local_epochs", "batch_size", "chunk_size"):
@@ -319,8 +323,20 @@ def validate_values(cfg: RunConfig) -> None:
            "train.lr_decay applies to train.lr_schedule=exponential only; leave it at 1.0 with cosine")
     _check(p.max_classes_per_client is None or p.max_classes_per_client >= 1,
            f"partition.max_classes_per_client must be >= 1 (or empty), got {p.max_classes_per_client}")
-    _check(p.max_classes_per_client is None or p.scheme == "dirichlet",
-           f"partition.max_classes_per_client applies to partition.scheme=dirichlet only, not {p.scheme!r}; leave it empty")
+    _check(p.max_classes_per_client is None or p.scheme in ("dirichlet", "client_dirichlet"),
+           "partition.max_classes_per_client applies to partition.scheme=dirichlet or client_dirichlet only, "
+           f"not {p.scheme!r}; leave it empty")
+    _check((p.size_range is not None) == (p.scheme == "client_dirichlet"),
+           "partition.size_range=[smallest, largest] is needed by partition.scheme=client_dirichlet and by no "
+           f"other scheme (scheme {p.scheme!r}, size_range {p.size_range})")
+    _check(p.size_range is None or (len(p.size_range) == 2 and 1 <= p.size_range[0] <= p.size_range[1]),
+           f"partition.size_range must be [smallest, largest] with 1 <= smallest <= largest, got {p.size_range}")
+    _check(p.test_from in ("split", "split_train", "official"),
+           f"partition.test_from must be 'split', 'split_train' or 'official', got {p.test_from!r}")
+    _check(cfg.data.synthetic_size_factor >= 1, f"data.synthetic_size_factor must be >= 1, got {cfg.data.synthetic_size_factor}")
+    _check(cfg.data.synthetic_size_factor == 1 or cfg.data.name == "synthetic",
+           f"data.synthetic_size_factor applies to data.name=synthetic only, not {cfg.data.name!r}; leave it at 1")
+    _check(cfg.model.init in INITS, f"model.init must be one of {', '.join(INITS)}, got {cfg.model.init!r}")
     _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
     _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,
            f"train.weight_decay must be >= 0, got {t.weight_decay}")
@@ -366,8 +382,11 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def resume_differences(saved: dict, new: dict) -> list[str]:
-    """``'key: saved -> new'`` for each setting a resumed run would change, beyond RESUME_MAY_CHANGE."""
-    a, b = _flatten(saved), _flatten(new)
+    """``'key: saved -> new'`` for each setting a resumed run would change, beyond RESUME_MAY_CHANGE.
+
+    A key the saved config lacks (a run started before the key existed) counts as its default,
+    the behaviour that run had."""
+    a, b = {**_flatten(to_dict(RunConfig())), **_flatten(saved)}, _flatten(new)
     for flat in (a, b):  # an empty data_seed means `seed`: the same run
         if flat.get("data_seed") is None:
             flat["data_seed"] = flat.get("seed")

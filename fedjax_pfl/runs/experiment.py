@@ -80,9 +80,12 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         test_idx = partition.distribute_test_by_label_distribution(
             train_idx, dataset.y_train, dataset.y_test, seed + 2, p.test_per_client)
         x_train, y_train, x_test, y_test = dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test
-    elif p.test_from == "split":
-        x_pool = np.concatenate([dataset.x_train, dataset.x_test])
-        y_pool = np.concatenate([dataset.y_train, dataset.y_test])
+    elif p.test_from in ("split", "split_train"):
+        if p.test_from == "split":
+            x_pool = np.concatenate([dataset.x_train, dataset.x_test])
+            y_pool = np.concatenate([dataset.y_train, dataset.y_test])
+        else:  # the official train set only (pFedKD-WCL's authors); the official test set is unused
+            x_pool, y_pool = dataset.x_train, dataset.y_train
         pool_idx = _scheme(y_pool, p, seed)
         if p.train_per_client:
             train_idx, test_idx = partition.sample_per_client(
@@ -92,7 +95,7 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         x_train = x_test = x_pool
         y_train = y_test = y_pool
     else:
-        raise UserError(f"partition.test_from must be 'split' or 'official', got {p.test_from!r}")
+        raise UserError(f"partition.test_from must be 'split', 'split_train' or 'official', got {p.test_from!r}")
     if len(train_idx) != p.num_clients and p.scheme != "natural":
         raise UserError(f"partition produced {len(train_idx)} clients, expected {p.num_clients}")
     val = None
@@ -128,6 +131,8 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
         "pathological": {"classes_per_client": p.classes_per_client},
         "practical": {"num_groups": p.num_groups, "dominant_classes_per_group": p.dominant_classes_per_group,
                       "uniform_fraction": p.uniform_fraction, "samples_per_client": p.samples_per_client},
+        "client_dirichlet": {"alpha": p.alpha, "size_range": p.size_range,
+                             "max_classes_per_client": p.max_classes_per_client},
     }
     if p.scheme not in params:
         raise UserError(f"unknown partition {p.scheme!r}; choose one of: {', '.join([*params, 'natural'])}")
@@ -137,7 +142,8 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
 def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
     t, m = cfg.train, cfg.model
     model_kwargs = {"hidden": m.hidden} if m.hidden else {}
-    model = build_model(m.name, dataset.input_shape, dataset.num_classes, conv_impl=m.conv_impl, **model_kwargs)
+    model = build_model(m.name, dataset.input_shape, dataset.num_classes, conv_impl=m.conv_impl, init=m.init,
+                        **model_kwargs)
 
     def optimizer_factory(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, name=t.optimizer):
         return make_optimizer(name, lr, momentum, weight_decay)
@@ -219,7 +225,8 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
     validate(cfg)
     read: list = []
     if dataset is None:
-        extra = {"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg)} if cfg.data.name == "synthetic" else {}
+        extra = ({"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg),
+                  "size_factor": cfg.data.synthetic_size_factor} if cfg.data.name == "synthetic" else {})
         explicit_dir = bool(cfg.data.data_dir) and cfg.data.source == "files"
         try:
             with files.recording_reads() as read:
