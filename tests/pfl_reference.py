@@ -1,4 +1,5 @@
-"""Plain per-client Python loops for the engine-equality tests of FedFomo, APPLE and pFedHN.
+"""Plain per-client Python loops for the engine-equality tests of FedFomo, APPLE and pFedHN,
+and the small real-data runs of the learning tests.
 
 They share only the documented key contracts with the library: how a round
 key is split (selection, stragglers, clients), how local training derives its
@@ -17,6 +18,7 @@ import optax
 
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
+from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.step_counted import random_batch_index
 
 SIZES = [7, 23, 1, 16, 12]
@@ -104,9 +106,8 @@ def assert_close(a, b, tol=1e-5):
         np.testing.assert_allclose(np.asarray(la, np.float64), np.asarray(lb, np.float64), rtol=tol, atol=tol)
 
 
-def fmnist_run(data_dir, method_name, rounds, extra=()):
-    """A small FMNIST pathological run (6 clients, 2 classes, 100/50 samples, MLP 32, Adam)
-    -> (accuracy before training, summary after, last round's metrics, server, clients)."""
+def fmnist_engine(data_dir, method_name, extra=()):
+    """The engine of a small FMNIST pathological run (6 clients, 2 classes, 100/50 samples, MLP 32, Adam)."""
     from fedjax_pfl.runs import config as config_lib
     from fedjax_pfl.runs.experiment import build_experiment
 
@@ -115,9 +116,32 @@ def fmnist_run(data_dir, method_name, rounds, extra=()):
                  "partition.test_per_client=50", "partition.test_from=split", "model.name=mlp", "model.hidden=[32]",
                  "train.optimizer=adam", "train.lr=0.003", "train.batch_size=25", "train.local_epochs=2",
                  "train.join_ratio=1.0", f"method_name={method_name}", *extra]
-    eng = build_experiment(config_lib.build(None, overrides)).engine
+    return build_experiment(config_lib.build(None, overrides)).engine
+
+
+def run_engine(eng, rounds):
+    """``rounds`` rounds from a fresh init (key 0) -> (accuracy before training, summary after,
+    last round's metrics, server, clients)."""
     init_key, key = jax.random.split(jax.random.key(0))
     server, clients = eng.init(init_key)
     first = eng.evaluate_summary(server, clients, key)["accuracy"]
     server, clients, metrics = eng.run(server, clients, key, rounds)
     return first, eng.evaluate_summary(server, clients, key), metrics, server, clients
+
+
+def accuracy_of(method_name, eng, rounds):
+    """Accuracy of ``method_name`` after ``rounds`` rounds on ``eng``'s clients, setup and engine
+    config: the FedAvg or Local bar that a personalized method's paper claims to clear."""
+    other = engine_lib.Engine(get_method(method_name)(eng.method.setup), eng.train, eng.test, eng.config)
+    return run_engine(other, rounds)[1]["accuracy"]
+
+
+def fmnist_run(data_dir, method_name, rounds, extra=()):
+    """`run_engine` of `fmnist_engine`."""
+    return run_engine(fmnist_engine(data_dir, method_name, extra), rounds)
+
+
+@functools.lru_cache(maxsize=None)
+def fmnist_fedavg_accuracy(data_dir, rounds):
+    """FedAvg's accuracy after ``rounds`` rounds on `fmnist_engine`'s partition (once per process)."""
+    return accuracy_of("fedavg", fmnist_engine(data_dir, "fedavg"), rounds)
