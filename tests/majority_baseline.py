@@ -38,6 +38,11 @@ def from_client_data(train, test, num_classes: int) -> float:
     return from_histograms(_histograms(train, num_classes), _histograms(test, num_classes))
 
 
+def from_engine(engine) -> float:
+    """`from_client_data` of the train and test clients an `Engine` evaluates."""
+    return from_client_data(engine.train, engine.test, engine.method.model.num_classes)
+
+
 def from_run(run_dir) -> float:
     """`from_histograms` of a run folder's partition.json (the partition the run trained on)."""
     part = json.loads((Path(run_dir) / "partition.json").read_text())

@@ -1,4 +1,5 @@
-"""Plain per-client Python loops for the engine-equality tests of FedFomo, APPLE and pFedHN.
+"""Plain per-client Python loops for the engine-equality tests of FedFomo, APPLE and pFedHN,
+and the small real-data runs of the learning tests.
 
 They share only the documented key contracts with the library: how a round
 key is split (selection, stragglers, clients), how local training derives its
@@ -17,6 +18,7 @@ import optax
 
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
+from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.step_counted import random_batch_index
 
 SIZES = [7, 23, 1, 16, 12]
@@ -117,20 +119,29 @@ def fmnist_engine(data_dir, method_name, extra=()):
     return build_experiment(config_lib.build(None, overrides)).engine
 
 
-def fmnist_majority_baseline(data_dir):
-    """tests/majority_baseline.py's bar of `fmnist_engine`'s partition (the same for every method)."""
-    import majority_baseline
-
-    eng = fmnist_engine(data_dir, "local")
-    return majority_baseline.from_client_data(eng.train, eng.test, num_classes=10)
-
-
-def fmnist_run(data_dir, method_name, rounds, extra=()):
-    """A run of `fmnist_engine` -> (accuracy before training, summary after, last round's metrics,
-    server, clients)."""
-    eng = fmnist_engine(data_dir, method_name, extra)
+def run_engine(eng, rounds):
+    """``rounds`` rounds from a fresh init (key 0) -> (accuracy before training, summary after,
+    last round's metrics, server, clients)."""
     init_key, key = jax.random.split(jax.random.key(0))
     server, clients = eng.init(init_key)
     first = eng.evaluate_summary(server, clients, key)["accuracy"]
     server, clients, metrics = eng.run(server, clients, key, rounds)
     return first, eng.evaluate_summary(server, clients, key), metrics, server, clients
+
+
+def accuracy_of(method_name, eng, rounds):
+    """Accuracy of ``method_name`` after ``rounds`` rounds on ``eng``'s clients, setup and engine
+    config: the FedAvg or Local bar that a personalized method's paper claims to clear."""
+    other = engine_lib.Engine(get_method(method_name)(eng.method.setup), eng.train, eng.test, eng.config)
+    return run_engine(other, rounds)[1]["accuracy"]
+
+
+def fmnist_run(data_dir, method_name, rounds, extra=()):
+    """`run_engine` of `fmnist_engine`."""
+    return run_engine(fmnist_engine(data_dir, method_name, extra), rounds)
+
+
+@functools.lru_cache(maxsize=None)
+def fmnist_fedavg_accuracy(data_dir, rounds):
+    """FedAvg's accuracy after ``rounds`` rounds on `fmnist_engine`'s partition (once per process)."""
+    return accuracy_of("fedavg", fmnist_engine(data_dir, "fedavg"), rounds)

@@ -3,29 +3,47 @@
 One in-process run of ``python -m fedjax_pfl.train`` per method on the real
 CIFAR-10 (the project's JPEG copy), LeNet, 4 clients with 2 classes each
 (pathological), 100 train / 50 test images per client, Adam, every round
-evaluated. "Learns" means the best mean per-client accuracy of the run is at
-least 2.5x chance (0.25 for 10 classes). pFedHN learns slowest (the client
-models come from a hypernetwork trained by the server), so it gets 8 rounds
-instead of 4.
+evaluated. "Learns" means the last round's mean per-client accuracy beats
+the per-client majority-class baseline of the run's own partition
+(tests/majority_baseline.py, 0.5 here) by MARGIN. Local training reaches
+0.74-0.75 in 4 rounds on this partition and FedAvg's global model 0.17-0.22
+(partition seeds 0-2), so the bar sits between the two.
 
-These 14 runs take about 3 min on 2 cores, more than the default suite can
-spend, so they are opt-in (pyproject deselects the marker):
+Four rounds suffice for most methods: their last accuracy cleared the
+baseline by 0.12-0.32 over partition seeds 0-2 (``--seeds 0,1,2
+vary_data_with_seed=true``). The slower ones get more rounds. APPLE's
+personalized models start as mixtures of all clients' cores and stay at the
+baseline for 3 rounds, GPFL evaluates the freshly averaged body: 6 rounds
+each (+0.16 or more). pFedHN is not in this group: its client models come
+from a hypernetwork that takes one server step per client, and 4 clients
+give 4 steps a round; its authors run 5,000 steps on CIFAR-10. Tried here
+with the authors' SGD inner optimizer (lr 0.01, momentum 0.9), 20 inner
+steps and server lr 0.03: 0.45 after 8 rounds and 0.41-0.66 over rounds
+13-24 (server lr 0.1 diverged), no bar a short run clears reliably. Its
+learning test is tests/test_pfedhn.py (Fashion-MNIST, 24 server steps,
+baseline + 0.1). FedCAC takes half of every tensor from the
+FedAvg model under its defaults and its threshold schedule spans 100 rounds
+(bold, i.e. near FedAvg, early): in a short run it stays below the baseline
+(last accuracy 0.33-0.38 after 8 rounds, 0.49-0.70 with beta = 8, 0.50-0.58
+after 16 rounds with beta = 16), so here it gets 8 rounds, its schedule
+spans the run (beta = rounds) and 80% of each tensor is critical (0.66-0.75).
 
-    FEDJAX_PFL_DATA_DIR=../shared/data python -m pytest -q -n 2 -m cifar_learning
-
-The Fashion-MNIST learning tests, beside each method's mechanism tests, run
-in the default suite.
+These runs are part of the default test command (about 4 min of the suite's
+CPU time on 2 cores); ``-m 'not cifar_learning'`` leaves them out.
 """
 
 import json
 
 import pytest
 
+import majority_baseline
 from fedjax_pfl.runs import cli as train
 
 SPLIT_MODEL_BASELINES = ["lgfedavg", "fedbabu", "fedrod", "fedala", "knnper", "fedcac", "gpfl"]  # issue 13
-PERSONAL_MODEL_BASELINES = ["ditto", "apfl", "fedamp", "fedproto", "fedfomo", "apple", "pfedhn"]  # issue 14
-ROUNDS = {"pfedhn": 8}
+PERSONAL_MODEL_BASELINES = ["ditto", "apfl", "fedamp", "fedproto", "fedfomo", "apple"]  # issue 14 (pFedHN: above)
+ROUNDS = {"apple": 6, "gpfl": 6, "fedcac": 8}
+OPTIONS = {"fedcac": [f"method.beta={ROUNDS['fedcac']}", "method.tau=0.8"]}
+MARGIN = 0.1
 
 
 @pytest.mark.cifar_learning
@@ -39,8 +57,9 @@ def test_runs_from_the_cli_on_cifar10_with_a_cnn_and_learns(method, data_dir, tm
         "--rounds", str(rounds), "--rounds-per-call", str(rounds), "--local-epochs", "2", "--batch-size", "25",
         "--optimizer", "adam", "--lr", "0.003", "--join-ratio", "1.0", "--eval-every", "1", "--no-progress",
         "--out", str(out), "partition.train_per_client=100", "partition.test_per_client=50",
-        "partition.test_from=split"])
+        "partition.test_from=split", *OPTIONS.get(method, [])])
     assert code == 0
     accuracy = [json.loads(line)["accuracy"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(accuracy) == rounds
-    assert max(accuracy) >= 0.25, accuracy
+    majority = majority_baseline.from_run(out)
+    assert accuracy[-1] > majority + MARGIN, (accuracy, majority)

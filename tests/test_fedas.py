@@ -9,6 +9,8 @@ import numpy as np
 import optax
 import pytest
 
+import majority_baseline
+import pfl_reference as ref
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import fisher
@@ -386,5 +388,9 @@ def test_learns_on_fashion_mnist(data_dir):
         server, clients, metrics = eng.round(server, clients, jax.random.fold_in(key, t), t)
         accuracies.append(eng.evaluate_summary(server, clients, key)["accuracy"])
     assert np.isfinite(float(metrics["train_loss"]))
-    print("fedas fmnist accuracies", accuracies)
-    assert accuracies[-1] > 0.7, accuracies
+    majority = majority_baseline.from_engine(eng)
+    print("fedas fmnist accuracies", accuracies, "majority", majority)
+    # measured over partition seeds 0-2: majority 0.62-0.67, FedAS 0.84-0.89, FedAvg 0.62-0.75
+    assert accuracies[-1] > majority + 0.1, (accuracies, majority)
+    fedavg = ref.accuracy_of("fedavg", eng, 4)
+    assert accuracies[-1] > fedavg + 0.05, (accuracies, fedavg)  # the paper's claim

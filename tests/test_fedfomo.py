@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+import majority_baseline
 import pfl_reference as ref
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
@@ -254,7 +255,11 @@ def test_engine_equals_per_client_loop():
 
 # ------------------------------------------------------------------ learning
 def test_fedfomo_learns_on_fmnist(data_dir):
-    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "fedfomo", 3, ())
+    eng = ref.fmnist_engine(data_dir, "fedfomo", ())
+    first, last, metrics, server, _ = ref.run_engine(eng, 3)
     assert math.isfinite(float(metrics["train_loss"]))
-    assert first < 0.4 and last["accuracy"] > 0.85, (first, last)
+    # measured over partition seeds 0-2: majority 0.55, FedAvg 0.50-0.61, FedFomo 0.94-0.97
+    majority, fedavg = majority_baseline.from_engine(eng), ref.fmnist_fedavg_accuracy(data_dir, 3)
+    assert first < 0.4 and last["accuracy"] > majority + 0.3, (first, last, majority)
+    assert last["accuracy"] > fedavg + 0.2, (last, fedavg)  # the paper's claim on pathological label skew
     assert np.asarray(server["available"]).all()

@@ -11,6 +11,8 @@ import numpy as np
 import optax
 import pytest
 
+import majority_baseline
+import pfl_reference as ref
 from fedjax_pfl import aggregation
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import prototypes
@@ -315,8 +317,16 @@ def fmnist_config(data_dir, method, rounds):
     return config_lib.build(None, overrides)
 
 
+@pytest.fixture(scope="module")
+def fmnist_fedavg_accuracy(data_dir):
+    """FedAvg's accuracy after the same 4 rounds on the same clients."""
+    from fedjax_pfl.runs.experiment import build_experiment
+
+    return ref.run_engine(build_experiment(fmnist_config(data_dir, "fedavg", rounds=4)).engine, 4)[1]["accuracy"]
+
+
 @pytest.mark.parametrize("method", ["fedpac", "fedpac_proto"])
-def test_learns_on_fmnist(data_dir, method):
+def test_learns_on_fmnist(data_dir, method, fmnist_fedavg_accuracy):
     from fedjax_pfl.runs.experiment import build_experiment
 
     cfg = fmnist_config(data_dir, method, rounds=4)
@@ -330,4 +340,8 @@ def test_learns_on_fmnist(data_dir, method):
     assert math.isfinite(last["loss"])
     assert bool(jnp.all(server["present"]))
     assert first < 0.3
-    assert last["accuracy"] > 0.6, last
+    majority = majority_baseline.from_engine(eng)
+    # measured over partition seeds 0-2: majority 0.29, FedAvg 0.67-0.71, FedPAC 0.79-0.80, the
+    # prototype variant 0.74-0.77 (the paper's claim over FedAvg on this partition; Local 0.76-0.79)
+    assert last["accuracy"] > majority + 0.3, (last, majority)
+    assert last["accuracy"] > fmnist_fedavg_accuracy + 0.03, (last, fmnist_fedavg_accuracy)

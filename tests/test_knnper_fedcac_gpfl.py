@@ -21,6 +21,7 @@ import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
+import majority_baseline
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
@@ -354,11 +355,27 @@ def _accuracy_before_after(eng, rounds=3):
     return before, eng.evaluate_summary(server, clients, key)["accuracy"], (server, clients, key)
 
 
-@pytest.mark.parametrize("method", ["fedcac", "gpfl"])
-def test_learns_on_fashion_mnist(fmnist, method):
-    before, after, _ = _accuracy_before_after(_fmnist_engine(fmnist, method))
-    print(method, "accuracy before / after", before, after)
-    assert after > 0.5 and after > before + 0.3, (before, after)
+@pytest.fixture(scope="module")
+def fmnist_fedavg_accuracy(fmnist):
+    """FedAvg's accuracy after the same 3 rounds on the same clients."""
+    return _accuracy_before_after(_fmnist_engine(fmnist, "fedavg"))[1]
+
+
+# Measured over partition seeds 0-2 (majority 0.56, FedAvg 0.40-0.53): FedCAC 0.71-0.83, GPFL
+# 0.65-0.70. FedCAC's threshold schedule spans the 3 rounds (beta = 3): under its default 100 rounds
+# it stays near FedAvg early ("bold") and scored 0.50-0.56 here, at the majority baseline.
+LEARNING = {"fedcac": (["method.beta=3"], 0.1, 0.1), "gpfl": ([], 0.05, 0.05)}  # options, margins over majority, FedAvg
+
+
+@pytest.mark.parametrize("method", sorted(LEARNING))
+def test_learns_on_fashion_mnist(fmnist, method, fmnist_fedavg_accuracy):
+    options, over_majority, over_fedavg = LEARNING[method]
+    eng = _fmnist_engine(fmnist, method, options)
+    before, after, _ = _accuracy_before_after(eng)
+    majority = majority_baseline.from_engine(eng)
+    print(method, "accuracy before / after", before, after, "majority", majority, "fedavg", fmnist_fedavg_accuracy)
+    assert after > majority + over_majority and after > before + 0.3, (before, after, majority)
+    assert after > fmnist_fedavg_accuracy + over_fedavg, (after, fmnist_fedavg_accuracy)  # the paper's claim
 
 
 def test_knnper_learns_and_beats_its_global_model_on_fashion_mnist(fmnist):
@@ -371,4 +388,5 @@ def test_knnper_learns_and_beats_its_global_model_on_fashion_mnist(fmnist):
     global_before = glob.evaluate_summary(*glob.init(key), key)["accuracy"]
     print("knnper before / after", before, after, "global model before / after", global_before, global_after)
     assert global_after > global_before + 0.2, (global_before, global_after)
-    assert after > 0.9 and after > global_after + 0.05, (after, global_after)
+    majority = majority_baseline.from_engine(eng)  # 0.56; kNN-Per 0.89-0.97 over partition seeds 0-2
+    assert after > majority + 0.25 and after > global_after + 0.05, (after, global_after, majority)

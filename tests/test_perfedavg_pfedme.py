@@ -169,6 +169,8 @@ def _bn_setup():
 
 @pytest.mark.parametrize("name", ["perfedavg", "pfedme"])
 def test_learns_on_mnist(name, data_dir):
-    first, acc = run_rounds(mnist_config(data_dir, name, rounds=12))
-    assert acc > 0.45 and acc > first + 0.2, (first, acc)
+    # measured over partition seeds 0-2: majority 0.35-0.40, Per-FedAvg 0.71-0.72, pFedMe 0.52-0.57
+    # (FedAvg 0.86-0.89 and Local 0.85-0.87 on the same clients: neither paper's claim over them holds here)
+    first, acc, majority = run_rounds(mnist_config(data_dir, name, rounds=12))
+    assert acc > majority + 0.05 and acc > first + 0.2, (first, acc, majority)
 

@@ -11,6 +11,8 @@ import numpy as np
 import optax
 import pytest
 
+import majority_baseline
+import pfl_reference as ref
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl import losses
@@ -365,13 +367,21 @@ def fmnist_small(data_dir):
                                x_test=ds.x_test[:2000], y_test=ds.y_test[:2000])
 
 
-def test_pfakd_learns_on_fashion_mnist(fmnist_small):
+# method: (model, margin over the majority baseline). Measured over partition seeds 0-2 (majority
+# 0.31-0.37): PFAKD with the MLP 0.77-0.78 (FedAvg 0.67-0.72); PFAKD-AT with LeNet, whose conv
+# maps attention transfer compares, 0.60-0.64.
+LEARNING = {"pfakd": (["model.name=mlp", "model.hidden=[64]"], 0.3), "pfakd_at": (["model.name=lenet"], 0.15)}
+
+
+@pytest.mark.parametrize("method", sorted(LEARNING))
+def test_pfakd_learns_on_fashion_mnist(fmnist_small, method):
     """The paper's partition (10 clients, Dirichlet 0.5, 75/25 split) on 8,000 FMNIST
-    images, SGD 0.01 m0.9 wd5e-4, B=128 -- with a small MLP and E=1, 5 rounds, so it
-    fits the 40 s test budget on 2 busy cores (the PFAKD CNN takes seconds per round
-    here; the full setting is in configs/pfakd_fmnist.yaml). Chance is 10%."""
+    images, SGD 0.01 m0.9 wd5e-4, B=128 -- with a small MLP (LeNet for PFAKD-AT) and E=1,
+    5 rounds, so it fits the 40 s test budget on 2 busy cores (the PFAKD CNN takes seconds
+    per round here; the full setting is in configs/pfakd_fmnist.yaml). Chance is 10%."""
+    model, margin = LEARNING[method]
     cfg = config_lib.build(overrides=[
-        "method_name=pfakd", "data.name=fmnist", "model.name=mlp", "model.hidden=[64]",
+        f"method_name={method}", "data.name=fmnist", *model,
         "partition.scheme=dirichlet", "partition.alpha=0.5", "partition.num_clients=10",
         "partition.train_fraction=0.75", "partition.test_from=split",
         "train.local_epochs=1", "train.batch_size=128", "train.lr=0.01", "train.momentum=0.9",
@@ -383,4 +393,8 @@ def test_pfakd_learns_on_fashion_mnist(fmnist_small):
         server, clients, metrics = exp.engine.round(server, clients, jax.random.fold_in(key, t), t)
     result = exp.engine.evaluate_summary(server, clients, key)
     assert np.isfinite(float(metrics["train_loss"]))
-    assert result["accuracy"] > 0.65, result
+    majority = majority_baseline.from_engine(exp.engine)
+    assert result["accuracy"] > majority + margin, (result, majority)
+    if method == "pfakd":
+        fedavg = ref.accuracy_of("fedavg", exp.engine, 5)
+        assert result["accuracy"] > fedavg, (result, fedavg)  # the paper's claim

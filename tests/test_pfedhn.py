@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+import majority_baseline
 import pfl_reference as ref
 from forced_devices import cpu_devices_env
 from fedjax_pfl.runs import config as config_lib
@@ -246,7 +247,8 @@ def test_sequential_on_two_devices_equals_one_device():
 def test_pfedhn_learns_on_fmnist(data_dir):
     """The default (a hypernetwork step after each client): 6 clients, 4 rounds (24 server steps)."""
     options = ("method.local_steps=20", "method.server_lr=0.03", "train.lr=0.001")
-    first, last, metrics, server, _ = ref.fmnist_run(data_dir, "pfedhn", 4, options)
-    baseline = ref.fmnist_majority_baseline(data_dir)
+    eng = ref.fmnist_engine(data_dir, "pfedhn", options)
+    first, last, metrics, server, _ = ref.run_engine(eng, 4)
+    baseline = majority_baseline.from_engine(eng)
     assert math.isfinite(float(metrics["train_loss"]))
     assert first < 0.4 and last["accuracy"] > baseline + 0.1, (first, last, baseline)

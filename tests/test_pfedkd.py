@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-
+import majority_baseline
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl import losses
@@ -312,6 +312,7 @@ def mnist_config(data_dir, method, rounds=12, **method_options):
 
 
 def run_rounds(cfg):
+    """-> (accuracy before training, after the rounds, the partition's per-client majority baseline)."""
     from fedjax_pfl.runs.experiment import build_experiment
 
     eng = build_experiment(cfg).engine
@@ -324,13 +325,14 @@ def run_rounds(cfg):
         server, clients, metrics = eng.round(server, clients, round_key, t)
     last = eng.evaluate_summary(server, clients, eval_key)
     assert math.isfinite(last["loss"])
-    return first, last["accuracy"]
+    return first, last["accuracy"], majority_baseline.from_engine(eng)
 
 
 def test_pfedkd_learns_on_mnist(data_dir):
-    first, acc = run_rounds(mnist_config(data_dir, "pfedkd", rounds=12))
+    first, acc, majority = run_rounds(mnist_config(data_dir, "pfedkd", rounds=12))
     assert first < 0.25
-    assert acc > 0.7, acc
+    # measured over partition seeds 0-2: majority 0.35-0.40, pFedKD 0.79-0.81 (FedAvg 0.86-0.89)
+    assert acc > majority + 0.3, (acc, majority)
 
 
 def test_presets_parse_and_the_facade_exports_the_kernels():
