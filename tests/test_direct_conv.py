@@ -31,14 +31,14 @@ def x64():
     jax.config.update("jax_enable_x64", False)
 
 
-def _arrays(shape, kernel_shape, strides, pads, clients=None):
+def _arrays(shape, kernel_shape, strides, pads, clients=None, dtype=jnp.float64):
     lead = () if clients is None else (clients,)
     keys = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(keys[0], lead + shape, jnp.float64)
-    k = jax.random.normal(keys[1], lead + kernel_shape, jnp.float64)
+    x = jax.random.normal(keys[0], lead + shape, dtype)
+    k = jax.random.normal(keys[1], lead + kernel_shape, dtype)
     out = jax.eval_shape(lambda x, k: lax.conv_general_dilated(x, k, strides, pads, dimension_numbers=NHWC),
                          x[0] if clients else x, k[0] if clients else k).shape
-    return x, k, jax.random.normal(keys[2], lead + out, jnp.float64)
+    return x, k, jax.random.normal(keys[2], lead + out, dtype)
 
 
 def _pair(strides, pads):
@@ -120,3 +120,32 @@ def test_every_convolution_of_a_scanned_sgd_step_is_canonical():
     assert labels("direct") == ["b01f_01io->b01f"] * 5, labels("direct")
     assert not re.search(r"convolution\([^\n]*pad=", _compiled_scan_step("direct"))
     assert set(labels("native")) != {"b01f_01io->b01f"}
+
+
+def test_gradient_inside_shard_map_over_clients():
+    """The engine's client mesh (sharding.py) runs each device's clients under shard_map: every gradient piece
+    must carry the manual axis of its inputs (a zeros-built transpose did not)."""
+    mesh = jax.make_mesh((1,), ("clients",))
+    spec = jax.sharding.PartitionSpec("clients")
+    x, k, _ = _arrays((2, 9, 10, 4), (3, 3, 4, 6), (2, 2), ((1, 1), (1, 1)), clients=2, dtype=jnp.float32)
+    reference, direct = _pair((2, 2), ((1, 1), (1, 1)))
+
+    def grads(f):
+        per_client = jax.vmap(jax.grad(lambda k, x: jnp.sum(jnp.sin(f(x, k))), argnums=(0, 1)))
+        args = jax.device_put((k, x), jax.sharding.NamedSharding(mesh, spec))
+        return jax.jit(jax.shard_map(per_client, mesh=mesh, in_specs=spec, out_specs=spec))(*args)
+
+    for a, b in zip(grads(direct), grads(reference)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_im2col_transpose_is_the_adjoint_of_im2col(x64):
+    from fedjax_pfl.models.im2col import im2col_patches, im2col_transpose
+
+    for shape, kernel_shape, strides, pads in CASES:
+        x = jax.random.normal(jax.random.key(3), shape, jnp.float64)
+        patches = im2col_patches(x, kernel_shape[:2], strides, pads)
+        d = jax.random.normal(jax.random.key(4), patches.shape, jnp.float64)
+        back = im2col_transpose(d, shape[1:], kernel_shape[:2], strides, pads)
+        assert back.shape == x.shape
+        np.testing.assert_allclose(jnp.vdot(patches, d), jnp.vdot(x, back), rtol=1e-12)

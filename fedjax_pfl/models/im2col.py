@@ -46,3 +46,38 @@ def im2col_patches(
     cols = [window(i, j) for i in range(kh) for j in range(kw)]
     patches = jnp.stack(cols, axis=-2)  # [..., Ho, Wo, kh*kw, C]
     return patches.reshape(patches.shape[:-2] + (kh * kw * c,))
+
+
+def im2col_transpose(
+    dpatches: jax.Array, in_shape: Sequence[int], kernel_size: Sequence[int], strides: Sequence[int],
+    pads: Sequence[tuple[int, int]],
+) -> jax.Array:
+    """The adjoint of `im2col_patches`: ``[..., Ho, Wo, kh*kw*C]`` -> ``[..., H, W, C]`` (``in_shape`` = (H, W, C)).
+
+    Every window's gradient is zero-padded back to its place in the padded
+    input (interior padding for the strides) and the windows are summed;
+    the convolution's own padding is then cropped.
+
+    >>> im2col_transpose(jnp.ones((1, 2, 2, 4)), (3, 3, 1), (2, 2), (1, 1), [(0, 0), (0, 0)])[0, :, :, 0]
+    Array([[1., 2., 1.],
+           [2., 4., 2.],
+           [1., 2., 1.]], dtype=float32)
+    """
+    kh, kw = kernel_size
+    sh, sw = strides
+    h, w, c = in_shape
+    hp, wp = h + pads[0][0] + pads[0][1], w + pads[1][0] + pads[1][1]
+    ho, wo = dpatches.shape[-3:-1]
+    lead = dpatches.ndim - 3
+    windows = dpatches.reshape(dpatches.shape[:-1] + (kh * kw, c))
+    zero = jnp.zeros((), dpatches.dtype)
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            config = [(0, 0, 0)] * lead + [(i, hp - i - (ho - 1) * sh - 1, sh - 1),
+                                           (j, wp - j - (wo - 1) * sw - 1, sw - 1), (0, 0, 0)]
+            placed = lax.pad(windows[..., i * kw + j, :], zero, config)
+            total = placed if total is None else total + placed
+    # crop the padding (a negative pad; a negative pad on the high side only where the pad was)
+    crop = [(0, 0, 0)] * lead + [(-pads[0][0], -pads[0][1], 0), (-pads[1][0], -pads[1][1], 0), (0, 0, 0)]
+    return lax.pad(total, zero, crop)
