@@ -11,9 +11,10 @@ both sides train the same ones) train E local epochs of ceil(n_i/B) SGD steps,
 the last batch partial; then every client is evaluated on its test set
 (batches of 256 on both sides). Each side runs in its own child process.
 
-- fedjax_pfl: the client mapping is the engine's ``auto`` choice
-  (engine/mapping_choice.py: every candidate timed on round 0, its cost
-  reported as ``mapping_choice_s``), or ``--client-mapping``; then a warm-up
+- fedjax_pfl: the client mapping is the engine's ``auto`` choice as a run of
+  ``--run-rounds`` rounds makes it (engine/mapping_choice.py: candidates
+  timed on round 0 within 5% of that run; its cost reported as
+  ``mapping_choice_s``), or ``--client-mapping``; then a warm-up
   round and evaluation (compile time = their time minus the steady time) and
   ``--rounds`` timed rounds; ``Engine.round`` and ``Engine.evaluate`` each
   timed to completion. Padding efficiency is the real over executed
@@ -120,7 +121,7 @@ def selected_per_round(engine, rounds: int) -> list[list[int]]:
             .tolist() for t in range(rounds + 1)]
 
 
-def measure_jax(workload: dict, rounds: int, matmul_size: int) -> dict:
+def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int = 100) -> dict:
     import jax
     import numpy as np
 
@@ -132,9 +133,8 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int) -> dict:
     engine = exp.engine
     key = jax.random.key(0)
     server, clients = engine.init(key)
-    choice = None
-    if not workload.get("mapping"):  # the engine's auto choice, timed on round 0 like a run's
-        engine, choice = mapping_choice.choose_mapping(engine, server, clients, round_keys(key, 0)[0], 0)
+    engine, choice = mapping_choice.choose_or_default(engine, workload.get("mapping") or "auto", run_rounds, server,
+                                                      clients, round_keys(key, 0)[0], 0)  # as a run would
     train_s, eval_s, real, executed = [], [], 0, 0
     for t in range(rounds + 1):
         round_key, eval_key = round_keys(key, t)
@@ -164,7 +164,7 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int) -> dict:
         "samples_per_s": samples / train, "padding_efficiency": real / max(executed, 1),
         "real_client_steps": real, "executed_client_steps": executed, "client_mapping": engine.mapping,
         "chunk_size": engine.config.chunk_size if engine.mapping == "chunked" else None,
-        "mapping_choice": choice, "mapping_choice_s": choice["seconds"] if choice else 0.0,
+        "mapping_choice": choice, "mapping_choice_s": choice.get("seconds", 0.0),
         "conv_impl": _conv_impl(), "flops_per_sample": flops_per_sample,
         "train_gflops": flops_per_sample * samples / train / 1e9 if flops_per_sample else None,
         "matmul_peak_gflops": flops.matmul_peak(matmul_size, "fp32", chain=4)["flops_per_s"] / 1e9,
@@ -197,7 +197,7 @@ def client_arrays(exp):
     return split(exp.data.train), split(exp.data.test)
 
 
-def measure_torch(workload: dict, rounds: int, matmul_size: int) -> dict:
+def measure_torch(workload: dict, rounds: int, matmul_size: int, run_rounds: int = 100) -> dict:
     import numpy as np
     import torch
 
@@ -241,10 +241,12 @@ def torch_available() -> str | None:
     return None
 
 
-def run_child(side: str, workload: dict, rounds: int, matmul_size: int, in_process: bool = False) -> dict:
+def run_child(side: str, workload: dict, rounds: int, matmul_size: int, run_rounds: int,
+              in_process: bool = False) -> dict:
     if in_process:  # --tiny: no second interpreter start (peak memory is then shared)
-        return (measure_jax if side == "jax" else measure_torch)(workload, rounds, matmul_size)
-    spec = json.dumps({"side": side, "workload": workload, "rounds": rounds, "matmul_size": matmul_size})
+        return (measure_jax if side == "jax" else measure_torch)(workload, rounds, matmul_size, run_rounds)
+    spec = json.dumps({"side": side, "workload": workload, "rounds": rounds, "matmul_size": matmul_size,
+                       "run_rounds": run_rounds})
     proc = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True)
     if proc.returncode == 2:  # the child's one-line user error (e.g. no Fashion-MNIST files)
         print(proc.stderr.strip().splitlines()[-1], file=sys.stderr)
@@ -255,10 +257,10 @@ def run_child(side: str, workload: dict, rounds: int, matmul_size: int, in_proce
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def compare(workload: dict, rounds: int, with_torch: bool, note: str | None, matmul_size: int,
+def compare(workload: dict, rounds: int, with_torch: bool, note: str | None, matmul_size: int, run_rounds: int,
             in_process: bool = False) -> dict:
-    ours = run_child("jax", workload, rounds, matmul_size, in_process)
-    theirs = run_child("torch", workload, rounds, matmul_size, in_process) if with_torch else None
+    ours = run_child("jax", workload, rounds, matmul_size, run_rounds, in_process)
+    theirs = run_child("torch", workload, rounds, matmul_size, run_rounds, in_process) if with_torch else None
     ratio = lambda k: theirs[k] / ours[k] if theirs else None  # noqa: E731
     peak = max(ours["matmul_peak_gflops"], theirs["matmul_peak_gflops"] if theirs else 0.0)
     per_sample = ours["flops_per_sample"]
@@ -317,6 +319,8 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=0.005)
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (after fedjax_pfl's warm-up round)")
     p.add_argument("--client-mapping", help="the engine's mapping (default: its timed auto choice)")
+    p.add_argument("--run-rounds", type=int, default=100,
+                   help="the run length the auto choice budgets its timing for (5%% of it; --tiny: no budget)")
     p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n float32 matmuls of the peak")
     p.add_argument("--no-torch", action="store_true", help="time fedjax_pfl only")
     p.add_argument("--out", help="also append the records to this JSONL file")
@@ -328,7 +332,7 @@ def main(argv=None) -> int:
         spec = json.loads(args.child)
         measure = measure_jax if spec["side"] == "jax" else measure_torch
         try:
-            print(json.dumps(measure(spec["workload"], spec["rounds"], spec["matmul_size"])))
+            print(json.dumps(measure(spec["workload"], spec["rounds"], spec["matmul_size"], spec["run_rounds"])))
         except UserError as e:  # missing data, bad option: one line, exit 2
             print(f"vs_pytorch: {e}", file=sys.stderr)
             return 2
@@ -336,13 +340,14 @@ def main(argv=None) -> int:
     if args.quick:
         args.methods, args.partitions, args.rounds = "fedavg", "dirichlet", 1
     if args.tiny:
-        args.rounds, args.matmul_size = 1, 256
+        args.rounds, args.matmul_size, args.run_rounds = 1, 256, 10 ** 6
     note = "--no-torch given" if args.no_torch else torch_available()
     records = []
     for workload in workload_list(args):
         if args.client_mapping:
             workload["mapping"] = args.client_mapping
-        record = compare(workload, args.rounds, note is None, note, args.matmul_size, in_process=args.tiny)
+        record = compare(workload, args.rounds, note is None, note, args.matmul_size, args.run_rounds,
+                         in_process=args.tiny)
         records.append(record)
         print(json.dumps(record), flush=True)
         if args.out:

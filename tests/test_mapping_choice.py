@@ -77,7 +77,7 @@ def test_short_runs_and_tight_budgets_keep_the_default():
 
 
 def test_candidates_per_backend_keep_chunks_below_the_client_count():
-    assert mapping_choice.candidates(20, "cpu") == [("map", None), ("vmap", None), ("chunked", 4)]
+    assert mapping_choice.candidates(20, "cpu") == [("map", None), ("chunked", 4), ("vmap", None)]
     assert mapping_choice.candidates(4, "cpu") == [("map", None), ("vmap", None)]
     assert mapping_choice.candidates(1000, "gpu")[0] == ("vmap", None)
     assert ("chunked", 32) not in mapping_choice.candidates(20, "gpu")

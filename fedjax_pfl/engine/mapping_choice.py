@@ -2,14 +2,14 @@
 
 Which mapping is fastest depends on the machine, the model and the client
 count (benchmarks/RESULTS.md: on a 2-core CPU ``vmap`` wins for an MLP and
-loses for a CNN; on a GPU ``vmap`` fills the device until memory runs out),
-so ``auto`` measures instead of guessing. `choose_mapping` compiles the
-round of each candidate (`candidates`: on CPU ``map``, ``vmap``, ``chunked``
-by 4; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``map``; chunk sizes only
-below the number of training clients) and runs it once on the run's real
-state for the round about to run; the candidates within 25% of the best run
-once more and each keeps its faster time. A candidate that fails (out of
-memory) is recorded with its error and left out.
+loses 3-8x for a CNN; on a GPU ``vmap`` fills the device until memory runs
+out), so ``auto`` measures instead of guessing. `choose_mapping` compiles
+the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
+``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``map``; chunk sizes
+only below the number of training clients) and runs it once on the run's
+real state for the round about to run; the candidates within 25% of the
+best run once more and each keeps its faster time. A candidate that fails
+(out of memory) is recorded with its error and left out.
 
 The numbers do not depend on the choice: the timed rounds run on copies
 that are thrown away, then the run goes on from the same state with the
@@ -18,11 +18,13 @@ winner, so its results are exactly those of a run given the winning mapping
 tests/test_mapping_choice.py, tests/test_engine.py). The cost is one compile
 and one or two rounds per candidate, once per run (or per resumed run), and
 it is bounded: the backend's default (client_mapping.default_mapping) is
-timed first, and the others only when their estimated cost (their compiles,
-taken as long as the default's, and two rounds each) is at most `BUDGET` of
-the run's remaining time at the default's speed; the record says what it
-cost. Runs with fewer than `MIN_ROUNDS` rounds left, and multi-process runs
-(whose processes must run one program), keep the default untimed.
+timed first, and the others only when their estimated cost (each: a compile
+as long as the default's and `SLOWER` of its rounds) is at most `BUDGET` of
+the run's remaining time at the default's speed, and only while the time
+spent stays within that budget; the record says what it cost and what it
+left untimed. Runs with fewer than `MIN_ROUNDS` rounds left, and
+multi-process runs (whose processes must run one program), keep the default
+untimed.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import time
 
 import jax
 
-CPU_CANDIDATES = (("map", None), ("vmap", None), ("chunked", 4))
+CPU_CANDIDATES = (("map", None), ("chunked", 4), ("vmap", None))
 ACCELERATOR_CANDIDATES = (("vmap", None), ("chunked", 8), ("chunked", 32), ("map", None))
 RETIME_WITHIN = 1.25  # candidates this close to the best run a second time
 MIN_ROUNDS = 20  # timing costs a few rounds: shorter runs keep the default
 BUDGET = 0.05  # the other candidates are timed only if that costs at most this share of the run
+SLOWER = 3.0  # a candidate's round is budgeted as this many of the default's (vmap of a CNN on CPU: 3-8)
 
 
 def worth_timing(rounds_left: int) -> bool:
@@ -74,13 +77,18 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     timed, runs, record, skipped = {}, {}, {}, None
     for i, (mapping, chunk) in enumerate(options):
         name = label(mapping, chunk)
-        if i == 1 and rounds_left is not None and timed:
+        if i >= 1 and rounds_left is not None and timed:
             first = record[next(iter(timed))]
-            cost = (len(options) - 1) * (first["compile_s"] + 2 * first["round_s"])
             run_s = rounds_left * first["round_s"]
-            if cost > BUDGET * run_s:
+            cost = (len(options) - 1) * (first["compile_s"] + SLOWER * first["round_s"])
+            spent = time.perf_counter() - began
+            if i == 1 and cost > BUDGET * run_s:
                 skipped = (f"timing {len(options) - 1} more would cost ~{cost:.0f} s, over {BUDGET:.0%} of the "
                            f"~{run_s:.0f} s of the {rounds_left} rounds left")
+                break
+            if spent > BUDGET * run_s:
+                skipped = (f"{', '.join(label(*o) for o in options[i:])} not timed: {spent:.0f} s spent, over "
+                           f"{BUDGET:.0%} of the ~{run_s:.0f} s of the {rounds_left} rounds left")
                 break
         try:
             candidate = engine.with_mapping(mapping, chunk)
