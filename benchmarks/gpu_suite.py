@@ -227,8 +227,7 @@ def main(argv=None) -> int:
         args.epochs, args.rounds, args.matmul_size = 1, 1, 128
         if args.convs == p.get_default("convs"):
             args.convs = "direct"
-        if args.mappings == p.get_default("mappings"):
-            args.mappings = "auto,map"
+
 
     import jax
 

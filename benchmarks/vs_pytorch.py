@@ -78,8 +78,9 @@ def workload_list(args) -> list[dict]:
                 model, batch, *join = spec.split(":")
                 if model not in MODELS:
                     raise SystemExit(f"vs_pytorch: unknown model {model!r} in --models; choose from {sorted(MODELS)}")
-                out.append(dict(method=method, model=model, batch=int(batch), join_ratio=float(join[0]) if join else 1.0,
-                                partition=partition, clients=args.clients, epochs=args.epochs, lr=args.lr))
+                out.append(dict(method=method, model=model, batch=int(batch),
+                                join_ratio=float(join[0]) if join else 1.0, partition=partition,
+                                clients=args.clients, epochs=args.epochs, lr=args.lr))
     return out
 
 
@@ -310,7 +311,8 @@ def markdown(records: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=f"FedAvg on Dirichlet 0.1, {QUICK_MODELS}; 1 timed round")
-    p.add_argument("--tiny", action="store_true", help="4 clients x 20 samples, 2 per round, MLP, 1 round, both sides in this process: seconds (tests)")
+    p.add_argument("--tiny", action="store_true",
+                   help="4 clients x 20 samples, 2 per round, MLP, 1 round, both sides in this process (tests)")
     p.add_argument("--methods", default="fedavg,fedper")
     p.add_argument("--models", default=QUICK_MODELS, help="model:B or model:B:join_ratio, comma-separated")
     p.add_argument("--partitions", default="dirichlet,iid")

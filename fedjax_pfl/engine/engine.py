@@ -153,7 +153,8 @@ class Engine:
     def with_mapping(self, mapping: str, chunk_size: int | None = None) -> "Engine":
         """An engine like this one (method, client data, settings) whose clients are mapped by ``mapping``
         (chunks of ``chunk_size``, default this engine's): the same numbers, other speed and memory."""
-        config = dataclasses.replace(self.config, client_mapping=mapping, chunk_size=chunk_size or self.config.chunk_size)
+        config = dataclasses.replace(self.config, client_mapping=mapping,
+                                     chunk_size=chunk_size or self.config.chunk_size)
         train, test, val = self.client_data
         return Engine(self.method, train, test, config, val=val)
 

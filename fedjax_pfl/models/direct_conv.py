@@ -1,4 +1,4 @@
-"""A convolution whose forward pass and both gradients are each a plain NHWC x HWIO convolution (``conv_impl='direct'``).
+"""A convolution whose forward pass and both gradients are each one NHWC x HWIO convolution (``conv_impl='direct'``).
 
 XLA:CPU gives a convolution to its library kernels (YNNPACK in the jax this
 project pins) only in the canonical form: NHWC input, HWIO kernel, NHWC

@@ -182,7 +182,8 @@ class BatchedProgram:
 def sweep_mapping(engine, cfg) -> dict:
     """The client mapping's record of a sweep point (engine/mapping_choice.py): sweeps never time the candidates."""
     requested = cfg.train.client_mapping
-    why = "set by train.client_mapping" if requested != "auto" else f"the {jax.default_backend()} default (sweeps do not time)"
+    why = ("set by train.client_mapping" if requested != "auto"
+           else f"the {jax.default_backend()} default (sweeps do not time)")
     return mapping_choice.untimed(engine, requested, why)
 
 
