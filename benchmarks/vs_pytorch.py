@@ -17,7 +17,10 @@ the last batch partial; then every client is evaluated on its test set
   ``mapping_choice_s``), or ``--client-mapping``; then a warm-up
   round and evaluation (compile time = their time minus the steady time) and
   ``--rounds`` timed rounds; ``Engine.round`` and ``Engine.evaluate`` each
-  timed to completion. Padding efficiency is the real over executed
+  timed to completion. ``--cpu-devices N`` gives the JAX side N host devices
+  (``jax_num_cpu_devices``): the engine splits the clients over them, each
+  device running its own (XLA:CPU runs one device's program mostly on one
+  thread). Padding efficiency is the real over executed
   client-steps the engine reports for the timed rounds.
 - PyTorch (benchmarks/torch_loop.py, the `bench` extra): one warm-up step,
   then the same number of timed rounds. ``torch.set_num_threads`` is set to
@@ -126,6 +129,9 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int =
     import jax
     import numpy as np
 
+    if workload.get("cpu_devices", 1) > 1:  # before any backend starts: the engine then splits the clients over them
+        jax.config.update("jax_num_cpu_devices", workload["cpu_devices"])
+
     import flops
     from fedjax_pfl.engine import mapping_choice
     from fedjax_pfl.engine.engine import round_keys, summarize_evaluation
@@ -171,6 +177,7 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int =
         "matmul_peak_gflops": flops.matmul_peak(matmul_size, "fp32", chain=4)["flops_per_s"] / 1e9,
         "accuracy": summarize_evaluation(evaluation)["accuracy"], "peak_memory_bytes": peak_memory_bytes(),
         "train_samples_per_round": samples, "jax": jax.__version__, "backend": jax.default_backend(),
+        "devices": jax.device_count(),
     }
     if model != "mlp":
         out["step_s"] = flops.sgd_steps_seconds(model, shape, classes, workload["batch"], CNN_STEP_STEPS)
@@ -324,6 +331,8 @@ def main(argv=None) -> int:
     p.add_argument("--run-rounds", type=int, default=100,
                    help="the run length the auto choice budgets its timing for (5%% of it; --tiny: no budget)")
     p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n float32 matmuls of the peak")
+    p.add_argument("--cpu-devices", type=int, default=1,
+                   help="JAX side: this many host devices (jax_num_cpu_devices), the clients split over them")
     p.add_argument("--no-torch", action="store_true", help="time fedjax_pfl only")
     p.add_argument("--out", help="also append the records to this JSONL file")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -348,6 +357,8 @@ def main(argv=None) -> int:
     for workload in workload_list(args):
         if args.client_mapping:
             workload["mapping"] = args.client_mapping
+        if args.cpu_devices > 1:
+            workload["cpu_devices"] = args.cpu_devices
         record = compare(workload, args.rounds, note is None, note, args.matmul_size, args.run_rounds,
                          in_process=args.tiny)
         records.append(record)
