@@ -34,9 +34,11 @@ mapped axis joins the batch instead.
 
 Values equal ``lax.conv_general_dilated``'s up to float rounding
 (tests/test_direct_conv.py: float64, forward, both gradients, under vmap,
-Hessian-vector products). ``jax.jvp`` of the convolution itself is not
-defined (a custom VJP); ``jax.jvp`` of a gradient (forward-over-reverse, as
-Per-FedAvg's Hessian-vector product) is.
+Hessian-vector products). ``jax.jvp`` of a gradient (forward-over-reverse,
+as Per-FedAvg's Hessian-vector product) is defined; ``jax.jvp`` of the
+convolution itself (a custom VJP) and a gradient of a gradient (the vmap
+rules have no transpose) are not: no method here takes either, and
+``conv_impl='im2col'`` or ``'native'`` give both.
 """
 
 from __future__ import annotations
