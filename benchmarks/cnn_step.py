@@ -1,12 +1,15 @@
-"""Where a FedAvgCNN SGD step spends its time on this device, against the same step in PyTorch.
+"""Where a CNN's SGD step spends its time on this device, against the same step in PyTorch.
 
-One client, FedAvgCNN on 28x28x1 (vs_pytorch.py's CNN workload), ``--steps``
-SGD steps of batch B inside one jitted `lax.scan` (no engine, no padding, no
-data loading), after a warm-up call. Prints one JSON line per batch size:
-samples/s of the JAX step, the milliseconds per step of each XLA op family
-(from a jax.profiler trace; numbers stripped from op names) and, when torch
-is installed, samples/s of the same model and step in PyTorch (one
-``backward`` + ``optimizer.step`` per batch, as torch_loop.py).
+One client, FedAvgCNN on 28x28x1 (vs_pytorch.py's CNN workload; ``--model``
+and ``--shape`` for others), ``--steps`` SGD steps of batch B inside one
+jitted `lax.scan` (no engine, no padding, no data loading), after a warm-up
+call, with the default convolution (``--conv-impl`` for another). Prints one
+JSON line per batch size: samples/s and GFLOP/s of the JAX step (XLA's FLOP
+count, benchmarks/flops.py) against a float32 matmul peak measured in the
+same run, the milliseconds per step of each XLA op family (from a
+jax.profiler trace; numbers stripped from op names) and, when torch is
+installed, the same model and step in PyTorch (one ``backward`` +
+``optimizer.step`` per batch, as torch_loop.py).
 
     python benchmarks/cnn_step.py              # B = 10 and 32
 """
@@ -18,6 +21,7 @@ import collections
 import glob
 import gzip
 import json
+import os
 import sys
 import tempfile
 import time
@@ -25,7 +29,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from common import device_name  # noqa: E402 (benchmarks/ is on sys.path)
+import flops  # noqa: E402 (benchmarks/ is on sys.path)
+from common import device_name  # noqa: E402
 
 from fedjax_pfl import losses  # noqa: E402
 from fedjax_pfl.models.networks import build_model  # noqa: E402
@@ -33,10 +38,10 @@ from fedjax_pfl.models.networks import build_model  # noqa: E402
 SHAPE = (28, 28, 1)
 
 
-def jax_steps(batch: int, steps: int, top: int) -> dict:
-    model = build_model("fedavgcnn", SHAPE, 10)
+def jax_steps(name: str, shape, batch: int, steps: int, top: int, conv_impl: str = "auto") -> dict:
+    model = build_model(name, shape, 10, conv_impl=conv_impl)
     variables = model.init(jax.random.key(0))
-    x = jax.random.normal(jax.random.key(1), (steps, batch, *SHAPE))
+    x = jax.random.normal(jax.random.key(1), (steps, batch, *shape))
     y = jax.random.randint(jax.random.key(2), (steps, batch), 0, 10)
 
     @jax.jit
@@ -64,7 +69,7 @@ def jax_steps(batch: int, steps: int, top: int) -> dict:
             "xla_ms_per_step": {k: round(v, 3) for k, v in totals.most_common(top)}}
 
 
-def torch_steps(batch: int, steps: int) -> dict | None:
+def torch_steps(name: str, shape, batch: int, steps: int) -> dict | None:
     try:
         import torch
     except ImportError:
@@ -72,36 +77,34 @@ def torch_steps(batch: int, steps: int) -> dict | None:
     import torch_loop
 
     threads = torch_loop.set_threads()
-    model = torch_loop.build_model("fedavgcnn", SHAPE, 10)
-    opt = torch.optim.SGD(model.parameters(), lr=0.005)
-    x = torch.randn(steps, batch, SHAPE[2], SHAPE[0], SHAPE[1])
-    y = torch.randint(0, 10, (steps, batch))
-
-    def run():
-        for i in range(steps):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[i]), y[i]).backward()
-            opt.step()
-
-    run()
-    began = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - began
-    return {"samples_per_s": steps * batch / seconds, "ms_per_step": 1e3 * seconds / steps, "threads": threads,
+    seconds = torch_loop.sgd_steps_seconds(name, shape, 10, batch, steps, reps=1)
+    return {"samples_per_s": batch / seconds, "ms_per_step": 1e3 * seconds, "threads": threads,
             "torch": torch.__version__}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="fedavgcnn", help="fedavgcnn, lenet or resnet8")
+    p.add_argument("--shape", default="28,28,1", help="input H,W,C")
+    p.add_argument("--conv-impl", default="auto")
     p.add_argument("--batches", default="10,32")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--matmul-size", type=int, default=2048)
     args = p.parse_args(argv)
+    shape = tuple(int(a) for a in args.shape.split(","))
+    peak = flops.matmul_peak(args.matmul_size, "fp32", chain=4)["flops_per_s"]
     for batch in map(int, args.batches.split(",")):
-        ours, theirs = jax_steps(batch, args.steps, args.top), torch_steps(batch, args.steps)
-        print(json.dumps({"benchmark": "cnn_step", "workload": {"model": "fedavgcnn", "input": SHAPE, "batch": batch,
-                                                                 "steps": args.steps},
-                          "device": device_name(), "jax": ours, "pytorch": theirs,
+        ours = jax_steps(args.model, shape, batch, args.steps, args.top, args.conv_impl)
+        theirs = torch_steps(args.model, shape, batch, args.steps)
+        step_flops = flops.step_flops(args.model, shape, 10, batch)
+        for side in filter(None, (ours, theirs)):
+            side["gflops"] = step_flops * 1e3 / side["ms_per_step"] / 1e9 if step_flops else None
+            side["of_peak"] = side["gflops"] * 1e9 / peak if step_flops else None
+        print(json.dumps({"benchmark": "cnn_step", "workload": {"model": args.model, "input": shape, "batch": batch,
+                                                                 "steps": args.steps, "conv_impl": args.conv_impl},
+                          "device": device_name(), "flops_per_step": step_flops, "matmul_peak_gflops": peak / 1e9,
+                          "load_avg_1min": round(os.getloadavg()[0], 2), "jax": ours, "pytorch": theirs,
                           "ratio": theirs["ms_per_step"] / ours["ms_per_step"] if theirs else None}), flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""Times im2col against native convolution for FedAvgCNN local training.
+"""Times the direct, im2col and native convolutions for FedAvgCNN local training.
 
 Workload: one client's local training is a ``lax.scan`` of ``--steps`` SGD
 steps (batch ``--batch``, 32x32x3 inputs, 10 classes, cross-entropy) of
@@ -11,7 +11,7 @@ processes on the machine inflate the times: the 1-minute load average is
 reported. Prints one JSON object.
 
     python benchmarks/conv_impl.py [--steps 16] [--batch 32] [--clients 4]
-        [--impls im2col,native] [--modes seq,vmap,map]
+        [--impls direct,im2col,native] [--modes seq,vmap,map]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-IMPLS = ("im2col", "native")
+IMPLS = ("direct", "im2col", "native")
 MODES = ("seq", "vmap", "map")
 
 
@@ -89,14 +89,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--reps", type=int, default=3, help="timed runs for im2col (native: 1)")
+    p.add_argument("--reps", type=int, default=3, help="timed runs for direct and im2col (native: 1)")
     p.add_argument("--impls", default=",".join(IMPLS))
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--one", nargs=2, metavar=("IMPL", "MODE"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
         impl, mode = a.one
-        reps = a.reps if impl == "im2col" else 1
+        reps = a.reps if impl != "native" else 1
         print(json.dumps(run_one(impl, mode, a.steps, a.batch, a.clients, reps)))
         return
 
@@ -125,6 +125,9 @@ def main() -> None:
         "native_over_im2col_run_time": {
             m: round(by[("native", m)]["run_s"] / by[("im2col", m)]["run_s"], 2)
             for m in modes if ("native", m) in by and ("im2col", m) in by},
+        "im2col_over_direct_run_time": {
+            m: round(by[("im2col", m)]["run_s"] / by[("direct", m)]["run_s"], 2)
+            for m in modes if ("im2col", m) in by and ("direct", m) in by},
     }, indent=1))
 
 

@@ -1,7 +1,14 @@
 """The GPU suite: one command, one report (suite.md + suite.json in --out).
 
-    python benchmarks/gpu_suite.py --out gpu_report          # on the GPU machine, once
-    python benchmarks/gpu_suite.py --quick --out /tmp/suite  # tiny sizes, CPU, seconds
+    PYTHONPATH=. python3 benchmarks/gpu_suite.py --out gpu_report          # on the GPU machine
+    PYTHONPATH=. python3 benchmarks/gpu_suite.py --quick --out /tmp/suite  # tiny sizes, CPU, a minute
+
+It needs only jax, flax (and the PyYAML flax imports), optax, chex and
+numpy: what the lent GPU machine has. No tqdm or Pillow (the images are
+random and need no files); torch is optional (PyTorch rows). Nothing is
+installed: ``PYTHONPATH=.`` from the repository root is enough
+(tests/test_benchmarks.py runs ``--quick`` so, with tqdm, Pillow and torch
+unimportable).
 
 What it measures, in order:
 
@@ -9,30 +16,36 @@ What it measures, in order:
    matmuls (``--matmul-size``, 8192 by default) in bf16 and in fp32 at JAX's
    default precision (what model training uses; on NVIDIA GPUs that may use
    TF32), best of 3, FLOPs = 2 n^3 per matmul;
-2. FedAvg and FedAS with FedAvgCNN on CIFAR shapes (random uint8 32x32x3
-   images, 10 labels, no files needed: timing does not depend on pixel
-   values), ``--train-samples``/``--test-samples`` pooled and split over 20, 100
-   and 1000 clients by Dirichlet(0.1) on the labels, each client's pool 75/25
-   train/test (fedjax_pfl's own partition and experiment builder); B=16, E=5,
-   every client every round; for each client mapping (vmap / chunked / map)
-   and convolution (native / im2col), in a child process of its own: a
-   warm-up round (compile s = its time minus the steady time), then
-   ``--rounds`` timed rounds: rounds/s, compile s, peak device memory (the
-   child's), padding efficiency (real / executed client-steps), samples/s and
-   achieved FLOP/s as a fraction of the fp32 peak. FLOPs are counted as
-   (XLA cost_analysis FLOPs of ONE lowered SGD step of the model on a batch
-   of B) x (real client-steps of the round): the round's own cost_analysis
-   cannot be used since it counts a while loop's body once. FedAS's extra
-   passes (Fisher, class means, alignment) are not counted, so its fraction is
-   a lower bound;
+2. FedAvg and FedAS with FedAvgCNN (``--models``: also ``resnet8``,
+   ``lenet``) on CIFAR shapes (random uint8 32x32x3 images, 10 labels:
+   timing does not depend on pixel values), ``--train-samples`` /
+   ``--test-samples`` pooled and split over 20, 100 and 1000 clients by
+   Dirichlet(0.1) on the labels, each client's pool 75/25 train/test
+   (fedjax_pfl's own partition and experiment builder); B=16, E=5, every
+   client every round; for each client mapping (``auto`` by default: the
+   engine's timed choice, whose record keeps every candidate's compile and
+   round seconds; or vmap / chunked / map, each a row with its own peak
+   memory) and convolution (native and direct by default; im2col), in a
+   child process of its own: a warm-up round (compile s = its
+   time minus the steady time), then ``--rounds`` timed rounds: rounds/s,
+   compile s, peak device memory (the child's), padding efficiency (real /
+   executed client-steps), samples/s and achieved FLOP/s as a fraction of
+   the fp32 peak. FLOPs are counted as (XLA cost_analysis FLOPs of ONE
+   lowered SGD step of the model on a batch of B: benchmarks/flops.py) x
+   (real client-steps of the round): the round's own cost_analysis cannot be
+   used since it counts a while loop's body once. FedAS's extra passes
+   (Fisher, class means, alignment) are not counted, so its fraction is a
+   lower bound;
 3. the same FedAvg workload through the PyTorch per-client loop
    (benchmarks/torch_loop.py) on the same client arrays, when torch is
    installed (CUDA when available): training s/round and evaluation s/round.
    FedAS has no PyTorch twin here.
 
 A configuration that fails or runs past ``--child-timeout`` is recorded with
-its error and the suite goes on. Records are appended to suite.jsonl as they
-finish, so an interrupted suite keeps what it measured.
+its error and the suite goes on; the suite then exits with status 1 (the
+report is still written). Records are appended to suite.jsonl as they
+finish, so an interrupted suite keeps what it measured; ``--clients 20,100``
+then ``--clients 1000`` split a long suite over several commands.
 """
 
 from __future__ import annotations
@@ -47,78 +60,39 @@ import sys
 import time
 from pathlib import Path
 
-from common import device_name, peak_memory_bytes  # noqa: E402 (benchmarks/ is on sys.path)
+from common import CIFAR_SHAPE, device_name, peak_memory_bytes, random_cifar_like, run_config  # noqa: E402
+from flops import matmul_peak, step_flops  # noqa: E402 (benchmarks/ is on sys.path)
 
-SHAPE = (32, 32, 3)
-
-
-def random_cifar_like(train_samples: int, test_samples: int, seed: int = 0):
-    """A Dataset of random uint8 32x32x3 images with uniform labels over 10 classes."""
-    import numpy as np
-
-    from fedjax_pfl.data.dataset import Dataset
-
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, (train_samples + test_samples, *SHAPE), dtype=np.uint8)
-    y = rng.integers(0, 10, train_samples + test_samples).astype(np.int32)
-    return Dataset("random_cifar_shapes", x[:train_samples], y[:train_samples], x[train_samples:],
-                   y[train_samples:], 10, (0.5,) * 3, (0.25,) * 3)
+LABEL = ("method", "model", "clients", "mapping", "conv")
 
 
 def build(spec: dict):
-    from fedjax_pfl.runs import config as config_lib
     from fedjax_pfl.runs.experiment import build_experiment
 
-    overrides = [
-        f"method_name={spec['method']}", "data.name=cifar10", "partition.scheme=dirichlet", "partition.alpha=0.1",
-        f"partition.num_clients={spec['clients']}", f"partition.min_size={spec['min_size']}",
-        "model.name=fedavgcnn", f"model.conv_impl={spec['conv']}", f"train.batch_size={spec['batch']}",
-        f"train.local_epochs={spec['epochs']}", f"train.lr={spec['lr']}", f"train.join_ratio={spec['join_ratio']}",
-        f"train.client_mapping={'map' if spec['mapping'] == 'loop' else spec['mapping']}",
-        f"train.chunk_size={spec['chunk']}",
-    ]
-    cfg = config_lib.build(None, overrides)
+    cfg = run_config(**{
+        "method_name": spec["method"], "data.name": "cifar10", "partition.scheme": "dirichlet", "partition.alpha": 0.1,
+        "partition.num_clients": spec["clients"], "partition.min_size": spec["min_size"],
+        "model.name": spec["model"], "model.conv_impl": spec["conv"], "train.batch_size": spec["batch"],
+        "train.local_epochs": spec["epochs"], "train.lr": spec["lr"], "train.join_ratio": spec["join_ratio"],
+        "train.client_mapping": "auto" if spec["mapping"] in ("loop", "auto") else spec["mapping"],
+        "train.chunk_size": spec["chunk"]})
     return build_experiment(cfg, dataset=random_cifar_like(spec["train_samples"], spec["test_samples"]))
-
-
-def step_flops(model, batch: int, lr: float) -> float | None:
-    """XLA's FLOP count of one SGD step (forward, backward, update) on a batch, or None.
-
-    The HLO cost analysis of the lowered (not compiled) step: backend-independent
-    and costs no compile (within 0.4% of the compiled CPU count for FedAvgCNN).
-    """
-    import jax
-    import jax.numpy as jnp
-
-    from fedjax_pfl import losses
-
-    def step(params, x, y):
-        grads = jax.grad(lambda p: losses.cross_entropy(model.apply({"params": p}, x, train=True).logits, y))(params)
-        return jax.tree.map(lambda p, g: p - lr * g, params, grads)
-
-    params = model.init(jax.random.key(0))["params"]
-    x = jnp.zeros((batch, *model.input_shape), jnp.float32)
-    y = jnp.zeros((batch,), jnp.int32)
-    try:
-        cost = jax.jit(step).lower(params, x, y).cost_analysis()
-    except Exception:  # noqa: BLE001 (some backends have no cost model)
-        return None
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    flops = (cost or {}).get("flops")
-    return float(flops) if flops and flops > 0 else None
 
 
 def measure_jax(spec: dict) -> dict:
     import jax
     import numpy as np
 
+    from fedjax_pfl.engine import mapping_choice
     from fedjax_pfl.engine.engine import round_keys
 
     exp = build(spec)
     engine = exp.engine
     key = jax.random.key(0)
     server, clients = engine.init(key)
+    choice = None
+    if spec["mapping"] == "auto":
+        engine, choice = mapping_choice.choose_mapping(engine, server, clients, round_keys(key, 0)[0], 0)
     times, real, executed = [], 0, 0
     for t in range(spec["rounds"] + 1):
         start = time.perf_counter()
@@ -132,7 +106,7 @@ def measure_jax(spec: dict) -> dict:
                if a.dtype.kind == "f"):
         raise RuntimeError("non-finite state")
     steady = float(np.median(times[1:]))
-    flops = step_flops(engine.method.model, spec["batch"], spec["lr"])
+    flops = step_flops(spec["model"], CIFAR_SHAPE, 10, spec["batch"])
     rounds = spec["rounds"]
     selected = engine.config.clients_per_round
     samples = spec["epochs"] * float(np.asarray(exp.data.train.n).mean()) * selected
@@ -142,6 +116,7 @@ def measure_jax(spec: dict) -> dict:
         "peak_memory_bytes": peak_memory_bytes(), "padding_efficiency": real / max(executed, 1),
         "real_client_steps_per_round": real / rounds, "samples_per_s": samples / steady,
         "flops_per_step": flops, "achieved_flops_per_s": achieved, "client_mapping": engine.mapping,
+        "chunk_size": engine.config.chunk_size if engine.mapping == "chunked" else None, "mapping_choice": choice,
     }
 
 
@@ -155,7 +130,7 @@ def measure_torch(spec: dict) -> dict:
     exp = build(spec)
     train, test = client_arrays(exp)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = torch_loop.build_model("fedavgcnn", SHAPE, 10)
+    model = torch_loop.build_model(spec["model"], CIFAR_SHAPE, 10)
     sim = torch_loop.Simulator("fedavg", model, train, test, batch_size=spec["batch"], local_epochs=spec["epochs"],
                                lr=spec["lr"], device=device)
     everyone = list(range(len(train)))
@@ -166,31 +141,8 @@ def measure_torch(spec: dict) -> dict:
             "torch_threads": threads}
 
 
-def matmul_peak(n: int, dtype_name: str, reps: int = 3, chain: int = 10) -> dict:
-    """Best FLOP/s of a jitted chain of ``chain`` n x n matmuls in ``dtype_name``."""
-    import jax
-    import jax.numpy as jnp
-
-    dtype = {"bf16": jnp.bfloat16, "fp32": jnp.float32}[dtype_name]
-    ka, kb = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(ka, (n, n), dtype)
-    b = (jax.random.normal(kb, (n, n), jnp.float32) / n ** 0.5).astype(dtype)
-
-    @jax.jit
-    def run(a, b):
-        return jax.lax.fori_loop(0, chain, lambda i, c: c @ b, a)
-
-    jax.block_until_ready(run(a, b))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(run(a, b))
-        best = min(best, time.perf_counter() - start)
-    return {"dtype": dtype_name, "n": n, "seconds": best, "flops_per_s": 2.0 * n ** 3 * chain / best}
-
-
 def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
-    label = {k: spec[k] for k in ("method", "clients", "mapping", "conv")}
+    label = {k: spec[k] for k in LABEL}
     try:
         if in_process:
             out = (measure_jax if side == "jax" else measure_torch)(spec)
@@ -216,35 +168,43 @@ def markdown(report: dict) -> str:
              "| matmul | n | TFLOP/s |", "|---|---|---|"]
     for p in report["matmul_peak"]:
         lines.append(f"| {p['dtype']} | {p['n']} | {fmt(p['flops_per_s'] / 1e12)} |")
-    lines += ["", "| side | method | clients | mapping | conv | rounds/s | s/round | compile s | peak MiB | "
-              "padding eff. | samples/s | TFLOP/s | of fp32 peak |", "|" + "---|" * 13]
+    lines += ["", "| side | method | model | clients | mapping | conv | rounds/s | s/round | compile s | peak MiB | "
+              "padding eff. | samples/s | TFLOP/s | of fp32 peak |", "|" + "---|" * 14]
     peak = next((p["flops_per_s"] for p in report["matmul_peak"] if p["dtype"] == "fp32"), None)
     for r in report["records"]:
+        head = f"| {r['side']} | {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
         if "error" in r:
-            lines.append(f"| {r['side']} | {r['method']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
-                         f"error: {r['error'][:120]} |" + " |" * 8)
+            lines.append(head + f"error: {r['error'][:120]} |" + " |" * 7)
             continue
         achieved = r.get("achieved_flops_per_s")
         frac = achieved / peak if achieved and peak else None
+        chosen = (f" ({r['client_mapping']}{':' + str(r['chunk_size']) if r.get('chunk_size') else ''})"
+                  if r["mapping"] == "auto" else "")
         lines.append(
-            f"| {r['side']} | {r['method']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
+            head.replace(f"| {r['mapping']} |", f"| {r['mapping']}{chosen} |") +
             f"{fmt(r['rounds_per_s'])} | {fmt(r['s_per_round'])} | {fmt(r.get('compile_s'))} | "
             f"{fmt(r['peak_memory_bytes'] / 2**20, '.0f')} | {fmt(r.get('padding_efficiency'))} | "
             f"{fmt(r.get('samples_per_s'), '.0f')} | {fmt(achieved and achieved / 1e12)} | {fmt(frac, '.1%')} |")
+    failed = sum("error" in r for r in report["records"])
     lines += ["", "FLOP/s count one SGD step's XLA FLOPs x real client-steps (FedAS extras not counted). "
               "PyTorch rows: FedAvg through the per-client loop; peak memory is torch.cuda.max_memory_allocated "
-              "on CUDA, process RSS on CPU.", ""]
+              "on CUDA, process RSS on CPU. `auto` rows: the mapping the engine chose (every candidate's time is in "
+              "suite.json's mapping_choice).", "",
+              f"{failed} of {len(report['records'])} configurations failed." if failed else
+              f"All {len(report['records'])} configurations completed.", ""]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="gpu_suite_report", help="folder for suite.md, suite.json, suite.jsonl")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, in one process: a CPU check in seconds")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, in one process: a CPU check in a minute")
     p.add_argument("--methods", default="fedavg,fedas")
+    p.add_argument("--models", default="fedavgcnn", help="fedavgcnn, resnet8, lenet (comma-separated)")
     p.add_argument("--clients", default="20,100,1000")
-    p.add_argument("--mappings", default="vmap,chunked,map")
-    p.add_argument("--convs", default="native,im2col")
+    p.add_argument("--mappings", default="auto", help="auto (times vmap, chunked:8/32, map; keeps the fastest), "
+                   "or any of vmap, chunked, map for each one's own row and peak memory")
+    p.add_argument("--convs", default="native,direct", help="native, direct, im2col")
     p.add_argument("--train-samples", type=int, default=45000)
     p.add_argument("--test-samples", type=int, default=15000)
     p.add_argument("--batch", type=int, default=16)
@@ -266,9 +226,8 @@ def main(argv=None) -> int:
         args.clients, args.train_samples, args.test_samples = "4", 96, 32
         args.epochs, args.rounds, args.matmul_size = 1, 1, 128
         if args.convs == p.get_default("convs"):
-            args.convs = "im2col"
-        if args.mappings == p.get_default("mappings"):
-            args.mappings = "vmap,map"
+            args.convs = "direct"
+
 
     import jax
 
@@ -281,14 +240,15 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "gpu_suite", "device": device_name(), "jax": jax.__version__, "backend": jax.default_backend(),
         "python": platform.python_version(), "load_avg_1min": round(os.getloadavg()[0], 2),
-        "workload": (f"FedAvgCNN 32x32x3 random images, Dirichlet 0.1 over {args.train_samples}+{args.test_samples} "
-                     f"samples, B={args.batch}, E={args.epochs}, join ratio {args.join_ratio}, lr {args.lr}, "
-                     f"{args.rounds} timed rounds after a warm-up round"),
+        "workload": (f"{args.models} on 32x32x3 random images, Dirichlet 0.1 over {args.train_samples}+"
+                     f"{args.test_samples} samples, B={args.batch}, E={args.epochs}, join ratio {args.join_ratio}, "
+                     f"lr {args.lr}, {args.rounds} timed rounds after a warm-up round"),
         "matmul_peak": [matmul_peak(args.matmul_size, d) for d in ("bf16", "fp32")], "records": [],
     }
-    jobs = [("jax", dict(base, method=m, clients=int(c), mapping=mp, conv=cv))
-            for m, c, mp, cv in itertools.product(args.methods.split(","), args.clients.split(","),
-                                                  args.mappings.split(","), args.convs.split(","))]
+    models, clients = args.models.split(","), args.clients.split(",")
+    jobs = [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv))
+            for m, md, c, mp, cv in itertools.product(args.methods.split(","), models, clients,
+                                                      args.mappings.split(","), args.convs.split(","))]
     has_torch = False
     if args.no_torch:
         report["torch_note"] = "--no-torch given: no PyTorch rows"
@@ -299,8 +259,8 @@ def main(argv=None) -> int:
         except ImportError:
             report["torch_note"] = "torch is not installed (pip install 'fedjax_pfl[bench]'): no PyTorch rows"
     if has_torch and "fedavg" in args.methods.split(","):
-        jobs += [("torch", dict(base, method="fedavg", clients=int(c), mapping="loop", conv="native"))
-                 for c in args.clients.split(",")]
+        jobs += [("torch", dict(base, method="fedavg", model=md, clients=int(c), mapping="loop", conv="native"))
+                 for md, c in itertools.product(models, clients)]
     for side, spec in jobs:
         spec["min_size"] = max(1, min(10, args.train_samples // (4 * spec["clients"])))
         record = run_spec(side, spec, args.quick, args.child_timeout)
@@ -310,8 +270,11 @@ def main(argv=None) -> int:
         print(json.dumps(record), flush=True)
     (out / "suite.json").write_text(json.dumps(report, indent=1))
     (out / "suite.md").write_text(markdown(report))
-    print(f"wrote {out / 'suite.md'} and {out / 'suite.json'}")
-    return 0
+    failed = [r for r in report["records"] if "error" in r]
+    print(f"wrote {out / 'suite.md'} and {out / 'suite.json'}; "
+          f"{len(failed)} of {len(report['records'])} configurations failed" if failed else
+          f"wrote {out / 'suite.md'} and {out / 'suite.json'}; all {len(report['records'])} configurations completed")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

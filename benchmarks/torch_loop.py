@@ -7,9 +7,12 @@ server sends its model (FedAvg) or its body (FedPer), averages what comes back
 with weights n_i, and every client is evaluated on its own test set (FedAvg:
 the global model; FedPer: global body + own head). The models match
 ``fedjax_pfl.models.networks`` layer for layer (conv 5x5 VALID, ReLU, 2x2 max-pool,
-twice, Dense 512 ReLU, Dense C for ``fedavgcnn``; Dense+ReLU per hidden size,
-Dense C for ``mlp``); their initial values are PyTorch's own, which does not
-change the time of a step. Data arrive as NumPy arrays already normalised,
+twice, Dense 512 ReLU, Dense C for ``fedavgcnn``; the same with 6 and 16
+channels and Dense 120, 84 for ``lenet``; the CIFAR ResNet-8 (3x3 stem, one
+BasicBlock per stage of 16/32/64 channels, BatchNorm, 1x1 shortcut where the
+shape changes, global average pool) for ``resnet8``; Dense+ReLU per hidden
+size, Dense C for ``mlp``); their initial values are PyTorch's own, which
+does not change the time of a step. Data arrive as NumPy arrays already normalised,
 NHWC, and are stored NCHW float32 as PFLlib stores them.
 """
 
@@ -47,23 +50,56 @@ class BodyHead(nn.Module):
         return self.head(self.body(x))
 
 
+class BasicBlock(nn.Module):
+    """Two 3x3 conv + BN layers with a residual connection; a 1x1 conv + BN shortcut where the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.main = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x):
+        return torch.relu(self.main(x) + self.shortcut(x))
+
+
+def _conv_pool_body(c, h, w, channels, hidden):
+    """conv 5x5 VALID + ReLU + 2x2 max-pool per channel count, flatten, Dense + ReLU per hidden size."""
+    layers, side_h, side_w = [], h, w
+    for cout in channels:
+        layers += [nn.Conv2d(c, cout, 5), nn.ReLU(), nn.MaxPool2d(2)]
+        c, side_h, side_w = cout, (side_h - 4) // 2, (side_w - 4) // 2
+    layers.append(nn.Flatten())
+    width = c * side_h * side_w
+    for size in hidden:
+        layers += [nn.Linear(width, size), nn.ReLU()]
+        width = size
+    return nn.Sequential(*layers), width
+
+
 def build_model(name: str, input_shape, num_classes: int, hidden=(200, 200)) -> BodyHead:
-    """``fedavgcnn`` or ``mlp`` as fedjax_pfl.models.networks builds them; ``input_shape`` is (H, W, C)."""
-    if name == "fedavgcnn":
+    """``fedavgcnn``, ``lenet``, ``resnet8`` or ``mlp`` as fedjax_pfl.models.networks builds them;
+    ``input_shape`` is (H, W, C)."""
+    if name in ("fedavgcnn", "lenet"):
         h, w, c = input_shape
-        side = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731 (two conv5 VALID + pool2)
-        body = nn.Sequential(
-            nn.Conv2d(c, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(64 * side(h) * side(w), 512), nn.ReLU())
-        return BodyHead(body, nn.Linear(512, num_classes))
+        channels, dense = ((32, 64), (512,)) if name == "fedavgcnn" else ((6, 16), (120, 84))
+        body, width = _conv_pool_body(c, h, w, channels, dense)
+        return BodyHead(body, nn.Linear(width, num_classes))
+    if name == "resnet8":
+        c = input_shape[-1]
+        body = nn.Sequential(nn.Conv2d(c, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                             BasicBlock(16, 16, 1), BasicBlock(16, 32, 2), BasicBlock(32, 64, 2),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        return BodyHead(body, nn.Linear(64, num_classes))
     if name == "mlp":
         layers, width = [nn.Flatten()], int(np.prod(input_shape))
         for size in hidden:
             layers += [nn.Linear(width, size), nn.ReLU()]
             width = size
         return BodyHead(nn.Sequential(*layers), nn.Linear(width, num_classes))
-    raise ValueError(f"no PyTorch twin of model {name!r} (fedavgcnn, mlp)")
+    raise ValueError(f"no PyTorch twin of model {name!r} (fedavgcnn, lenet, resnet8, mlp)")
 
 
 def to_tensors(x: np.ndarray, y: np.ndarray, device) -> TensorDataset:
@@ -181,3 +217,40 @@ def time_rounds(sim: Simulator, rounds: int, selected_per_round) -> dict:
 
 def steps_per_round(sizes, batch_size: int, epochs: int) -> int:
     return int(sum(epochs * math.ceil(n / batch_size) for n in sizes))
+
+
+def sgd_steps_seconds(name: str, input_shape, num_classes: int, batch: int, steps: int = 50, reps: int = 3) -> float:
+    """Seconds per SGD step (zero_grad, forward, cross-entropy, backward, step) of a model on random batches,
+    best of ``reps`` loops of ``steps`` after a warm-up loop: the PyTorch twin of flops.sgd_steps_seconds."""
+    model = build_model(name, input_shape, num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.005)
+    h, w, c = input_shape
+    x = torch.randn(steps, batch, c, h, w)
+    y = torch.randint(0, num_classes, (steps, batch))
+
+    def run():
+        for i in range(steps):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[i]), y[i]).backward()
+            opt.step()
+
+    run()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best / steps
+
+
+def matmul_peak(n: int = 2048, reps: int = 3, chain: int = 10) -> float:
+    """Best FLOP/s of ``chain`` n x n float32 matmuls with torch.mm (this process's thread count)."""
+    a, b = torch.randn(n, n), torch.randn(n, n) / n ** 0.5
+    best = float("inf")
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        c = a
+        for _ in range(chain):
+            c = torch.mm(c, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n ** 3 * chain / best

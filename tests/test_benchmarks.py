@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,36 +45,82 @@ def test_vs_pytorch_tiny_reports_both_sides_or_says_why_not():
     (record,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
     ours = record["fedjax_pfl"]
     _finite_positive(ours, ["train_s_per_round", "eval_s_per_round", "e2e_s_per_round", "compile_s",
-                            "samples_per_s", "padding_efficiency", "peak_memory_bytes"])
+                            "samples_per_s", "padding_efficiency", "peak_memory_bytes", "flops_per_sample",
+                            "train_gflops", "matmul_peak_gflops", "mapping_choice_s"])
     assert ours["train_s_per_round"] > 0 and 0 < ours["padding_efficiency"] <= 1
-    assert ours["train_samples_per_round"] == 4 * 20 and 0 <= ours["accuracy"] <= 1
-    assert record["device"] and record["workload"]["clients"] == 4
+    assert ours["train_samples_per_round"] == 2 * 20 and 0 <= ours["accuracy"] <= 1  # join ratio 0.5: 2 of 4
+    assert ours["flops_per_sample"] > 2 * 784 * 100  # the MLP 784-100-10's forward alone
+    choice = ours["mapping_choice"]  # the engine's auto choice, timed
+    assert choice["timed"] and ours["client_mapping"] == choice["mapping"] and ours["conv_impl"]
+    assert record["peak_gflops"] >= ours["matmul_peak_gflops"] and ours["train_of_peak"] > 0
+    assert record["device"] and record["workload"]["clients"] == 4 and record["workload"]["join_ratio"] == 0.5
+    assert "| mlp, 10, 0.5 |" in proc.stdout  # the markdown table
     theirs = record["pytorch"]
     if theirs is None:  # torch not installed: the JAX side still stands, and the record says why
         assert "torch" in record["torch_note"] and record["ratio_train"] is None
     else:
-        _finite_positive(theirs, ["train_s_per_round", "eval_s_per_round", "samples_per_s"])
-        assert theirs["train_samples_per_round"] == ours["train_samples_per_round"]
+        _finite_positive(theirs, ["train_s_per_round", "eval_s_per_round", "samples_per_s", "train_gflops",
+                                  "matmul_peak_gflops"])
+        assert theirs["train_samples_per_round"] == ours["train_samples_per_round"]  # the same 2 clients
         assert theirs["client_steps_per_round"] == ours["real_client_steps"]  # same steps on both sides
         assert record["ratio_train"] == theirs["train_s_per_round"] / ours["train_s_per_round"]
         assert record["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
 
 
-def test_gpu_suite_quick_writes_markdown_and_json(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_suite.py"), "--quick", "--methods", "fedavg",
-                           "--mappings", "map", "--no-torch", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads((tmp_path / "suite.json").read_text())
+BLOCKER = """
+import importlib.abc, sys
+
+class _Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"tqdm", "PIL", "torch"}:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked: the GPU machine has none)")
+
+sys.meta_path.insert(0, _Absent())
+"""
+
+
+def _suite(tmp_path, *args):
+    """gpu_suite.py in a fresh process as the GPU machine runs it: PYTHONPATH=<repo> alone, from the repository
+    root, with tqdm, Pillow and torch unimportable (a sitecustomize on the path blocks them; PyYAML stays:
+    flax imports it, so a machine with flax has it)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
+           "PYTHONPATH": f"{site}{os.pathsep}.", "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--quick", "--out", str(tmp_path / "out"), *args],
+                          capture_output=True, text=True, timeout=900, cwd=BENCH.parent, env=env)
+
+
+def test_gpu_suite_quick_runs_with_only_the_core_packages_and_writes_markdown_and_json(tmp_path):
+    proc = _suite(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    report = json.loads((tmp_path / "out" / "suite.json").read_text())
     assert report["device"] and {p["dtype"] for p in report["matmul_peak"]} == {"bf16", "fp32"}
     _finite_positive(report["matmul_peak"][0], ["flops_per_s"])
-    jax_rows = [r for r in report["records"] if r["side"] == "jax"]
-    assert len(jax_rows) == 1 and "error" not in jax_rows[0], jax_rows
-    _finite_positive(jax_rows[0], ["rounds_per_s", "s_per_round", "compile_s", "peak_memory_bytes",
-                                   "padding_efficiency", "samples_per_s", "flops_per_step", "achieved_flops_per_s"])
-    assert not [r for r in report["records"] if r["side"] == "torch"]  # --no-torch (vs_pytorch's test runs the loop)
-    table = (tmp_path / "suite.md").read_text()
-    assert report["device"] in table and "| jax | fedavg | 4 | map | im2col |" in table
+    rows = report["records"]
+    assert [(r["method"], r["mapping"]) for r in rows] == [("fedavg", "auto"), ("fedas", "auto")]
+    assert not [r for r in rows if "error" in r], rows
+    for r in rows:
+        _finite_positive(r, ["rounds_per_s", "s_per_round", "compile_s", "peak_memory_bytes",
+                             "padding_efficiency", "samples_per_s", "flops_per_step", "achieved_flops_per_s"])
+    for r in rows:  # auto: every candidate timed (no budget in the suite), the fastest taken
+        choice = r["mapping_choice"]
+        assert choice["timed"] and r["client_mapping"] == choice["mapping"]
+        assert set(choice["candidates"]) == {"map", "vmap"}
+    assert "torch is not installed" in report["torch_note"]  # blocked: optional
+    table = (tmp_path / "out" / "suite.md").read_text()
+    chosen = rows[0]["client_mapping"]
+    assert report["device"] in table and f"| jax | fedavg | fedavgcnn | 4 | auto ({chosen}) | direct |" in table
+    assert "All 2 configurations completed." in table
+
+
+def test_gpu_suite_exits_non_zero_when_a_configuration_fails(tmp_path):
+    proc = _suite(tmp_path, "--methods", "fedavg", "--mappings", "map", "--models", "fedavgcnn,nosuchnet")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "out" / "suite.json").read_text())["records"]
+    assert "error" not in rows[0] and "nosuchnet" in rows[1]["error"]
+    assert "1 of 2 configurations failed." in (tmp_path / "out" / "suite.md").read_text()
 
 
 def test_cnn_step_reports_the_step_and_its_op_families():

@@ -196,11 +196,11 @@ def test_pooling_matches_reduce_window():
 
 
 def test_resolve_conv_impl():
-    assert resolve_conv_impl("auto", "cpu") == "im2col"
+    assert resolve_conv_impl("auto", "cpu") == "direct"
     assert resolve_conv_impl("auto", "gpu") == "native"
     assert resolve_conv_impl("native") == "native"
     if jax.default_backend() == "cpu":
-        assert resolve_conv_impl("auto") == "im2col"
+        assert resolve_conv_impl("auto") == "direct"
     with pytest.raises(UserError, match="im2col"):
         resolve_conv_impl("winograd")
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from fedjax_pfl.core.errors import DataNotFoundError, UserError
 
@@ -211,6 +210,8 @@ def download(spec: DataFile, dest: str | os.PathLike, *, base_url: str | None = 
     if url is None:
         raise DataNotFoundError(f'{spec.name} has no public download source.')
     dest = Path(dest)
+    from tqdm import tqdm  # here, not at the top: reading files needs no tqdm (the GPU machine has none)
+
     try:
         with atomic_path(dest) as tmp:
             request = urllib.request.Request(url, headers={'User-Agent': 'fedjax_pfl'})

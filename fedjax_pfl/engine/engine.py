@@ -128,6 +128,7 @@ class Engine:
                  val: ClientData | None = None):
         self.method = method
         self.config = config
+        self.client_data = (train, test, val)  # as given: `with_mapping` builds its engines from them
         self.mapping = client_mapping.resolve(config.client_mapping)
         self.streams = self.mapping == "chunked" and config.stream_chunks and not method.needs_selected_state
         self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
@@ -158,6 +159,21 @@ class Engine:
             for data_axis in (None, 0)}
         self._init = jax.jit(self._padded_init)  # one compile, not one dispatch per op of the method's init
         self._init_batched = jax.jit(jax.vmap(self._padded_init))
+
+    def with_mapping(self, mapping: str, chunk_size: int | None = None) -> "Engine":
+        """An engine like this one (method, client data, settings) whose clients are mapped by ``mapping``
+        (chunks of ``chunk_size``, default this engine's): the same numbers, other speed and memory."""
+        config = dataclasses.replace(self.config, client_mapping=mapping,
+                                     chunk_size=chunk_size or self.config.chunk_size)
+        train, test, val = self.client_data
+        return Engine(self.method, train, test, config, val=val)
+
+    def compiled_round(self, server, clients, key, round_index: int = 0, values: dict | None = None):
+        """This engine's round compiled for these arguments, which it neither donates nor changes: returns
+        ``run()``, which executes it and returns (server, clients, metrics) (for timing: mapping_choice.py)."""
+        args = (server, clients, self.train, key, jnp.int32(round_index), values or {})
+        program = jax.jit(self._round_impl).lower(*args).compile()
+        return lambda: program(*args)
 
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):

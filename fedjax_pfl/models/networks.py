@@ -37,7 +37,7 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
   ``train=True`` (over the rows that ``mask`` marks real), running averages
   otherwise.
 
-Convolutions use ``conv.Conv2D`` with ``conv_impl`` ('auto' picks im2col on
+Convolutions use ``conv.Conv2D`` with ``conv_impl`` ('auto' picks direct on
 CPU, native elsewhere); the parameter tree does not depend on it.
 ``init`` ('flax' or 'torch') picks where the parameters start
 (``initialization.py``: Flax's defaults, or PyTorch's as in the papers' code).

@@ -30,8 +30,9 @@ from fedjax_pfl.runs.results_writer import ResultsWriter
 
 
 def write_start(files: Path, cfg, data_files, partition_summary: dict, saved: dict | None = None,
-                history: list[dict] = ()) -> None:
-    """config.json (config, versions, data files read, resume history) and partition.json."""
+                history: list[dict] = (), resolved: dict | None = None) -> None:
+    """config.json (config, versions, data files read, resume history, what 'auto' settings resolved to) and
+    partition.json."""
     try:
         files.mkdir(parents=True, exist_ok=True)
         if saved is None:
@@ -41,6 +42,8 @@ def write_start(files: Path, cfg, data_files, partition_summary: dict, saved: di
             history = list(history)
             history[-1] = {**history[-1], "versions": run_output.versions()}
             record = {**saved, "config": config_lib.to_dict(cfg), "resumed": history, **metrics_file.NUMBERING}
+        if resolved is not None:
+            record["resolved"] = resolved
         run_output.write_json(files / "config.json", record)
         run_output.write_json(files / "partition.json", partition_summary)
     except OSError as e:
@@ -52,14 +55,16 @@ class RunWriter:
 
     ``rounds_done``: rounds already done (> 0 when resuming: the
     metrics.jsonl lines after the checkpoint's round are dropped, as those
-    rounds run again); ``seconds_done``: wall time the run already spent.
+    rounds run again); ``seconds_done``: wall time the run already spent;
+    ``resolved``: what the config's 'auto' settings became (config.json's "resolved").
     """
 
     def __init__(self, out: Path, files: Path, cfg, data_files, partition_summary: dict, saved: dict | None = None,
-                 history: list[dict] = (), rounds_done: int = 0, seconds_done: float = 0.0):
+                 history: list[dict] = (), rounds_done: int = 0, seconds_done: float = 0.0,
+                 resolved: dict | None = None):
         self.out, self.files, self.cfg = Path(out), Path(files), cfg
         kept = [r for r in read_metrics(self.files / "metrics.jsonl").records if r["round"] <= rounds_done]
-        write_start(self.files, cfg, data_files, partition_summary, saved, history)
+        write_start(self.files, cfg, data_files, partition_summary, saved, history, resolved)
         if rounds_done:  # the rounds after the checkpoint run again (older files: renumbered from 1)
             metrics_file.rewrite(self.files / "metrics.jsonl", kept)
         self.results = ResultsWriter(self.files, tensorboard=cfg.log.tensorboard)

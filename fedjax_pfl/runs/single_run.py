@@ -16,13 +16,13 @@ from pathlib import Path
 
 import jax
 
-from fedjax_pfl.engine import checkpoint, distributed
+from fedjax_pfl.engine import checkpoint, distributed, mapping_choice
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import resume as resume_lib
 from fedjax_pfl.runs import run_output
 from fedjax_pfl.runs.call_planner import CallPlanner
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, resolved_settings
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
 from fedjax_pfl.runs.progress import RunProgress
@@ -92,7 +92,12 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
         for warning in resume_lib.check_metrics(out, saved, done):
             print(warning, file=sys.stderr)
         seconds_done = float(meta.get("seconds", 0.0))
-    writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done)
+    exp.engine, choice = mapping_choice.choose_or_default(
+        exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
+        engine_lib.round_keys(key, done)[0], done)
+    print(mapping_choice.describe(choice), flush=True)
+    writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done,
+                       resolved=resolved_settings(cfg, choice))
     program = SingleProgram(exp.engine, server, clients, key, cfg)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress)

@@ -45,13 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.engine import method_values
+from fedjax_pfl.engine import mapping_choice, method_values
 from fedjax_pfl.runs import run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.runs.atomic_file import atomic_write
 from fedjax_pfl.runs.call_planner import CallPlanner
-from fedjax_pfl.runs.experiment import build_experiment, validate
+from fedjax_pfl.runs.experiment import build_experiment, resolved_settings, validate
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
 from fedjax_pfl.runs.progress import RunProgress
@@ -179,12 +179,21 @@ class BatchedProgram:
         return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
 
 
+def sweep_mapping(engine, cfg) -> dict:
+    """The client mapping's record of a sweep point (engine/mapping_choice.py): sweeps never time the candidates."""
+    requested = cfg.train.client_mapping
+    why = ("set by train.client_mapping" if requested != "auto"
+           else f"the {jax.default_backend()} default (sweeps do not time)")
+    return mapping_choice.untimed(engine, requested, why)
+
+
 def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe=None) -> list[dict]:
     """Run one chunk of points to the end (or to Ctrl-C) -> their summaries."""
     writers = []
     for point in points:
         exp = exps[point.cfg.data_seed]
-        writers.append(RunWriter(point.out, point.out, point.cfg, exp.data_files, exp.partition_summary))
+        writers.append(RunWriter(point.out, point.out, point.cfg, exp.data_files, exp.partition_summary,
+                                 resolved=resolved_settings(point.cfg, sweep_mapping(exp.engine, point.cfg))))
     cfg = points[0].cfg
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     engine = exps[cfg.data_seed].engine

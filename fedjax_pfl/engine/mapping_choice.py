@@ -1,0 +1,148 @@
+"""``train.client_mapping=auto``: time the candidate client mappings on the run's first round, keep the fastest.
+
+Which mapping is fastest depends on the machine, the model and the client
+count (benchmarks/RESULTS.md: on a 2-core CPU ``vmap`` wins for an MLP and
+loses 3-8x for a CNN; on a GPU ``vmap`` fills the device until memory runs
+out), so ``auto`` measures instead of guessing. `choose_mapping` compiles
+the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
+``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``map``; chunk sizes
+only below the number of training clients) and runs it once on the run's
+real state for the round about to run; the candidates within 25% of the
+best run once more and each keeps its faster time. A candidate that fails
+(out of memory) is recorded with its error and left out.
+
+The numbers do not depend on the choice: the timed rounds run on copies
+that are thrown away, then the run goes on from the same state with the
+winner, so its results are exactly those of a run given the winning mapping
+(and every mapping computes the same per-client numbers:
+tests/test_mapping_choice.py, tests/test_engine.py). The cost is one compile
+and one or two rounds per candidate, once per run (or per resumed run), and
+it is bounded: the backend's default (client_mapping.default_mapping) is
+timed first, and the others only when their estimated cost (each: a compile
+as long as the default's and `SLOWER` of its rounds) is at most `BUDGET` of
+the run's remaining time at the default's speed, and only while the time
+spent stays within that budget; the record says what it cost and what it
+left untimed. Runs with fewer than `MIN_ROUNDS` rounds left, and
+multi-process runs (whose processes must run one program), keep the default
+untimed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+CPU_CANDIDATES = (("map", None), ("chunked", 4), ("vmap", None))
+ACCELERATOR_CANDIDATES = (("vmap", None), ("chunked", 8), ("chunked", 32), ("map", None))
+RETIME_WITHIN = 1.25  # candidates this close to the best run a second time
+MIN_ROUNDS = 20  # timing costs a few rounds: shorter runs keep the default
+BUDGET = 0.05  # the other candidates are timed only if that costs at most this share of the run
+SLOWER = 3.0  # a candidate's round is budgeted as this many of the default's (vmap of a CNN on CPU: 3-8)
+
+
+def worth_timing(rounds_left: int) -> bool:
+    """Whether a run with ``rounds_left`` rounds to go times the candidates (one process, enough rounds)."""
+    return rounds_left >= MIN_ROUNDS and jax.process_count() == 1
+
+
+def candidates(training_clients: int, backend: str | None = None) -> list[tuple[str, int | None]]:
+    """(mapping, chunk size or None) pairs to time for ``training_clients`` clients per round."""
+    base = CPU_CANDIDATES if (backend or jax.default_backend()) == "cpu" else ACCELERATOR_CANDIDATES
+    return [(m, c) for m, c in base if m != "chunked" or c < training_clients]
+
+
+def label(mapping: str, chunk_size: int | None) -> str:
+    """'map', 'vmap' or 'chunked:<size>'."""
+    return f"{mapping}:{chunk_size}" if mapping == "chunked" else mapping
+
+
+def training_clients(engine) -> int:
+    """Clients that train each round (all of them with ``train.all_clients_train``)."""
+    return engine.num_clients if engine.config.all_clients_train else engine.config.clients_per_round
+
+
+def choose_mapping(engine, server, clients, key, round_index: int = 0, values: dict | None = None,
+                   options: list[tuple[str, int | None]] | None = None, rounds_left: int | None = None):
+    """(the fastest candidate's engine, record) for the round ``round_index`` with ``key`` on this state.
+
+    ``server`` and ``clients`` are read, never donated or changed. The record
+    (JSON-ready) holds every candidate's compile and round seconds (or its
+    error), the chosen label, mapping and chunk size, and the seconds the
+    choice took in all. With ``rounds_left``, the candidates after the first
+    are timed only within `BUDGET` (the record's ``skipped`` says why not).
+    """
+    began = time.perf_counter()
+    options = options if options is not None else candidates(training_clients(engine))
+    timed, runs, record, skipped = {}, {}, {}, None
+    for i, (mapping, chunk) in enumerate(options):
+        name = label(mapping, chunk)
+        if i >= 1 and rounds_left is not None and timed:
+            first = record[next(iter(timed))]
+            run_s = rounds_left * first["round_s"]
+            cost = (len(options) - 1) * (first["compile_s"] + SLOWER * first["round_s"])
+            spent = time.perf_counter() - began
+            if i == 1 and cost > BUDGET * run_s:
+                skipped = (f"timing {len(options) - 1} more would cost ~{cost:.0f} s, over {BUDGET:.0%} of the "
+                           f"~{run_s:.0f} s of the {rounds_left} rounds left")
+                break
+            if spent > BUDGET * run_s:
+                skipped = (f"{', '.join(label(*o) for o in options[i:])} not timed: {spent:.0f} s spent, over "
+                           f"{BUDGET:.0%} of the ~{run_s:.0f} s of the {rounds_left} rounds left")
+                break
+        try:
+            candidate = engine.with_mapping(mapping, chunk)
+            start = time.perf_counter()
+            run = candidate.compiled_round(server, clients, key, round_index, values)
+            compile_s = time.perf_counter() - start
+            record[name] = {"compile_s": round(compile_s, 3), "round_s": round(_seconds(run), 4)}
+        except Exception as e:  # noqa: BLE001 (out of memory, a mapping the method cannot take: not a candidate)
+            record[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            continue
+        timed[name], runs[name] = (candidate, mapping, chunk), run
+    if not timed:
+        raise RuntimeError(f"client_mapping=auto: every candidate failed: {record}")
+    best = min(record[n]["round_s"] for n in timed)
+    for name in [n for n in timed if record[n]["round_s"] <= RETIME_WITHIN * best]:
+        record[name]["round_s"] = round(min(record[name]["round_s"], _seconds(runs[name])), 4)
+    runs.clear()
+    chosen = min(timed, key=lambda n: record[n]["round_s"])
+    winner, mapping, chunk = timed[chosen]
+    out = {"requested": "auto", "chosen": chosen, "mapping": mapping, "chunk_size": chunk, "timed": True,
+           "timed_round": int(round_index), "candidates": record, "seconds": round(time.perf_counter() - began, 2)}
+    return winner, out if skipped is None else {**out, "skipped": skipped}
+
+
+def untimed(engine, requested: str, why: str) -> dict:
+    """The record of a mapping taken without timing (given by the config, or ``auto``'s default), and why."""
+    chunk = engine.config.chunk_size if engine.mapping == "chunked" else None
+    return {"requested": requested, "chosen": label(engine.mapping, chunk), "mapping": engine.mapping,
+            "chunk_size": chunk, "timed": False, "why": why}
+
+
+def describe(record: dict) -> str:
+    """One log line: the chosen mapping and, when timed, each candidate's seconds per round and the choice's cost."""
+    if not record["timed"]:
+        return f"client mapping {record['requested']}: {record['chosen']} ({record['why']})"
+    parts = [f"{n} {c['round_s']:.3g} s" if "round_s" in c else f"{n} failed" for n, c in record["candidates"].items()]
+    skipped = f"; not the others: {record['skipped']}" if "skipped" in record else ""
+    return (f"client mapping auto: {record['chosen']} (one round each: {', '.join(parts)}; "
+            f"choosing took {record['seconds']:.1f} s{skipped})")
+
+
+def choose_or_default(engine, requested: str, rounds_left: int, server, clients, key, round_index: int):
+    """`choose_mapping` when ``requested`` is 'auto' and timing is worth it (`worth_timing`), else this engine
+    with an `untimed` record."""
+    if requested != "auto":
+        return engine, untimed(engine, requested, "set by train.client_mapping")
+    if not worth_timing(rounds_left):
+        why = (f"the {jax.default_backend()} default, untimed: " +
+               (f"fewer than {MIN_ROUNDS} rounds to go" if jax.process_count() == 1 else "several processes"))
+        return engine, untimed(engine, requested, why)
+    return choose_mapping(engine, server, clients, key, round_index, rounds_left=rounds_left)
+
+
+def _seconds(run) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start

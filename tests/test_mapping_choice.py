@@ -1,0 +1,99 @@
+"""client_mapping='auto' (engine/mapping_choice.py): it times the candidates, records its choice, keeps the
+fastest, and the choice never changes the numbers (each candidate equals the per-client loop)."""
+
+import jax
+import numpy as np
+
+from fedjax_pfl.data.client_data import stack_clients
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.engine import mapping_choice
+from fedjax_pfl.methods import get_method
+from fedjax_pfl.models.networks import build_model
+from test_engine import S, _assert_close, _data, _reference, _setup
+
+MODEL = build_model("lenet", (16, 16, 1), 4, conv_impl="direct")
+OPTIONS = [("map", None), ("vmap", None), ("chunked", 2)]
+
+
+def _engine(mapping="auto"):
+    x, y, idx = _data(MODEL.input_shape)
+    train = stack_clients(x, y, idx)
+    return engine_lib.Engine(get_method("fedavg")(_setup(MODEL)), train, train,
+                             engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=2))
+
+
+def _start(engine, key):
+    init_key, key = jax.random.split(key)
+    return (*engine.init(init_key), engine_lib.round_keys(key, 0)[0])
+
+
+def test_each_candidate_equals_the_per_client_loop():
+    key = jax.random.key(5)
+    ref_server, _ = _reference("fedavg", MODEL, 1, key)
+    base = _engine()
+    for mapping, chunk in OPTIONS:
+        engine = base.with_mapping(mapping, chunk)
+        assert (engine.mapping, engine.config.chunk_size) == (mapping, chunk or 2)
+        server, clients, round_key = _start(engine, key)
+        server, _, _ = engine.round(server, clients, round_key, 0)
+        _assert_close(server["variables"], ref_server, tol=2e-5)
+
+
+def test_choice_is_timed_recorded_and_changes_nothing():
+    engine = _engine()
+    server, clients, round_key = _start(engine, jax.random.key(5))
+    before = jax.device_get((server, clients))
+    chosen, record = mapping_choice.choose_mapping(engine, server, clients, round_key, 0, options=OPTIONS)
+    assert record["timed"] and record["requested"] == "auto" and record["seconds"] > 0
+    assert set(record["candidates"]) == {"map", "vmap", "chunked:2"}
+    seconds = {name: c["round_s"] for name, c in record["candidates"].items()}
+    assert all(s > 0 and c["compile_s"] > 0 for s, c in zip(seconds.values(), record["candidates"].values()))
+    assert record["chosen"] == min(seconds, key=seconds.get)
+    assert mapping_choice.label(chosen.mapping, record["chunk_size"]) == record["chosen"]
+    assert record["chosen"] in mapping_choice.describe(record)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get((server, clients)))):
+        np.testing.assert_array_equal(a, b)  # timing read the state and changed nothing
+    # the run goes on with the winner: exactly the numbers of an engine given that mapping
+    direct = _engine(record["mapping"])
+    got = chosen.round(server, clients, round_key, 0)
+    server2, clients2, _ = _start(direct, jax.random.key(5))
+    want = direct.round(server2, clients2, round_key, 0)
+    for a, b in zip(jax.tree.leaves(got[:2]), jax.tree.leaves(want[:2])):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_short_runs_and_tight_budgets_keep_the_default():
+    engine = _engine()
+    server, clients, round_key = _start(engine, jax.random.key(5))
+    same, record = mapping_choice.choose_or_default(engine, "auto", mapping_choice.MIN_ROUNDS - 1, server, clients,
+                                                    round_key, 0)
+    assert same is engine and not record["timed"] and record["chosen"] == "map"
+    assert "rounds to go" in record["why"] and "untimed" in mapping_choice.describe(record)
+    _, given = mapping_choice.choose_or_default(engine.with_mapping("vmap"), "vmap", 100, server, clients, round_key, 0)
+    assert not given["timed"] and given["chosen"] == "vmap" and "set by" in given["why"]
+    _, record = mapping_choice.choose_mapping(engine, server, clients, round_key, 0, options=OPTIONS, rounds_left=1)
+    assert list(record["candidates"]) == ["map"] and record["chosen"] == "map"
+    assert "over 5%" in record["skipped"]
+
+
+def test_candidates_per_backend_keep_chunks_below_the_client_count():
+    assert mapping_choice.candidates(20, "cpu") == [("map", None), ("chunked", 4), ("vmap", None)]
+    assert mapping_choice.candidates(4, "cpu") == [("map", None), ("vmap", None)]
+    assert mapping_choice.candidates(1000, "gpu")[0] == ("vmap", None)
+    assert ("chunked", 32) not in mapping_choice.candidates(20, "gpu")
+
+
+def test_a_run_records_what_auto_became_in_config_json_and_the_log(tmp_path, capsys):
+    import json
+
+    from fedjax_pfl.runs import cli
+
+    out = tmp_path / "run"
+    args = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "--rounds", str(mapping_choice.MIN_ROUNDS),
+            "--out", str(out), "partition.num_clients=4", "model.hidden=[8]", "eval_every=10"]
+    assert cli.main(args) == 0
+    resolved = json.loads((out / "config.json").read_text())["resolved"]
+    assert resolved["model.conv_impl"] == ("direct" if jax.default_backend() == "cpu" else "native")
+    choice = resolved["train.client_mapping"]
+    assert choice["requested"] == "auto" and choice["timed"] and choice["chosen"] in choice["candidates"]
+    assert mapping_choice.describe(choice) in capsys.readouterr().out
