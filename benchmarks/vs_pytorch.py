@@ -17,11 +17,13 @@ the last batch partial; then every client is evaluated on its test set
   ``mapping_choice_s``), or ``--client-mapping``; then a warm-up
   round and evaluation (compile time = their time minus the steady time) and
   ``--rounds`` timed rounds; ``Engine.round`` and ``Engine.evaluate`` each
-  timed to completion. ``--cpu-devices N`` gives the JAX side N host devices
-  (``jax_num_cpu_devices``): the engine splits the clients over them, each
-  device running its own (XLA:CPU runs one device's program mostly on one
-  thread). Padding efficiency is the real over executed
-  client-steps the engine reports for the timed rounds.
+  timed to completion. Host devices: the training command's default
+  (``devices.cpu=auto``, runs/host_devices.py: one per core), or
+  ``--cpu-devices N``; the engine splits the clients over them, each device
+  running its own (XLA:CPU runs one device's program mostly on one thread).
+  ``--cpu-devices 1`` gives the single-device figure; the record's
+  ``fedjax_pfl.devices`` says what ran. Padding efficiency is the real over
+  executed client-steps the engine reports for the timed rounds.
 - PyTorch (benchmarks/torch_loop.py, the `bench` extra): one warm-up step,
   then the same number of timed rounds. ``torch.set_num_threads`` is set to
   the machine's core count; XLA:CPU uses all cores by default.
@@ -129,8 +131,10 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int =
     import jax
     import numpy as np
 
-    if workload.get("cpu_devices", 1) > 1:  # before any backend starts: the engine then splits the clients over them
-        jax.config.update("jax_num_cpu_devices", workload["cpu_devices"])
+    from fedjax_pfl.runs import host_devices
+
+    # before any backend starts, as the training command: the engine then splits the clients over the devices
+    devices = host_devices.apply(workload.get("cpu_devices", host_devices.AUTO), workload["model"])
 
     import flops
     from fedjax_pfl.engine import mapping_choice
@@ -177,7 +181,7 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int =
         "matmul_peak_gflops": flops.matmul_peak(matmul_size, "fp32", chain=4)["flops_per_s"] / 1e9,
         "accuracy": summarize_evaluation(evaluation)["accuracy"], "peak_memory_bytes": peak_memory_bytes(),
         "train_samples_per_round": samples, "jax": jax.__version__, "backend": jax.default_backend(),
-        "devices": jax.device_count(),
+        "devices": jax.device_count(), "devices_why": devices["why"],
     }
     if model != "mlp":
         out["step_s"] = flops.sgd_steps_seconds(model, shape, classes, workload["batch"], CNN_STEP_STEPS)
@@ -295,7 +299,7 @@ def markdown(records: list[dict]) -> str:
     """The records as one table: ratios, GFLOP/s against the peak, padding efficiency, mapping chosen."""
     fmt = lambda v, spec=".3g": "-" if v is None else format(v, spec)  # noqa: E731
     lines = ["| model, B, join | fedjax_pfl train / eval s | PyTorch train / eval s | ratio train | ratio e2e | "
-             "step GFLOP/s ours / PyTorch (of peak) | train GFLOP/s ours / PyTorch | padding eff. | mapping | "
+             "step GFLOP/s ours / PyTorch (of peak) | train GFLOP/s ours / PyTorch | padding eff. | mapping, devices | "
              "choice s | load |", "|" + "---|" * 11]
     for r in records:
         w, a, b = r["workload"], r["fedjax_pfl"], r["pytorch"] or {}
@@ -303,6 +307,7 @@ def markdown(records: list[dict]) -> str:
                 f"({fmt(a.get('step_of_peak'), '.0%')} / {fmt(b.get('step_of_peak'), '.0%')})"
                 if "step_s" in a else "-")
         mapping = a["client_mapping"] + (f":{a['chunk_size']}" if a.get("chunk_size") else "")
+        mapping += f", {a['devices']}" if "devices" in a else ""
         lines.append(
             f"| {w['model']}, {w['batch']}, {w['join_ratio']:g} | {fmt(a['train_s_per_round'])} / "
             f"{fmt(a['eval_s_per_round'])} | {fmt(b.get('train_s_per_round'))} / {fmt(b.get('eval_s_per_round'))} | "
@@ -331,8 +336,9 @@ def main(argv=None) -> int:
     p.add_argument("--run-rounds", type=int, default=100,
                    help="the run length the auto choice budgets its timing for (5%% of it; --tiny: no budget)")
     p.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n float32 matmuls of the peak")
-    p.add_argument("--cpu-devices", type=int, default=1,
-                   help="JAX side: this many host devices (jax_num_cpu_devices), the clients split over them")
+    p.add_argument("--cpu-devices", default="auto",
+                   help="JAX side: host devices, the clients split over them: auto (the training command's "
+                   "default, devices.cpu) or a number (1: one device)")
     p.add_argument("--no-torch", action="store_true", help="time fedjax_pfl only")
     p.add_argument("--out", help="also append the records to this JSONL file")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -352,13 +358,19 @@ def main(argv=None) -> int:
         args.methods, args.partitions, args.rounds = "fedavg", "dirichlet", 1
     if args.tiny:
         args.rounds, args.matmul_size, args.run_rounds = 1, 256, 10 ** 6
+    from fedjax_pfl.core.errors import UserError
+    from fedjax_pfl.runs.host_devices import parse as parse_devices  # (no JAX backend starts here)
+
+    try:
+        parse_devices(args.cpu_devices)
+    except UserError as e:
+        raise SystemExit(f"vs_pytorch: --cpu-devices: {e}") from None
     note = "--no-torch given" if args.no_torch else torch_available()
     records = []
     for workload in workload_list(args):
         if args.client_mapping:
             workload["mapping"] = args.client_mapping
-        if args.cpu_devices > 1:
-            workload["cpu_devices"] = args.cpu_devices
+        workload["cpu_devices"] = args.cpu_devices
         record = compare(workload, args.rounds, note is None, note, args.matmul_size, args.run_rounds,
                          in_process=args.tiny)
         records.append(record)

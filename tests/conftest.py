@@ -14,6 +14,12 @@ _FAST_COMPILE = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive
 if 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
+# One host device unless a test asks for more (forced_devices.py): the training command's default
+# (devices.cpu=auto, runs/host_devices.py) would otherwise give every CLI subprocess one device per core;
+# tests/test_host_devices.py runs that default on purpose.
+if 'xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
+    os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=1'
+
 _DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / 'shared' / 'data'
 
 # A relative FEDJAX_PFL_DATA_DIR (the README's ../shared/data) is made absolute

@@ -62,3 +62,47 @@ def test_any_client_count_on_any_device_count_equals_one_device():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600,
                           env={**os.environ, **cpu_devices_env(8)})
     assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]
+
+
+TWO_DEVICES = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from fedjax_pfl.engine import engine as engine_lib, sharding
+    from fedjax_pfl.data.client_data import stack_clients
+    from fedjax_pfl.methods import get_method
+    from fedjax_pfl.methods.base import LocalSetup
+    from fedjax_pfl.models.networks import build_model
+    assert jax.device_count() == 2, jax.devices()
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(3, 12, 7)  # 7 clients: padded to 8 rows; 5 a round: a repeated row dropped
+    x = rng.integers(0, 256, (sum(sizes), 16, 16, 1), dtype=np.uint8)
+    y = rng.integers(0, 3, sum(sizes)).astype(np.int32)
+    data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
+    setup = LocalSetup(model=build_model("fedavgcnn", (16, 16, 1), 3), optimizer=optax.sgd(0.05), batch_size=4,
+                       local_epochs=1, normalize=lambda a: a.astype(jnp.float32) / 255.0)
+
+    def run(method, mapping, shard):
+        eng = engine_lib.Engine(get_method(method)(setup), data, data,
+                                engine_lib.EngineConfig(5, client_mapping=mapping, chunk_size=2, shard=shard))
+        server, clients = eng.init(jax.random.key(0))
+        if shard:  # each device maps its own clients (shard_map), no vmap over the devices
+            jaxpr = str(jax.make_jaxpr(eng._round_impl)(server, clients, eng.train, jax.random.key(1), 0, {}))
+            assert "shard_map" in jaxpr, jaxpr[:2000]
+        server, clients, metrics, evals = eng.run_rounds(server, clients, jax.random.key(1), 0, 2, 2, 1)
+        return jax.device_get((server, jax.tree.map(lambda a: np.asarray(a)[:7], clients), metrics, evals))
+
+    # a CNN under map (the CPU default: per-client direct convolutions), and a method that needs the selected
+    # clients' state before training (Method.needs_selected_state) under chunked
+    for method, mapping in (("fedavg", "map"), ("fedpac", "chunked")):
+        want, got = run(method, mapping, False), run(method, mapping, True)
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5,
+                                       err_msg=f"{method} on 2 devices")
+    print("TWO_DEVICES_OK")
+""")
+
+
+def test_cnn_and_selected_state_methods_on_two_devices_equal_one_device():
+    proc = subprocess.run([sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **cpu_devices_env(2)})
+    assert proc.returncode == 0 and "TWO_DEVICES_OK" in proc.stdout, proc.stderr[-3000:]

@@ -6,8 +6,9 @@ loses 3-8x for a CNN; on a GPU ``vmap`` fills the device until memory runs
 out), so ``auto`` measures instead of guessing. `choose_mapping` compiles
 the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
 ``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``map``; chunk sizes
-only below the number of training clients) and runs it once on the run's
-real state for the round about to run; the candidates within 25% of the
+only below the number of clients each device maps, `clients_per_device`) on
+the engine's own devices and runs it once on the run's real state for the
+round about to run; the candidates within 25% of the
 best run once more and each keeps its faster time. A candidate that fails
 (out of memory) is recorded with its error and left out.
 
@@ -32,6 +33,8 @@ from __future__ import annotations
 import time
 
 import jax
+
+from fedjax_pfl.engine import sharding
 
 CPU_CANDIDATES = (("map", None), ("chunked", 4), ("vmap", None))
 ACCELERATOR_CANDIDATES = (("vmap", None), ("chunked", 8), ("chunked", 32), ("map", None))
@@ -62,6 +65,11 @@ def training_clients(engine) -> int:
     return engine.num_clients if engine.config.all_clients_train else engine.config.clients_per_round
 
 
+def clients_per_device(engine) -> int:
+    """Training clients each device maps in a round (the engine deals them evenly over its mesh)."""
+    return -(-training_clients(engine) // sharding.mesh_size(engine.mesh))
+
+
 def choose_mapping(engine, server, clients, key, round_index: int = 0, values: dict | None = None,
                    options: list[tuple[str, int | None]] | None = None, rounds_left: int | None = None):
     """(the fastest candidate's engine, record) for the round ``round_index`` with ``key`` on this state.
@@ -73,7 +81,7 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     are timed only within `BUDGET` (the record's ``skipped`` says why not).
     """
     began = time.perf_counter()
-    options = options if options is not None else candidates(training_clients(engine))
+    options = options if options is not None else candidates(clients_per_device(engine))
     timed, runs, record, skipped = {}, {}, {}, None
     for i, (mapping, chunk) in enumerate(options):
         name = label(mapping, chunk)
@@ -109,7 +117,8 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     chosen = min(timed, key=lambda n: record[n]["round_s"])
     winner, mapping, chunk = timed[chosen]
     out = {"requested": "auto", "chosen": chosen, "mapping": mapping, "chunk_size": chunk, "timed": True,
-           "timed_round": int(round_index), "candidates": record, "seconds": round(time.perf_counter() - began, 2)}
+           "devices": sharding.mesh_size(engine.mesh), "timed_round": int(round_index), "candidates": record,
+           "seconds": round(time.perf_counter() - began, 2)}
     return winner, out if skipped is None else {**out, "skipped": skipped}
 
 

@@ -2,8 +2,10 @@
 
 Client state and client data carry the client axis first; on several devices
 that axis is split over a one-dimensional `jax.sharding.Mesh` named
-'clients' (NamedSharding). Under jit, XLA then partitions the per-client work
-and turns server reductions into collectives. One device: nothing changes.
+'clients' (NamedSharding). Each device maps its own clients under
+`jax.shard_map` (`split_over_devices`); under jit XLA turns server
+reductions into collectives. One device: nothing changes. On a CPU the
+training command makes one host device per core (runs/host_devices.py).
 
 Any client count: the client axis is padded with empty clients (zero state,
 ``n = 0`` data) up to a multiple of the device count (`padded_count`,
@@ -14,9 +16,9 @@ The selected clients of a round: gathering rows ``selected`` [S] of a
 client-sharded array compiles (XLA SPMD, checked on jax 0.10.2 CPU with 4
 devices) to a local masked gather on each device plus an all-reduce of the
 [S, ...] rows: never an all-gather of the whole client state. The per-client
-work is then split over devices by `split_over_devices` (a sharding
-constraint on a [devices, S/devices, ...] layout), and the scatter back
-all-gathers only the [S, ...] updated rows before each device writes its own.
+work is then split over devices by `split_over_devices` (`jax.shard_map`:
+each device maps its own S/devices rows), and the scatter back all-gathers
+only the [S, ...] updated rows before each device writes its own.
 
 Multi-host (distributed.py): every process holds the whole (small) pool on
 the host; `shard_clients` builds each global array from the rows of the
@@ -97,30 +99,35 @@ def split_over_devices(mapped, mesh: Mesh, interleave: bool):
     """``mapped`` (a mapping over a leading client axis) with that axis split over the mesh.
 
     The S rows are padded (repeating the last row) to a multiple of the
-    device count D and laid out [D, S'/D, ...] with the D axis sharded;
-    ``mapped`` runs vmapped over D, so each device maps its own S'/D clients,
-    and the padded rows' results are dropped. ``interleave`` deals row i to
-    device i mod D (clients sorted by cost then cost the same on every device);
-    otherwise device d takes a contiguous block, matching `shard_clients`
-    (no data moves for the whole client axis).
+    device count D and dealt out under `jax.shard_map`: each device runs
+    ``mapped`` on its own S'/D rows, as one device would on all of them (a
+    per-client convolution stays per-client; a vmap over the devices would
+    batch it), and the padded rows' results are dropped. ``interleave`` deals
+    row i to device i mod D (clients sorted by cost then cost the same on
+    every device); otherwise device d takes a contiguous block, matching
+    `shard_clients` (no data moves for the whole client axis). Values that
+    ``mapped`` closes over (the server state) reach every device whole.
     """
     size = mesh.devices.size
-    spread = NamedSharding(mesh, PartitionSpec(AXIS))
+    spec = PartitionSpec(AXIS)
 
     def to_devices(a, count, per):
-        a = a[jnp.minimum(jnp.arange(size * per), count - 1)]
-        a = a.reshape((per, size) + a.shape[1:]).swapaxes(0, 1) if interleave else a.reshape((size, per) + a.shape[1:])
-        return jax.lax.with_sharding_constraint(a, spread)
+        if count < size * per:
+            a = a[jnp.minimum(jnp.arange(size * per), count - 1)]
+        return a.reshape((per, size) + a.shape[1:]).swapaxes(0, 1).reshape(a.shape) if interleave else a
 
-    def from_devices(a, count):
-        a = a.swapaxes(0, 1) if interleave else a
-        return a.reshape((-1,) + a.shape[2:])[:count]
+    def from_devices(a, count, per):
+        a = a.reshape((size, per) + a.shape[1:]).swapaxes(0, 1).reshape(a.shape) if interleave else a
+        return a if count == size * per else a[:count]
 
     def run(*args):
         count = jax.tree.leaves(args)[0].shape[0]
         per = -(-count // size)
-        out = jax.vmap(mapped)(*jax.tree.map(lambda a: to_devices(a, count, per), args))
-        return jax.tree.map(lambda a: from_devices(a, count), out)
+        # check_vma=False: the clients' loops carry values that start from the (same on every device) server
+        # state and become per-device; the varying-type check would reject such carries
+        local = jax.shard_map(mapped, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+        out = local(*jax.tree.map(lambda a: to_devices(a, count, per), args))
+        return jax.tree.map(lambda a: from_devices(a, count, per), out)
 
     return run
 

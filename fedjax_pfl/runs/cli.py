@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fedjax_pfl.engine import distributed
 from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs.command import INTERRUPTED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.runs.output_folder import default_run_folder
@@ -40,7 +41,7 @@ FLAGS = {
     "eval_every": "eval_every", "out": "out", "checkpoint_every": "checkpoint_every", "client_mapping": "train.client_mapping",
     "eval_model": "eval.model",
     "tensorboard": "log.tensorboard",
-    "rounds_per_call": "train.rounds_per_call", "seeds": "seeds",
+    "rounds_per_call": "train.rounds_per_call", "seeds": "seeds", "cpu_devices": "devices.cpu",
 }
 
 
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-model", help="whose model each client is evaluated with: auto (the method's default), "
                    "global or local (shared-body methods)")
     p.add_argument("--client-mapping", help="auto | vmap | map | chunked")
+    p.add_argument("--cpu-devices", help="host devices on a CPU, the clients split over them: auto (one per core) "
+                   "or a number")
     p.add_argument("--out", help="output folder (default runs/<method>-<dataset>-<time>)")
     p.add_argument("--checkpoint-every", type=int, help="save server and client state every K rounds (0: never)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
@@ -163,6 +166,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     handling (runs/stop_request.py; its ``requested`` says afterwards whether Ctrl-C was pressed).
     """
     settle(cfg)
+    host_devices.apply(cfg.devices.cpu, cfg.model.name)  # before JAX starts (if it has not: else left as is)
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
         return run_sweep(cfg, progress, resume, observe, stop)
     return run_single(cfg, progress, resume, observe, stop)

@@ -98,6 +98,13 @@ class LogConfig:
 
 
 @dataclasses.dataclass
+class DevicesConfig:
+    # host (CPU) devices JAX makes before it starts, the clients split over them: 'auto' (one per core, or
+    # a count set by XLA_FLAGS / JAX_NUM_CPU_DEVICES) or a number (runs/host_devices.py)
+    cpu: str = "auto"
+
+
+@dataclasses.dataclass
 class RunConfig:
     method_name: str = "fedas"
     method: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -107,6 +114,7 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    devices: DevicesConfig = dataclasses.field(default_factory=DevicesConfig)
     seed: int = 0
     data_seed: int | None = None  # seed of the data partition (and generated data); empty: `seed`
     seeds: tuple[int, ...] = ()  # several seeds in one vmapped program (runs/sweep.py); empty: just `seed`
@@ -310,6 +318,7 @@ def validate_values(cfg: RunConfig) -> None:
     """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
     from fedjax_pfl.engine.client_mapping import MAPPINGS
     from fedjax_pfl.models.initialization import INITS
+    from fedjax_pfl.runs.host_devices import parse as parse_devices
 
     t, p = cfg.train, cfg.partition
     for name in ("rounds", "local_epochs", "batch_size", "chunk_size"):
@@ -362,12 +371,14 @@ def validate_values(cfg: RunConfig) -> None:
     _check(t.rounds_per_call >= 0, f"train.rounds_per_call must be >= 0 (0: auto), got {t.rounds_per_call}")
     _check(t.max_experiments_per_call >= 0,
            f"train.max_experiments_per_call must be >= 0 (0: as many as fit), got {t.max_experiments_per_call}")
+    parse_devices(cfg.devices.cpu)
 
 
 # Keys a resumed run may change: where the data lives (the partition is compared
-# instead), whether it may be downloaded, and the number of rounds (extend only).
+# instead), whether it may be downloaded, and the number of rounds (extend only); the host device count
+# (checkpoints re-pad the client axis to any count).
 RESUME_MAY_CHANGE = ("data.data_dir", "data.allow_download", "train.rounds", "out", "train.rounds_per_call",
-                     "log.tensorboard")
+                     "log.tensorboard", "devices.cpu")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

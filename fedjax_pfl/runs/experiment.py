@@ -24,6 +24,7 @@ from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.methods.options import resolved
+from fedjax_pfl.runs import host_devices
 from fedjax_pfl.models.conv import resolve_conv_impl
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.kernels.optim import make_optimizer
@@ -263,5 +264,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
 
 def resolved_settings(cfg: config_lib.RunConfig, mapping: dict) -> dict:
     """What the config's 'auto' settings became in this run (config.json's "resolved"): the convolution
-    implementation and ``mapping``, the client mapping's record (engine/mapping_choice.py: timed or not)."""
-    return {"model.conv_impl": resolve_conv_impl(cfg.model.conv_impl), "train.client_mapping": mapping}
+    implementation, ``mapping``, the client mapping's record (engine/mapping_choice.py: timed or not), and
+    the devices that ran (runs/host_devices.py)."""
+    return {"model.conv_impl": resolve_conv_impl(cfg.model.conv_impl), "train.client_mapping": mapping,
+            "devices.cpu": host_devices.record()}

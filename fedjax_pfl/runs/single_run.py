@@ -19,6 +19,7 @@ import jax
 from fedjax_pfl.engine import checkpoint, distributed, mapping_choice
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.runs import config as config_lib
+from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import resume as resume_lib
 from fedjax_pfl.runs import run_output
 from fedjax_pfl.runs.call_planner import CallPlanner
@@ -95,9 +96,10 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
     exp.engine, choice = mapping_choice.choose_or_default(
         exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
         engine_lib.round_keys(key, done)[0], done)
-    print(mapping_choice.describe(choice), flush=True)
+    resolved = resolved_settings(cfg, choice)
+    print(f"{host_devices.describe(resolved['devices.cpu'])}; {mapping_choice.describe(choice)}", flush=True)
     writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done,
-                       resolved=resolved_settings(cfg, choice))
+                       resolved=resolved)
     program = SingleProgram(exp.engine, server, clients, key, cfg)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress)

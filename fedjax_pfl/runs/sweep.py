@@ -51,6 +51,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.runs.atomic_file import atomic_write
 from fedjax_pfl.runs.call_planner import CallPlanner
+from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs.experiment import build_experiment, resolved_settings, validate
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
@@ -279,7 +280,7 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
     print(exp.partition_text if len(exps) == 1 else f"{len(exps)} partitions, one per seed (vary_data_with_seed)")
     per_call = experiments_per_call(exp.engine, cfg, len(points))
     print(f"{len(points)} runs, {per_call} per compiled program, on {jax.devices()[0].device_kind} "
-          f"({jax.default_backend()}) ...", flush=True)
+          f"({jax.default_backend()}); {host_devices.describe(host_devices.record())} ...", flush=True)
     start = time.perf_counter()
     summaries: list[dict] = []
     for i in range(0, len(points), per_call):
