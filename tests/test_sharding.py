@@ -8,6 +8,24 @@ import textwrap
 
 from forced_devices import cpu_devices_env
 
+# Both scripts: every leaf of a run on several devices equals the one-device run's.
+ASSERT_SAME = textwrap.dedent("""
+    def assert_same(got, want, what):
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5, err_msg=what)
+""")
+
+
+def run_script(script: str, devices: int, done: str):
+    """``script`` (with `ASSERT_SAME`) in a fresh process on ``devices`` host devices; it prints ``done``."""
+    source = script.replace("import jax, jax.numpy as jnp, numpy as np, optax\n",
+                            "import jax, jax.numpy as jnp, numpy as np, optax\n" + ASSERT_SAME, 1)
+    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **cpu_devices_env(devices)})
+    assert proc.returncode == 0 and done in proc.stdout, proc.stderr[-3000:]
+
+
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from jax.sharding import PartitionSpec
@@ -49,19 +67,13 @@ SCRIPT = textwrap.dedent("""
                                            ("fedper", "chunked", (8,)), ("fedala", "vmap", (3,))):
         want = run(method, 1, mapping)
         for devices in device_counts:
-            got = run(method, devices, mapping)
-            assert jax.tree.structure(got) == jax.tree.structure(want)
-            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5,
-                                           err_msg=f"{method} on {devices} devices")
+            assert_same(run(method, devices, mapping), want, f"{method} on {devices} devices")
     print("SHARDED_OK")
 """)
 
 
 def test_any_client_count_on_any_device_count_equals_one_device():
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **cpu_devices_env(8)})
-    assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]
+    run_script(SCRIPT, 8, "SHARDED_OK")
 
 
 TWO_DEVICES = textwrap.dedent("""
@@ -93,16 +105,10 @@ TWO_DEVICES = textwrap.dedent("""
     # a CNN under map (the CPU default: per-client direct convolutions), and a method that needs the selected
     # clients' state before training (Method.needs_selected_state) under chunked
     for method, mapping in (("fedavg", "map"), ("fedpac", "chunked")):
-        want, got = run(method, mapping, False), run(method, mapping, True)
-        assert jax.tree.structure(got) == jax.tree.structure(want)
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5,
-                                       err_msg=f"{method} on 2 devices")
+        assert_same(run(method, mapping, True), run(method, mapping, False), f"{method} on 2 devices")
     print("TWO_DEVICES_OK")
 """)
 
 
 def test_cnn_and_selected_state_methods_on_two_devices_equal_one_device():
-    proc = subprocess.run([sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **cpu_devices_env(2)})
-    assert proc.returncode == 0 and "TWO_DEVICES_OK" in proc.stdout, proc.stderr[-3000:]
+    run_script(TWO_DEVICES, 2, "TWO_DEVICES_OK")
