@@ -16,7 +16,7 @@ from fedjax_pfl.kernels import adaptive_aggregation as ala
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.kernels.local_training import Batch
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import ClientRound, LocalSetup, Method
+from fedjax_pfl.methods.base import ClientRound, LocalSetup, Method, ServerRound
 from fedjax_pfl.methods.fedrod import PERSONAL
 from fedjax_pfl.methods.step_counted import random_batch_index
 from fedjax_pfl.models.networks import build_model
@@ -290,6 +290,43 @@ def test_pfedme_inner_step_has_the_authors_weight_decay():
     undecayed, _ = jax.jit(plain.client_update)(server, tree_ops.gather(clients, 0), data, key,
                                                 ClientRound(0, jnp.int32(steps)))
     assert np.abs(_linear64(undecayed["variables"]["params"])[0] - theta[0]).max() > 1e-3
+
+
+def test_pfedme_theta_can_start_from_the_clients_previous_theta():
+    """theta_start=previous (the pFedKD authors' copy): the K inner steps start from the client's stored
+    theta_i, not from w; the local model w_loc still starts from w. Against float64 on a linear model."""
+    lamda, plr, k_inner, eta, steps = 2.0, 0.05, 3, 0.1, 2
+    setup = _setup("mlr", epochs=steps, lr=eta)
+    options = dict(lamda=lamda, personal_lr=plr, K=k_inner, local_steps=steps, weight_decay=0.0)
+    method = _method("pfedme", setup, theta_start="previous", **options)
+    server, clients = method.init(jax.random.key(0), 1)
+    client = jax.tree.map(lambda a: a + 0.3, tree_ops.gather(clients, 0))  # a theta_i away from w
+    data, key = _client_data(2), jax.random.key(5)
+    out, upload = jax.jit(method.client_update)(server, client, data, key, ClientRound(0, jnp.int32(steps)))
+    keys = [jax.random.split(k, 2)[1] for k in jax.random.split(key, steps)]
+    theta, local = list(_linear64(client["variables"]["params"])), list(_linear64(server["variables"]["params"]))
+    for x, y in _batches64(data, keys):
+        for _ in range(k_inner):
+            grads = _softmax_ce_grad64(*theta, x, y)
+            theta = [t - plr * (g + lamda * (t - w)) for t, g, w in zip(theta, grads, local)]
+        local = [w - eta * lamda * (w - t) for w, t in zip(local, theta)]
+    for got, want in ((out["variables"]["params"], theta), (upload["variables"]["params"], local)):
+        for a, b in zip(_linear64(got), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    from_global, _ = jax.jit(_method("pfedme", setup, **options).client_update)(
+        server, client, data, key, ClientRound(0, jnp.int32(steps)))
+    assert np.abs(_linear64(from_global["variables"]["params"])[0] - theta[0]).max() > 1e-3
+
+
+def test_pfedme_server_can_average_uniformly():
+    """aggregate=uniform (the pFedKD authors' copy): weight 1/S per arrived upload, whatever n_i."""
+    server, clients = _method("pfedme").init(jax.random.key(0), 3)
+    ups = {"variables": jax.tree.map(lambda a: jnp.stack([a + 1.0, a + 4.0, a + 9.0]), server["variables"])}
+    info = ServerRound(0, jnp.arange(3), jnp.asarray([3.0, 1.0, 5.0]), jnp.asarray([True, True, False]))
+    for aggregate, shift in (("uniform", 2.5), ("samples", (3 * 1.0 + 1 * 4.0) / 4)):
+        new, _ = _method("pfedme", aggregate=aggregate).server_update(server, clients, ups, info)
+        for a, b in zip(jax.tree.leaves(new["variables"]), jax.tree.leaves(server["variables"])):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b) + shift, rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------ FedRep

@@ -142,7 +142,7 @@ def test_bad_options_raise_user_error():
         "perfedavg": [{"beta": 0.0}, {"alpha": -1.0}, {"variant": "so"}, {"local_steps": 0}, {"eval_steps": 0},
                       {"lamda": 1.0}],
         "pfedme": [{"lamda": 0.0}, {"personal_lr": -0.1}, {"K": 0}, {"beta": -1.0}, {"local_steps": 1.5},
-                   {"mu": 0.1}],
+                   {"mu": 0.1}, {"theta_start": "local"}, {"aggregate": "mean"}],
     }
     for name, options in bad.items():
         cls = get_method(name)

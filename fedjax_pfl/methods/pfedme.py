@@ -43,6 +43,10 @@ from fedjax_pfl.methods.options import Options, option
 from fedjax_pfl.methods.step_counted import StepMethod
 
 
+THETA_STARTS = ("global", "previous")
+AGGREGATES = ("samples", "uniform")
+
+
 @dataclasses.dataclass(frozen=True)
 class PFedMeConfig(Options):
     lamda: float = option(15.0, "Moreau-envelope regularization lambda", more_than=0.0)
@@ -54,6 +58,10 @@ class PFedMeConfig(Options):
                          more_than=0.0)
     local_steps: int | None = option(None, "R local steps per round", at_least=1,
                                      none="train.local_epochs read as steps")
+    theta_start: str = option("global", "where theta_i starts a round: the global model w, or the client's "
+                              "previous theta_i (pFedKD authors' copy)", choices=THETA_STARTS)
+    aggregate: str = option("samples", "weights of the sampled uploads in the server average: n_i, or 1/S "
+                            "(pFedKD authors' copy)", choices=AGGREGATES)
 
 
 class PFedMe(StepMethod):
@@ -87,12 +95,14 @@ class PFedMe(StepMethod):
             return (theta, local), loss
 
         w = server["variables"]["params"]
-        (theta, local), loss = self.run_steps(step, (w, w), data, key, info)
+        theta = client["variables"]["params"] if hp.theta_start == "previous" else w
+        (theta, local), loss = self.run_steps(step, (theta, w), data, key, info)
         return {"variables": {"params": theta}}, {"variables": {"params": local}, "loss": loss}
 
     def server_update(self, server, clients, uploads, info):
         old = server["variables"]
-        mean = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights, old)
+        weights = info.uploaded.astype(jnp.float32) if self.hparams.aggregate == "uniform" else info.sample_weights
+        mean = aggregation.weighted_mean_or(uploads["variables"], weights, old)
         b = self.hparams.beta
         new = jax.tree.map(lambda o, m: (1.0 - b) * o + b * m, old, mean)
         return {"variables": new}, clients
