@@ -38,30 +38,41 @@ def accuracies(model, clients) -> list[float]:
         return [(model(c[2]).argmax(1) == c[3]).float().mean().item() for c in clients]
 
 
+def weighted_round(server: dict, clients, train_one) -> dict:
+    """One round of the authors' servers: PER_ROUND clients drawn uniformly, each trained by
+    ``train_one(server, client)`` (-> its state dict), averaged with weights n_i / sum_j n_j."""
+    selected = random.sample(range(CLIENTS), PER_ROUND)
+    total = sum(len(clients[i][0]) for i in selected)
+    average = {k: torch.zeros_like(v) for k, v in server.items()}
+    for i in selected:
+        trained = train_one(server, clients[i])
+        for k in average:
+            average[k] += trained[k] * (len(clients[i][0]) / total)
+    return average
+
+
 def main(seed: int, rounds: int) -> None:
     torch.manual_seed(0), random.seed(0), torch.set_num_threads(1)
     clients = client_tensors(seed)
     model = torch.nn.Linear(60, 10)  # MLR; PyTorch's default initialisation, as the authors'
     server = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def train_one(start_from: dict, client) -> dict:
+        x, y = client[:2]
+        model.load_state_dict(start_from)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        for _ in range(EPOCHS):
+            order = torch.randperm(len(x))
+            for s in range(0, len(x), BATCH):
+                b = order[s:s + BATCH]
+                opt.zero_grad()
+                F.cross_entropy(model(x[b]), y[b]).backward()
+                opt.step()
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
     start = time.time()
     for r in range(rounds):
-        selected = random.sample(range(CLIENTS), PER_ROUND)
-        total = sum(len(clients[i][0]) for i in selected)
-        average = {k: torch.zeros_like(v) for k, v in server.items()}
-        for i in selected:
-            x, y = clients[i][:2]
-            model.load_state_dict(server)
-            opt = torch.optim.SGD(model.parameters(), lr=LR)
-            for _ in range(EPOCHS):
-                order = torch.randperm(len(x))
-                for s in range(0, len(x), BATCH):
-                    b = order[s:s + BATCH]
-                    opt.zero_grad()
-                    F.cross_entropy(model(x[b]), y[b]).backward()
-                    opt.step()
-            for k, v in model.state_dict().items():
-                average[k] += v * (len(x) / total)
-        server = average
+        server = weighted_round(server, clients, train_one)
         if (r + 1) % 10 == 0:
             model.load_state_dict(server)
             acc = accuracies(model, clients)

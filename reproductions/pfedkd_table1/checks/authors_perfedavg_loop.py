@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from authors_fedavg_loop import CLIENTS, PER_ROUND, client_tensors  # noqa: E402
+from authors_fedavg_loop import client_tensors, weighted_round  # noqa: E402
 
 ALPHA, BETA, BATCH, STEPS = 0.01, 0.002, 20, 20
 MODEL = torch.nn.Linear(60, 10)
@@ -47,20 +47,17 @@ def maml_step(params: dict, client, from_adapted: bool) -> dict:
 
 def main(seed: int, rounds: int) -> None:
     torch.manual_seed(0), random.seed(0), torch.set_num_threads(1)
+    MODEL.reset_parameters()  # PyTorch's default initialisation, drawn after the seed
     clients = client_tensors(seed)
     server = {k: v.clone() for k, v in MODEL.state_dict().items()}
     start = time.time()
+    def train_one(w: dict, client) -> dict:
+        for _ in range(STEPS):
+            w = maml_step(w, client, from_adapted=False)
+        return w
+
     for r in range(rounds):
-        selected = random.sample(range(CLIENTS), PER_ROUND)
-        total = sum(len(clients[i][0]) for i in selected)
-        average = {k: torch.zeros_like(v) for k, v in server.items()}
-        for i in selected:
-            w = server
-            for _ in range(STEPS):
-                w = maml_step(w, clients[i], from_adapted=False)
-            for k in average:
-                average[k] += w[k] * (len(clients[i][0]) / total)
-        server = average
+        server = weighted_round(server, clients, train_one)
         if (r + 1) % 50 == 0:
             acc = []
             for c in clients:
