@@ -89,8 +89,10 @@ TWO_DEVICES = textwrap.dedent("""
     x = rng.integers(0, 256, (sum(sizes), 16, 16, 1), dtype=np.uint8)
     y = rng.integers(0, 3, sum(sizes)).astype(np.int32)
     data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
-    setup = LocalSetup(model=build_model("fedavgcnn", (16, 16, 1), 3), optimizer=optax.sgd(0.05), batch_size=4,
-                       local_epochs=1, normalize=lambda a: a.astype(jnp.float32) / 255.0)
+    # momentum: each client builds its optimizer state from the server's message inside the devices' map
+    # (zeros_like of the server state once failed there: its sharding named the mesh outside shard_map)
+    setup = LocalSetup(model=build_model("fedavgcnn", (16, 16, 1), 3), optimizer=optax.sgd(0.05, momentum=0.5),
+                       batch_size=4, local_epochs=1, normalize=lambda a: a.astype(jnp.float32) / 255.0)
 
     def run(method, mapping, shard):
         eng = engine_lib.Engine(get_method(method)(setup), data, data,

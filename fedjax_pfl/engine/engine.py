@@ -243,17 +243,16 @@ class Engine:
                 out = method.client_update(server, client, ClientData(*data_i), key_i, info)
             return round_progress.report_client(out) if report else out
 
-        one_client = functools.partial(client_step, server)
         info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
         if sequential:  # the server steps after each client
             server, clients, uploads = sequential_clients.scan_clients(method, client_step, server, clients, train,
                                                                        info, keys, epochs)
         elif self.streams:  # each chunk: gather its rows, train them (vmap), write them back
-            map_chunk = self._map_clients(one_client, interleave=True, mapping="vmap")
+            map_chunk = self._map_clients(client_step, interleave=True, mapping="vmap")
 
             def train_chunk(clients, positions):
                 rows = selected[positions]
-                new, uploads = map_chunk(tree_ops.gather(clients, rows), tuple(tree_ops.gather(train, rows)),
+                new, uploads = map_chunk(server, tree_ops.gather(clients, rows), tuple(tree_ops.gather(train, rows)),
                                          keys[positions], epochs[positions])
                 return tree_ops.scatter(clients, rows, new), uploads
 
@@ -261,8 +260,8 @@ class Engine:
             chosen = None
         else:
             chosen = method.prepare(server, tree_ops.gather(clients, selected), selected)
-            mapped = self._map_clients(one_client, interleave=True)
-            chosen, uploads = mapped(chosen, tuple(tree_ops.gather(train, selected)), keys, epochs)
+            mapped = self._map_clients(client_step, interleave=True)
+            chosen, uploads = mapped(server, chosen, tuple(tree_ops.gather(train, selected)), keys, epochs)
         if not sequential:
             server, chosen = method.server_update(server, chosen, uploads, info)
             if not self.streams:
@@ -290,11 +289,13 @@ class Engine:
         keys = sharding.pad_clients(every_client_keys(key, self.num_clients), self.padded_clients)
         real = jnp.arange(self.padded_clients) < self.num_clients
 
-        def one_client(client, data_i, key_i, real_i):
+        def one_client(shared, client, data_i, key_i, real_i):
+            server, round_index = shared
             new = method.update_every_client(server, client, ClientData(*data_i), key_i, round_index)
             return tree_ops.select(real_i, new, client)
 
-        return self._map_clients(one_client, interleave=False)(clients, tuple(train), keys, real)
+        return self._map_clients(one_client, interleave=False)((server, round_index), clients, tuple(train), keys,
+                                                               real)
 
     # ------------------------------------------------------------ fused rounds
     def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int,
@@ -407,7 +408,7 @@ class Engine:
         keys = sharding.pad_clients(jax.random.split(key, self.num_clients), self.padded_clients)
         normalize = method.setup.normalize
 
-        def one_client(client, train_i, test_i, key_i):
+        def one_client(server, client, train_i, test_i, key_i):
             variables = method.eval_variables(server, client, ClientData(*train_i), key_i)
 
             def batch_metrics(batch):
@@ -424,16 +425,21 @@ class Engine:
         mapped = self._map_clients(one_client, interleave=False)
         args = (clients, tuple(train), tuple(test), keys)
         if self.eval_order is None:
-            out = jax.tree.map(lambda a: a[:self.num_clients], mapped(*args))  # empty clients dropped
+            out = jax.tree.map(lambda a: a[:self.num_clients], mapped(server, *args))  # empty clients dropped
             return sharding.on_every_device(out, self.mesh)
         order = jnp.asarray(self.eval_order)
-        out = mapped(*tree_ops.gather(args, order))
+        out = mapped(server, *tree_ops.gather(args, order))
         return tree_ops.gather(out, jnp.argsort(order))
 
     def _map_clients(self, fn, interleave: bool, mapping: str | None = None):
-        """`client_mapping.map_clients` (the engine's mapping unless ``mapping``), split over the mesh's
-        devices when there is one."""
-        mapped = client_mapping.map_clients(fn, mapping or self.mapping, self.config.chunk_size)
+        """``fn(shared, *row)`` as ``mapped(shared, *rows)``: `client_mapping.map_clients` over the rows (the
+        engine's mapping unless ``mapping``), split over the mesh's devices when there is one; ``shared``
+        (server state, round index) reaches every client whole (`sharding.split_over_devices`)."""
+        how, chunk = mapping or self.mapping, self.config.chunk_size
+
+        def mapped(shared, *rows):
+            return client_mapping.map_clients(functools.partial(fn, shared), how, chunk)(*rows)
+
         return mapped if self.mesh is None else sharding.split_over_devices(mapped, self.mesh, interleave)
 
 

@@ -96,7 +96,7 @@ def replicate(tree, mesh: Mesh):
 
 
 def split_over_devices(mapped, mesh: Mesh, interleave: bool):
-    """``mapped`` (a mapping over a leading client axis) with that axis split over the mesh.
+    """``mapped(shared, *rows)`` (a mapping over the rows' leading client axis) with that axis split over the mesh.
 
     The S rows are padded (repeating the last row) to a multiple of the
     device count D and dealt out under `jax.shard_map`: each device runs
@@ -105,8 +105,12 @@ def split_over_devices(mapped, mesh: Mesh, interleave: bool):
     batch it), and the padded rows' results are dropped. ``interleave`` deals
     row i to device i mod D (clients sorted by cost then cost the same on
     every device); otherwise device d takes a contiguous block, matching
-    `shard_clients` (no data moves for the whole client axis). Values that
-    ``mapped`` closes over (the server state) reach every device whole.
+    `shard_clients` (no data moves for the whole client axis). ``shared`` (the
+    server state, the round index: any pytree) reaches every device whole, as an
+    input replicated over the mesh. Pass such values there, never by closure: a
+    closed-over argument of the outer jit keeps the outer mesh in its type, and
+    ``jnp.zeros_like`` of it inside the devices' map fails (an optimizer's init
+    on the server's parameters does that).
     """
     size = mesh.devices.size
     spec = PartitionSpec(AXIS)
@@ -120,13 +124,14 @@ def split_over_devices(mapped, mesh: Mesh, interleave: bool):
         a = a.reshape((size, per) + a.shape[1:]).swapaxes(0, 1).reshape(a.shape) if interleave else a
         return a if count == size * per else a[:count]
 
-    def run(*args):
-        count = jax.tree.leaves(args)[0].shape[0]
+    def run(shared, *rows):
+        count = jax.tree.leaves(rows)[0].shape[0]
         per = -(-count // size)
         # check_vma=False: the clients' loops carry values that start from the (same on every device) server
         # state and become per-device; the varying-type check would reject such carries
-        local = jax.shard_map(mapped, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
-        out = local(*jax.tree.map(lambda a: to_devices(a, count, per), args))
+        local = jax.shard_map(mapped, mesh=mesh, in_specs=(PartitionSpec(),) + (spec,) * len(rows),
+                              out_specs=spec, check_vma=False)
+        out = local(shared, *jax.tree.map(lambda a: to_devices(a, count, per), rows))
         return jax.tree.map(lambda a: from_devices(a, count, per), out)
 
     return run
