@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from forced_devices import cpu_devices_env
 
@@ -17,11 +18,12 @@ ASSERT_SAME = textwrap.dedent("""
 """)
 
 
-def run_script(script: str, devices: int, done: str):
-    """``script`` (with `ASSERT_SAME`) in a fresh process on ``devices`` host devices; it prints ``done``."""
+def run_script(script: str, devices: int, done: str, timeout: int = 600):
+    """``script`` (with `ASSERT_SAME`) in a fresh process on ``devices`` host devices; it prints ``done``
+    within ``timeout`` seconds (a hung program fails the test)."""
     source = script.replace("import jax, jax.numpy as jnp, numpy as np, optax\n",
                             "import jax, jax.numpy as jnp, numpy as np, optax\n" + ASSERT_SAME, 1)
-    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **cpu_devices_env(devices)})
     assert proc.returncode == 0 and done in proc.stdout, proc.stderr[-3000:]
 
@@ -114,3 +116,36 @@ TWO_DEVICES = textwrap.dedent("""
 
 def test_cnn_and_selected_state_methods_on_two_devices_equal_one_device():
     run_script(TWO_DEVICES, 2, "TWO_DEVICES_OK")
+
+
+FEDPAC_VMAP = textwrap.dedent("""
+    import dataclasses
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from fedjax_pfl.engine import engine as engine_lib
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
+    assert jax.device_count() == 2, jax.devices()
+    cfg = config_lib.build(PRESET, [
+        f"data.data_dir={DATA_DIR}", "partition.num_clients=16", "partition.samples_per_client=100", "partition.test_per_client=50",
+        "train.client_mapping=vmap", "train.local_epochs=1"])
+    exp = build_experiment(cfg)
+
+    def run(shard):
+        eng = exp.engine if shard else engine_lib.Engine(exp.engine.method, exp.data.train, exp.data.test,
+                                                         dataclasses.replace(exp.engine.config, shard=False))
+        assert (eng.mesh is not None) == shard
+        server, clients = eng.init(jax.random.key(0))
+        server, clients, _ = eng.round(server, clients, jax.random.key(1), 0)
+        return jax.device_get((server, jax.tree.map(lambda a: np.asarray(a)[:16], clients)))
+
+    assert_same(run(True), run(False), "fedpac under vmap on 2 devices")
+    print("FEDPAC_VMAP_OK")
+""")
+
+
+def test_fedpac_round_under_vmap_on_two_devices_finishes_and_equals_one_device(data_dir):
+    """The FMNIST preset's FedPAC round (16 clients, vmap, two host devices) once hung for good: its server's
+    batched eigendecompositions after the devices' vmapped client updates (kernels/simplex_qp.py)."""
+    preset = Path(__file__).resolve().parents[1] / "configs" / "fedpac_fmnist.yaml"
+    script = FEDPAC_VMAP.replace("PRESET", repr(str(preset))).replace("{DATA_DIR}", str(data_dir))
+    run_script(script, 2, "FEDPAC_VMAP_OK", timeout=300)
