@@ -96,4 +96,8 @@ def test_a_run_records_what_auto_became_in_config_json_and_the_log(tmp_path, cap
     assert resolved["model.conv_impl"] == ("direct" if jax.default_backend() == "cpu" else "native")
     choice = resolved["train.client_mapping"]
     assert choice["requested"] == "auto" and choice["timed"] and choice["chosen"] in choice["candidates"]
-    assert mapping_choice.describe(choice) in capsys.readouterr().out
+    log = capsys.readouterr().out
+    assert mapping_choice.describe(choice) in log
+    # each timed candidate was announced before its compile, so a long choice is never silent
+    for name in choice["candidates"]:
+        assert f"client mapping auto: compiling and timing {name} (" in log

@@ -71,14 +71,16 @@ def clients_per_device(engine) -> int:
 
 
 def choose_mapping(engine, server, clients, key, round_index: int = 0, values: dict | None = None,
-                   options: list[tuple[str, int | None]] | None = None, rounds_left: int | None = None):
+                   options: list[tuple[str, int | None]] | None = None, rounds_left: int | None = None,
+                   report=None):
     """(the fastest candidate's engine, record) for the round ``round_index`` with ``key`` on this state.
 
     ``server`` and ``clients`` are read, never donated or changed. The record
     (JSON-ready) holds every candidate's compile and round seconds (or its
     error), the chosen label, mapping and chunk size, and the seconds the
     choice took in all. With ``rounds_left``, the candidates after the first
-    are timed only within `BUDGET` (the record's ``skipped`` says why not).
+    are timed only within `BUDGET` (the record's ``skipped`` says why not). ``report(line)``, when given,
+    hears which candidate is being compiled and timed, before each (a CNN's vmap can take minutes on a CPU).
     """
     began = time.perf_counter()
     options = options if options is not None else candidates(clients_per_device(engine))
@@ -98,6 +100,8 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
                 skipped = (f"{', '.join(label(*o) for o in options[i:])} not timed: {spent:.0f} s spent, over "
                            f"{BUDGET:.0%} of the ~{run_s:.0f} s of the {rounds_left} rounds left")
                 break
+        if report is not None:
+            report(f"client mapping auto: compiling and timing {name} ({i + 1} of {len(options)}) ...")
         try:
             candidate = engine.with_mapping(mapping, chunk)
             start = time.perf_counter()
@@ -139,16 +143,17 @@ def describe(record: dict) -> str:
             f"choosing took {record['seconds']:.1f} s{skipped})")
 
 
-def choose_or_default(engine, requested: str, rounds_left: int, server, clients, key, round_index: int):
+def choose_or_default(engine, requested: str, rounds_left: int, server, clients, key, round_index: int,
+                      report=None):
     """`choose_mapping` when ``requested`` is 'auto' and timing is worth it (`worth_timing`), else this engine
-    with an `untimed` record."""
+    with an `untimed` record. ``report``: as `choose_mapping`'s."""
     if requested != "auto":
         return engine, untimed(engine, requested, "set by train.client_mapping")
     if not worth_timing(rounds_left):
         why = (f"the {jax.default_backend()} default, untimed: " +
                (f"fewer than {MIN_ROUNDS} rounds to go" if jax.process_count() == 1 else "several processes"))
         return engine, untimed(engine, requested, why)
-    return choose_mapping(engine, server, clients, key, round_index, rounds_left=rounds_left)
+    return choose_mapping(engine, server, clients, key, round_index, rounds_left=rounds_left, report=report)
 
 
 def _seconds(run) -> float:

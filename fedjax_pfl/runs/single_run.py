@@ -95,7 +95,7 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
         seconds_done = float(meta.get("seconds", 0.0))
     exp.engine, choice = mapping_choice.choose_or_default(
         exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
-        engine_lib.round_keys(key, done)[0], done)
+        engine_lib.round_keys(key, done)[0], done, report=lambda line: print(line, flush=True))
     resolved = resolved_settings(cfg, choice)
     print(f"{host_devices.describe(resolved['devices.cpu'])}; {mapping_choice.describe(choice)}", flush=True)
     writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done,
