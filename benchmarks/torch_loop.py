@@ -80,7 +80,7 @@ def _conv_pool_body(c, h, w, channels, hidden):
 
 
 def build_model(name: str, input_shape, num_classes: int, hidden=(200, 200)) -> BodyHead:
-    """``fedavgcnn``, ``lenet``, ``resnet8`` or ``mlp`` as fedjax_pfl.models.networks builds them;
+    """``fedavgcnn``, ``lenet``, ``resnet8``, ``mlp`` or ``mlr`` as fedjax_pfl.models.networks builds them;
     ``input_shape`` is (H, W, C)."""
     if name in ("fedavgcnn", "lenet"):
         h, w, c = input_shape
@@ -93,13 +93,13 @@ def build_model(name: str, input_shape, num_classes: int, hidden=(200, 200)) -> 
                              BasicBlock(16, 16, 1), BasicBlock(16, 32, 2), BasicBlock(32, 64, 2),
                              nn.AdaptiveAvgPool2d(1), nn.Flatten())
         return BodyHead(body, nn.Linear(64, num_classes))
-    if name == "mlp":
+    if name in ("mlp", "mlr"):  # the MLR: no hidden layer
         layers, width = [nn.Flatten()], int(np.prod(input_shape))
-        for size in hidden:
+        for size in (hidden if name == "mlp" else ()):
             layers += [nn.Linear(width, size), nn.ReLU()]
             width = size
         return BodyHead(nn.Sequential(*layers), nn.Linear(width, num_classes))
-    raise ValueError(f"no PyTorch twin of model {name!r} (fedavgcnn, lenet, resnet8, mlp)")
+    raise ValueError(f"no PyTorch twin of model {name!r} (fedavgcnn, lenet, resnet8, mlp, mlr)")
 
 
 def to_tensors(x: np.ndarray, y: np.ndarray, device) -> TensorDataset:

@@ -64,8 +64,9 @@ import time
 from common import device_name, peak_memory_bytes, random_cifar_like, run_config  # noqa: E402 (benchmarks/ on path)
 
 # model -> (data, MLP hidden sizes)
-MODELS = {"fedavgcnn": ("fmnist", None), "mlp": ("fmnist", (100,)), "lenet": ("cifar_shapes", None),
-          "resnet8": ("cifar_shapes", None)}
+MODELS = {"fedavgcnn": ("fmnist", None), "mlp": ("fmnist", (100,)), "mlr": ("fmnist", None),
+          "lenet": ("cifar_shapes", None), "resnet8": ("cifar_shapes", None)}
+DENSE_MODELS = ("mlp", "mlr")  # no convolution: no conv-step timing
 CIFAR_POOL = (6000, 2000)  # random CIFAR-shaped train + test images pooled and split over the clients
 QUICK_MODELS = "fedavgcnn:10,fedavgcnn:32,fedavgcnn:10:0.5,mlp:10,lenet:32,resnet8:32"
 CNN_STEP_STEPS = 50
@@ -134,7 +135,7 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int =
     from fedjax_pfl.runs import host_devices
 
     # before any backend starts, as the training command: the engine then splits the clients over the devices
-    devices = host_devices.apply(workload.get("cpu_devices", host_devices.AUTO), workload["model"])
+    devices = host_devices.apply(workload.get("cpu_devices", host_devices.AUTO))
 
     import flops
     from fedjax_pfl.engine import mapping_choice
@@ -183,7 +184,7 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int =
         "train_samples_per_round": samples, "jax": jax.__version__, "backend": jax.default_backend(),
         "devices": jax.device_count(), "devices_why": devices["why"],
     }
-    if model != "mlp":
+    if model not in DENSE_MODELS:
         out["step_s"] = flops.sgd_steps_seconds(model, shape, classes, workload["batch"], CNN_STEP_STEPS)
         out["step_gflops"] = step_flops / out["step_s"] / 1e9 if step_flops else None
     return out
@@ -238,7 +239,7 @@ def measure_torch(workload: dict, rounds: int, matmul_size: int, run_rounds: int
         "matmul_peak_gflops": torch_loop.matmul_peak(matmul_size, chain=4) / 1e9,
         "train_samples_per_round": samples, "finite": bool(np.isfinite(timed["train_s"])),
     }
-    if workload["model"] != "mlp":
+    if workload["model"] not in DENSE_MODELS:
         out["step_s"] = torch_loop.sgd_steps_seconds(workload["model"], ds.input_shape, ds.num_classes,
                                                      workload["batch"], CNN_STEP_STEPS)
     return out

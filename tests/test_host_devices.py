@@ -33,14 +33,11 @@ def test_parse_refuses_what_is_not_auto_or_a_count(setting):
         host_devices.parse(setting)
 
 
-def test_auto_is_one_device_per_core_unless_chosen_elsewhere(monkeypatch):
-    assert host_devices.wanted("auto", "fedavgcnn", 4, None, False) == (4, "auto: one per core (4)")
-    assert host_devices.wanted("auto", "mlp", 4, "XLA_FLAGS x", False) == (None, "auto: kept XLA_FLAGS x")
-    assert host_devices.wanted("auto", "mlp", 4, None, True)[0] is None  # several processes: one device each
-    assert host_devices.wanted("3", "mlp", 4, "XLA_FLAGS x", True) == (3, "devices.cpu=3")  # a number wins
-    monkeypatch.setattr(host_devices, "ONE_DEVICE_MODELS", ("mlp",))
-    assert host_devices.wanted("auto", "mlp", 4, None, False)[0] == 1
-    assert host_devices.wanted("auto", "lenet", 4, None, False)[0] == 4
+def test_auto_is_one_device_per_core_unless_chosen_elsewhere():
+    assert host_devices.wanted("auto", 4, None, False) == (4, "auto: one per core (4)")
+    assert host_devices.wanted("auto", 4, "XLA_FLAGS x", False) == (None, "auto: kept XLA_FLAGS x")
+    assert host_devices.wanted("auto", 4, None, True)[0] is None  # several processes: one device each
+    assert host_devices.wanted("3", 4, "XLA_FLAGS x", True) == (3, "devices.cpu=3")  # a number wins
 
 
 def test_a_count_chosen_outside_the_config_is_found():
@@ -97,7 +94,8 @@ def test_the_training_command_runs_a_cnn_on_one_host_device_per_core_by_default(
     assert f"devices: {cores} cpu (auto: one per core ({cores}))" in stdout, stdout
 
 
-def test_the_training_command_keeps_an_mlp_on_one_device_by_default(tmp_path):
+def test_the_training_command_runs_an_mlp_on_one_host_device_per_core_too(tmp_path):
+    cores = os.cpu_count()
     stdout, resolved = _fresh_run(TINY, tmp_path / "mlp")
-    assert resolved == {"requested": "auto", "why": "auto: 1 for mlp (slower on several host devices)",
-                        "backend": "cpu", "devices": 1}
+    assert resolved == {"requested": "auto", "why": f"auto: one per core ({cores})", "backend": "cpu",
+                        "devices": cores}

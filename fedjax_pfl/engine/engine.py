@@ -140,7 +140,7 @@ class Engine:
             self.mapping) and self.mesh is None else None
         if self.mesh is not None:
             train, test, val = sharding.pad_clients((train, test, val), self.padded_clients)
-            train, test, val = sharding.shard_clients((train, test, val), self.mesh)
+            train, test, val = sharding.place_client_data((train, test, val), self.mesh)
         self.train = train
         self.test = test
         self.val = val  # evaluated beside the test data when given (metrics 'val_*')
@@ -233,7 +233,9 @@ class Engine:
         keys = jax.random.split(k_clients, training)
         steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs, method.setup.drop_last)
         sequential = method.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
-        if client_mapping.sorts_clients(self.mapping) and not sequential:  # each chunk runs to its own largest client
+        # each chunk runs to its own largest client; on several devices each gets an even share of the work
+        order = None
+        if (client_mapping.sorts_clients(self.mapping) or self.mesh is not None) and not sequential:
             order = jnp.argsort(-steps, stable=True)
             selected, epochs, uploaded, keys, steps = (a[order] for a in (selected, epochs, uploaded, keys, steps))
 
@@ -272,12 +274,12 @@ class Engine:
         client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
                        else jnp.zeros(selected.shape)).astype(jnp.float32)
         executed = client_mapping.executed_steps(steps, "map" if sequential else self.mapping, cfg.chunk_size)
+        per_client = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss}
+        if order is not None:  # the metrics list the clients as selected, whatever order they trained in
+            per_client = jax.tree.map(lambda a: a[jnp.argsort(order)], per_client)
         metrics = {
-            "selected": selected,
-            "epochs": epochs,
-            "uploaded": uploaded,
+            **per_client,
             "train_loss": jnp.mean(client_loss),
-            "client_loss": client_loss,
             "real_steps": steps.sum(),
             "executed_steps": executed,
         }

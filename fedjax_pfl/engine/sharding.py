@@ -17,8 +17,11 @@ client-sharded array compiles (XLA SPMD, checked on jax 0.10.2 CPU with 4
 devices) to a local masked gather on each device plus an all-reduce of the
 [S, ...] rows: never an all-gather of the whole client state. The per-client
 work is then split over devices by `split_over_devices` (`jax.shard_map`:
-each device maps its own S/devices rows), and the scatter back all-gathers
-only the [S, ...] updated rows before each device writes its own.
+each device maps its own S/devices rows, dealt in `snake_order` of cost), and
+the scatter back all-gathers only the [S, ...] updated rows before each device
+writes its own. Client data are split like client state, except on host
+devices of one machine, which each hold all of them (`place_client_data`):
+there the gather of a round's data is local.
 
 Multi-host (distributed.py): every process holds the whole (small) pool on
 the host; `shard_clients` builds each global array from the rows of the
@@ -91,8 +94,49 @@ def shard_clients(tree, mesh: Mesh):
     return jax.tree.map(place, tree)
 
 
+def shares_host_memory(mesh: Mesh) -> bool:
+    """Whether every device of ``mesh`` is a CPU host device of this one process (runs/host_devices.py):
+    they share the machine's memory, so client data are best replicated on each (`place_client_data`)."""
+    return jax.process_count() == 1 and all(d.platform == "cpu" for d in mesh.devices.flat)
+
+
+def place_client_data(tree, mesh: Mesh):
+    """Client data (padded to a multiple of the device count) on the mesh.
+
+    Split over the devices like client state (`shard_clients`), except on host
+    devices that share one machine's memory (`shares_host_memory`): there each
+    device holds all of it, so that gathering a round's clients, dealt to
+    devices in another order than the blocks they hold, moves no data between
+    devices. Split, that gather is a masked gather plus an all-reduce of the
+    selected rows: for the MLP on FMNIST Dirichlet 0.1 (20 clients, 2 host
+    devices) 0.47 s a round against 0.36 replicated. The cost is one copy of
+    the padded data per device.
+    """
+    return replicate(tree, mesh) if shares_host_memory(mesh) else shard_clients(tree, mesh)
+
+
 def replicate(tree, mesh: Mesh):
     return jax.tree.map(lambda a: _place(a, NamedSharding(mesh, PartitionSpec())), tree)
+
+
+def snake_order(rows: int, size: int) -> np.ndarray:
+    """Row order that deals ``rows`` rows (a multiple of ``size``), sorted by cost, to ``size`` devices.
+
+    Device d's block is rows d, 2D-1-d, 2D+d, 4D-1-d, ... (a snake: 0, 1, ..., D-1, D-1, ..., 0, 0, ...),
+    so each device gets one row of every D in cost order and the costliest rows alternate: with costs
+    sorted descending, the devices' totals differ by less than one row's cost, where dealing row i to
+    device i mod D always leaves device 0 the most.
+
+    Examples:
+        >>> snake_order(8, 2).tolist()  # device 0: rows 0, 3, 4, 7; device 1: rows 1, 2, 5, 6
+        [0, 3, 4, 7, 1, 2, 5, 6]
+    """
+    if rows % size:
+        raise ValueError(f"rows ({rows}) must be a multiple of the device count ({size})")
+    r = np.arange(rows)
+    lap, place = r // size, r % size
+    device = np.where(lap % 2 == 0, place, size - 1 - place)
+    return np.argsort(device * rows + r, kind="stable")
 
 
 def split_over_devices(mapped, mesh: Mesh, interleave: bool):
@@ -103,8 +147,8 @@ def split_over_devices(mapped, mesh: Mesh, interleave: bool):
     ``mapped`` on its own S'/D rows, as one device would on all of them (a
     per-client convolution stays per-client; a vmap over the devices would
     batch it), and the padded rows' results are dropped. ``interleave`` deals
-    row i to device i mod D (clients sorted by cost then cost the same on
-    every device); otherwise device d takes a contiguous block, matching
+    the rows in `snake_order` (clients sorted by cost then cost about the same
+    on every device); otherwise device d takes a contiguous block, matching
     `shard_clients` (no data moves for the whole client axis). ``shared`` (the
     server state, the round index: any pytree) reaches every device whole, as an
     input replicated over the mesh. Pass such values there, never by closure: a
@@ -118,10 +162,10 @@ def split_over_devices(mapped, mesh: Mesh, interleave: bool):
     def to_devices(a, count, per):
         if count < size * per:
             a = a[jnp.minimum(jnp.arange(size * per), count - 1)]
-        return a.reshape((per, size) + a.shape[1:]).swapaxes(0, 1).reshape(a.shape) if interleave else a
+        return a[snake_order(size * per, size)] if interleave else a
 
     def from_devices(a, count, per):
-        a = a.reshape((size, per) + a.shape[1:]).swapaxes(0, 1).reshape(a.shape) if interleave else a
+        a = a[np.argsort(snake_order(size * per, size))] if interleave else a
         return a if count == size * per else a[:count]
 
     def run(shared, *rows):

@@ -166,7 +166,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     handling (runs/stop_request.py; its ``requested`` says afterwards whether Ctrl-C was pressed).
     """
     settle(cfg)
-    host_devices.apply(cfg.devices.cpu, cfg.model.name)  # before JAX starts (if it has not: else left as is)
+    host_devices.apply(cfg.devices.cpu)  # before JAX starts (if it has not: else left as is)
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
         return run_sweep(cfg, progress, resume, observe, stop)
     return run_single(cfg, progress, resume, observe, stop)

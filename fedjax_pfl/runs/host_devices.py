@@ -7,9 +7,11 @@ devices the engine deals each round's clients over them
 clients beside the others, and the numbers are those of one device up to
 float rounding.
 
-- ``auto`` (the default): one device per core (``os.cpu_count()``), except
-  for the models in `ONE_DEVICE_MODELS`, measured to lose on several. A count
-  already chosen outside the config is kept:
+- ``auto`` (the default): one device per core (``os.cpu_count()``), for
+  every model: on 2 cores the CNNs' rounds run 1.3-1.6x faster on two
+  devices, the MLP's 1.6x and the MLR's 1.3x (benchmarks/RESULTS.md, with
+  the client data replicated on each host device: engine/sharding.py). A
+  count already chosen outside the config is kept:
   ``XLA_FLAGS=--xla_force_host_platform_device_count=N``,
   ``JAX_NUM_CPU_DEVICES=N``, or ``jax_num_cpu_devices`` set in Python; so is
   the one device of each process of a multi-process run (its processes may
@@ -33,10 +35,6 @@ import jax
 from fedjax_pfl.core.errors import UserError
 
 AUTO = "auto"
-# Models that run slower on several host devices than on one: the MLP's round took 0.51 s on one device and
-# 0.56 s on two (benchmarks/vs_pytorch.py, FedAvg, 20 clients, B=10, 2-core EPYC), its steps too small to
-# pay for the split; the MLR is the MLP without its hidden layer (not timed). The CNNs gain 1.5-1.6x.
-ONE_DEVICE_MODELS: tuple[str, ...] = ("mlr", "mlp")
 FORCE_FLAG = "--xla_force_host_platform_device_count"
 
 _applied: dict = {}  # what `apply` did in this process (JAX's device count is per process too)
@@ -61,7 +59,7 @@ def chosen_outside(environ, configured: int) -> str | None:
     return f"XLA_FLAGS {flag}" if flag else None
 
 
-def wanted(setting, model_name: str, cpu_count: int, outside: str | None, several_processes: bool):
+def wanted(setting, cpu_count: int, outside: str | None, several_processes: bool):
     """(host device count to set, or None to leave JAX's, and why) for ``devices.cpu = setting``."""
     count = parse(setting)
     if count is not None:
@@ -70,17 +68,15 @@ def wanted(setting, model_name: str, cpu_count: int, outside: str | None, severa
         return None, f"auto: kept {outside}"
     if several_processes:
         return None, "auto: one device per process (several processes)"
-    if model_name in ONE_DEVICE_MODELS:
-        return 1, f"auto: 1 for {model_name} (slower on several host devices)"
     return cpu_count, f"auto: one per core ({cpu_count})"
 
 
-def apply(setting, model_name: str) -> dict:
+def apply(setting) -> dict:
     """Set JAX's host device count for ``devices.cpu = setting`` if JAX has not started; -> `record`."""
     configured = jax.config.jax_num_cpu_devices
     if configured == _applied.get("set"):  # an earlier run of this process set it (reproduce: one per cell)
         configured = -1
-    count, why = wanted(setting, model_name, os.cpu_count() or 1, chosen_outside(os.environ, configured),
+    count, why = wanted(setting, os.cpu_count() or 1, chosen_outside(os.environ, configured),
                         jax.distributed.is_initialized())
     if count is not None:
         try:
