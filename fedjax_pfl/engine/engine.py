@@ -138,6 +138,8 @@ class Engine:
         # on a mesh each device keeps its own block of clients instead (no reordering across devices).
         self.eval_order = np.argsort(-np.asarray(test.n), kind="stable") if client_mapping.sorts_clients(
             self.mapping) and self.mesh is None else None
+        # every device holds all client data (one device, or host devices sharing the machine's memory)
+        self.data_in_place = self.mesh is None or sharding.shares_host_memory(self.mesh)
         if self.mesh is not None:
             train, test, val = sharding.pad_clients((train, test, val), self.padded_clients)
             train, test, val = sharding.place_client_data((train, test, val), self.mesh)
@@ -250,20 +252,17 @@ class Engine:
             server, clients, uploads = sequential_clients.scan_clients(method, client_step, server, clients, train,
                                                                        info, keys, epochs)
         elif self.streams:  # each chunk: gather its rows, train them (vmap), write them back
-            map_chunk = self._map_clients(client_step, interleave=True, mapping="vmap")
-
             def train_chunk(clients, positions):
                 rows = selected[positions]
-                new, uploads = map_chunk(server, tree_ops.gather(clients, rows), tuple(tree_ops.gather(train, rows)),
-                                         keys[positions], epochs[positions])
+                new, uploads = self._train_clients(client_step, server, tree_ops.gather(clients, rows), train, rows,
+                                                   keys[positions], epochs[positions], mapping="vmap")
                 return tree_ops.scatter(clients, rows, new), uploads
 
             clients, uploads = client_mapping.scan_chunks(train_chunk, clients, training, cfg.chunk_size)
             chosen = None
         else:
             chosen = method.prepare(server, tree_ops.gather(clients, selected), selected)
-            mapped = self._map_clients(client_step, interleave=True)
-            chosen, uploads = mapped(server, chosen, tuple(tree_ops.gather(train, selected)), keys, epochs)
+            chosen, uploads = self._train_clients(client_step, server, chosen, train, selected, keys, epochs)
         if not sequential:
             server, chosen = method.server_update(server, chosen, uploads, info)
             if not self.streams:
@@ -432,6 +431,23 @@ class Engine:
         order = jnp.asarray(self.eval_order)
         out = mapped(server, *tree_ops.gather(args, order))
         return tree_ops.gather(out, jnp.argsort(order))
+
+    def _train_clients(self, client_step, server, chosen, train, rows, keys, epochs, mapping: str | None = None):
+        """``client_step(server, client, data, key, epochs)`` over the clients ``rows`` (their state ``chosen``,
+        keys and epochs stacked in that order), mapped and dealt to the devices. Where every device holds
+        all client data (`data_in_place`) each client reads its own rows where they lie; else the rows are
+        gathered first (a copy of every selected client's padded data: 12% of an MLP round on one device,
+        21% on two host devices, when it was done everywhere)."""
+        if not self.data_in_place:
+            mapped = self._map_clients(client_step, interleave=True, mapping=mapping)
+            return mapped(server, chosen, tuple(tree_ops.gather(train, rows)), keys, epochs)
+
+        def step_in_place(shared, client, row, key_i, epochs_i):
+            server, train = shared
+            return client_step(server, client, tuple(a[row] for a in train), key_i, epochs_i)
+
+        return self._map_clients(step_in_place, interleave=True, mapping=mapping)((server, train), chosen, rows,
+                                                                                  keys, epochs)
 
     def _map_clients(self, fn, interleave: bool, mapping: str | None = None):
         """``fn(shared, *row)`` as ``mapped(shared, *rows)``: `client_mapping.map_clients` over the rows (the

@@ -37,8 +37,10 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
   ``train=True`` (over the rows that ``mask`` marks real), running averages
   otherwise.
 
-Convolutions use ``conv.Conv2D`` with ``conv_impl`` ('auto' picks direct on
-CPU, native elsewhere); the parameter tree does not depend on it.
+Convolutions use ``conv.Conv2D`` and fully connected layers ``dense.Dense``,
+both with ``conv_impl`` ('auto' picks direct on CPU, native elsewhere; a
+Dense layer has no im2col form and computes as native then); the parameter
+tree does not depend on it.
 ``init`` ('flax' or 'torch') picks where the parameters start
 (``initialization.py``: Flax's defaults, or PyTorch's as in the papers' code).
 This file must not hold training logic, losses or method-specific code.
@@ -56,6 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.models.conv import Conv2D, Padding, max_pool, resolve_conv_impl
+from fedjax_pfl.models.dense import Dense
 from fedjax_pfl.models.initialization import INITS, reinitialize
 from fedjax_pfl.core.errors import UserError
 
@@ -83,11 +86,12 @@ class DenseStack(nn.Module):
 
     hidden: Sequence[int]
     activation: Callable = nn.relu
+    impl: str = "auto"
 
     @nn.compact
     def __call__(self, x):
         for i, width in enumerate(self.hidden):
-            x = self.activation(nn.Dense(width, name=f"dense{i}")(x))
+            x = self.activation(Dense(width, resolve_conv_impl(self.impl), name=f"dense{i}")(x))
         return x
 
 
@@ -108,7 +112,7 @@ class ConvNetBody(nn.Module):
             x = max_pool(self.activation(x), 2)
             maps.append(x)
         x = x.reshape(x.shape[0], -1)
-        x = DenseStack(self.hidden, self.activation, name="mlp")(x)
+        x = DenseStack(self.hidden, self.activation, self.conv_impl, name="mlp")(x)
         return x, tuple(maps)
 
 
@@ -117,11 +121,12 @@ class Head(nn.Module):
 
     num_classes: int
     hidden: Sequence[int] = ()
+    impl: str = "auto"  # conv_impl: 'direct' writes the Dense gradients as canonical matmuls (dense.py)
 
     @nn.compact
     def __call__(self, features):
-        x = DenseStack(self.hidden, name="mlp")(features) if self.hidden else features
-        return nn.Dense(self.num_classes, name="logits")(x)
+        x = DenseStack(self.hidden, impl=self.impl, name="mlp")(features) if self.hidden else features
+        return Dense(self.num_classes, resolve_conv_impl(self.impl), name="logits")(x)
 
 
 def _batch_norm(x, train: bool, mask, name: str):
@@ -252,29 +257,29 @@ def _need_image(name: str, input_shape: tuple) -> None:
 
 
 def _mlr(input_shape, num_classes, conv_impl):
-    return ConvNetBody(), Head(num_classes)
+    return ConvNetBody(conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
 
 
 def _mlp(input_shape, num_classes, conv_impl, hidden: Sequence[int] = (200, 200)):
-    return ConvNetBody(hidden=tuple(hidden)), Head(num_classes)
+    return ConvNetBody(hidden=tuple(hidden), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
 
 
 def _fedavgcnn(input_shape, num_classes, conv_impl):
     _need_image("fedavgcnn", input_shape)
     convs = (ConvSpec(32, 5), ConvSpec(64, 5))
-    return ConvNetBody(convs, (512,), conv_impl=conv_impl), Head(num_classes)
+    return ConvNetBody(convs, (512,), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
 
 
 def _lenet(input_shape, num_classes, conv_impl):
     _need_image("lenet", input_shape)
     convs = (ConvSpec(6, 5), ConvSpec(16, 5))
-    return ConvNetBody(convs, (120, 84), conv_impl=conv_impl), Head(num_classes)
+    return ConvNetBody(convs, (120, 84), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
 
 
 def _pfakd_cnn(input_shape, num_classes, conv_impl):
     _need_image("pfakd_cnn", input_shape)
     convs = (ConvSpec(16, 3), ConvSpec(32, 4), ConvSpec(64, 3))
-    return ConvNetBody(convs, (), conv_impl=conv_impl), Head(num_classes, hidden=(64,))
+    return ConvNetBody(convs, (), conv_impl=conv_impl), Head(num_classes, hidden=(64,), impl=conv_impl)
 
 
 def _fedpac_cnn(input_shape, num_classes, conv_impl, variant: str = "auto"):
@@ -286,13 +291,13 @@ def _fedpac_cnn(input_shape, num_classes, conv_impl, variant: str = "auto"):
     if variant not in convs:
         raise UserError(f"fedpac_cnn variant must be 'auto', 'cifar' or 'fmnist', got {variant!r}.")
     body = ConvNetBody(convs[variant], (128,), nn.leaky_relu, conv_impl)
-    return body, Head(num_classes)
+    return body, Head(num_classes, impl=conv_impl)
 
 
 def _resnet(widths, blocks, label):
     def build(input_shape, num_classes, conv_impl):
         _need_image(label, input_shape)
-        return ResNetBody(widths, blocks, conv_impl), Head(num_classes)
+        return ResNetBody(widths, blocks, conv_impl), Head(num_classes, impl=conv_impl)
     return build
 
 
