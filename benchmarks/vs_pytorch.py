@@ -35,7 +35,10 @@ framework's float32 matmul peak (``--matmul-size``) and, for the CNNs, the
 SGD step in isolation at batch B (the "conv step": 50 steps in one jitted
 ``lax.scan``; PyTorch: a loop of zero_grad/backward/step), so every record
 holds achieved GFLOP/s next to the peak measured in the same run
-(``peak_gflops`` = the larger of the two frameworks' peaks).
+(``peak_gflops`` = the larger of the two frameworks' peaks). On several JAX
+devices the conv step is also timed as the engine runs it there, one client
+per device side by side (``step_devices_*``: GFLOP/s of the whole machine;
+PyTorch's one step at a time already uses all its threads).
 
 One JSON line per workload: seconds per round for training and evaluation
 (medians), compile seconds, samples/s, GFLOP/s, padding efficiency, final
@@ -187,6 +190,10 @@ def measure_jax(workload: dict, rounds: int, matmul_size: int, run_rounds: int =
     if model not in DENSE_MODELS:
         out["step_s"] = flops.sgd_steps_seconds(model, shape, classes, workload["batch"], CNN_STEP_STEPS)
         out["step_gflops"] = step_flops / out["step_s"] / 1e9 if step_flops else None
+        if jax.device_count() > 1:  # the step as the engine runs it here: one client per device, side by side
+            out["step_devices_s"] = flops.sgd_steps_seconds(model, shape, classes, workload["batch"], CNN_STEP_STEPS,
+                                                            devices=jax.device_count())
+            out["step_devices_gflops"] = step_flops / out["step_devices_s"] / 1e9 if step_flops else None
     return out
 
 
@@ -282,7 +289,7 @@ def compare(workload: dict, rounds: int, with_torch: bool, note: str | None, mat
         if "step_s" in theirs:
             theirs["step_gflops"] = per_sample * workload["batch"] / theirs["step_s"] / 1e9
     for side in filter(None, (ours, theirs)):
-        for k in ("train_gflops", "step_gflops"):
+        for k in ("train_gflops", "step_gflops", "step_devices_gflops"):
             if side.get(k):
                 side[k.replace("gflops", "of_peak")] = side[k] / peak
     return {
@@ -300,19 +307,22 @@ def markdown(records: list[dict]) -> str:
     """The records as one table: ratios, GFLOP/s against the peak, padding efficiency, mapping chosen."""
     fmt = lambda v, spec=".3g": "-" if v is None else format(v, spec)  # noqa: E731
     lines = ["| model, B, join | fedjax_pfl train / eval s | PyTorch train / eval s | ratio train | ratio e2e | "
-             "step GFLOP/s ours / PyTorch (of peak) | train GFLOP/s ours / PyTorch | padding eff. | mapping, devices | "
-             "choice s | load |", "|" + "---|" * 11]
+             "step GFLOP/s ours / PyTorch (of peak) | step GFLOP/s ours on all devices (of peak) | "
+             "train GFLOP/s ours / PyTorch | padding eff. | mapping, devices | choice s | load |", "|" + "---|" * 12]
     for r in records:
         w, a, b = r["workload"], r["fedjax_pfl"], r["pytorch"] or {}
         step = (f"{fmt(a.get('step_gflops'), '.0f')} / {fmt(b.get('step_gflops'), '.0f')} "
                 f"({fmt(a.get('step_of_peak'), '.0%')} / {fmt(b.get('step_of_peak'), '.0%')})"
                 if "step_s" in a else "-")
+        step_all = (f"{fmt(a.get('step_devices_gflops'), '.0f')} ({fmt(a.get('step_devices_of_peak'), '.0%')})"
+                    if "step_devices_s" in a else "-")
         mapping = a["client_mapping"] + (f":{a['chunk_size']}" if a.get("chunk_size") else "")
         mapping += f", {a['devices']}" if "devices" in a else ""
         lines.append(
             f"| {w['model']}, {w['batch']}, {w['join_ratio']:g} | {fmt(a['train_s_per_round'])} / "
             f"{fmt(a['eval_s_per_round'])} | {fmt(b.get('train_s_per_round'))} / {fmt(b.get('eval_s_per_round'))} | "
-            f"{fmt(r['ratio_train'])} | **{fmt(r['ratio_e2e'])}** | {step} | {fmt(a.get('train_gflops'), '.0f')} / "
+            f"{fmt(r['ratio_train'])} | **{fmt(r['ratio_e2e'])}** | {step} | {step_all} | "
+            f"{fmt(a.get('train_gflops'), '.0f')} / "
             f"{fmt(b.get('train_gflops'), '.0f')} | {fmt(a['padding_efficiency'], '.3f')} | {mapping} | "
             f"{fmt(a['mapping_choice_s'], '.0f')} | {r['load_avg_1min']} |")
     peak = records[0]["peak_gflops"] if records else None
