@@ -17,7 +17,7 @@ client-sharded array compiles (XLA SPMD, checked on jax 0.10.2 CPU with 4
 devices) to a local masked gather on each device plus an all-reduce of the
 [S, ...] rows: never an all-gather of the whole client state. The per-client
 work is then split over devices by `split_over_devices` (`jax.shard_map`:
-each device maps its own S/devices rows, dealt in `snake_order` of cost), and
+each device maps its own S/devices rows, dealt by `balanced_slots` of cost), and
 the scatter back all-gathers only the [S, ...] updated rows before each device
 writes its own. Client data are split like client state, except on host
 devices of one machine, which each hold all of them (`place_client_data`):
@@ -119,64 +119,82 @@ def replicate(tree, mesh: Mesh):
     return jax.tree.map(lambda a: _place(a, NamedSharding(mesh, PartitionSpec())), tree)
 
 
-def snake_order(rows: int, size: int) -> np.ndarray:
-    """Row order that deals ``rows`` rows (a multiple of ``size``), sorted by cost, to ``size`` devices.
+def balanced_slots(costs, size: int):
+    """(slots [size * per], slot_of [S]): the S rows dealt to ``size`` devices, ``per = ceil(S / size)`` slots each.
 
-    Device d's block is rows d, 2D-1-d, 2D+d, 4D-1-d, ... (a snake: 0, 1, ..., D-1, D-1, ..., 0, 0, ...),
-    so each device gets one row of every D in cost order and the costliest rows alternate: with costs
-    sorted descending, the devices' totals differ by less than one row's cost, where dealing row i to
-    device i mod D always leaves device 0 the most.
+    Greedy longest-first under equal slot counts: rows in decreasing ``costs``
+    each go to the device with the least cost so far among those with a free
+    slot. Device d's slots ``d * per ...`` hold its rows in decreasing cost, then
+    (when S is not a multiple of ``size``) repeats of the cheapest row, whose
+    results are dropped. ``slot_of[r]`` is row r's slot. Traced: ``costs`` are
+    the round's step counts, known only inside the program. Dealing sorted rows
+    round-robin or in a snake instead leaves the device with the largest client
+    up to that client's cost behind (FedAvgCNN, FMNIST Dirichlet 0.1, 20 clients
+    of 18 to 318 steps on 2 devices: 918 against 731 steps, 2.1 s of a 13 s
+    round spent waiting).
 
     Examples:
-        >>> snake_order(8, 2).tolist()  # device 0: rows 0, 3, 4, 7; device 1: rows 1, 2, 5, 6
-        [0, 3, 4, 7, 1, 2, 5, 6]
+        >>> slots, slot_of = balanced_slots(jnp.array([9, 1, 5, 4, 3]), 2)  # 3 slots each, one a repeat
+        >>> slots.tolist()  # device 0: rows 0, 4 (costs 9, 3) and a repeat of row 1; device 1: rows 2, 3, 1 (5, 4, 1)
+        [0, 4, 1, 2, 3, 1]
+        >>> slot_of.tolist()
+        [0, 5, 3, 4, 1]
     """
-    if rows % size:
-        raise ValueError(f"rows ({rows}) must be a multiple of the device count ({size})")
-    r = np.arange(rows)
-    lap, place = r // size, r % size
-    device = np.where(lap % 2 == 0, place, size - 1 - place)
-    return np.argsort(device * rows + r, kind="stable")
+    costs = jnp.asarray(costs, jnp.float32)
+    rows = costs.shape[0]
+    per = -(-rows // size)
+    order = jnp.argsort(-costs, stable=True)
+
+    def place(j, state):
+        loads, counts, device_of = state
+        r = order[j]
+        d = jnp.argmin(jnp.where(counts < per, loads, jnp.inf))
+        return loads.at[d].add(costs[r]), counts.at[d].add(1), device_of.at[r].set(d)
+
+    state = (jnp.zeros(size, jnp.float32), jnp.zeros(size, jnp.int32), jnp.zeros(rows, jnp.int32))
+    _, counts, device_of = jax.lax.fori_loop(0, rows, place, state)
+    rank = jnp.zeros(rows, jnp.int32).at[order].set(jnp.arange(rows, dtype=jnp.int32))
+    grouped = jnp.argsort(device_of * rows + rank)  # rows by device, each device's in decreasing cost
+    within = jnp.arange(rows) - (jnp.cumsum(counts) - counts)[device_of[grouped]]
+    slot = device_of[grouped] * per + within
+    slots = jnp.full(size * per, order[-1], jnp.int32).at[slot].set(grouped.astype(jnp.int32))
+    slot_of = jnp.zeros(rows, jnp.int32).at[grouped].set(slot.astype(jnp.int32))
+    return slots, slot_of
 
 
-def split_over_devices(mapped, mesh: Mesh, interleave: bool):
+def split_over_devices(mapped, mesh: Mesh):
     """``mapped(shared, *rows)`` (a mapping over the rows' leading client axis) with that axis split over the mesh.
 
-    The S rows are padded (repeating the last row) to a multiple of the
-    device count D and dealt out under `jax.shard_map`: each device runs
-    ``mapped`` on its own S'/D rows, as one device would on all of them (a
+    ``run(shared, *rows, costs=None)``: each device runs ``mapped`` on its own
+    rows under `jax.shard_map`, as one device would on all of them (a
     per-client convolution stays per-client; a vmap over the devices would
-    batch it), and the padded rows' results are dropped. ``interleave`` deals
-    the rows in `snake_order` (clients sorted by cost then cost about the same
-    on every device); otherwise device d takes a contiguous block, matching
-    `shard_clients` (no data moves for the whole client axis). ``shared`` (the
-    server state, the round index: any pytree) reaches every device whole, as an
-    input replicated over the mesh. Pass such values there, never by closure: a
-    closed-over argument of the outer jit keeps the outer mesh in its type, and
-    ``jnp.zeros_like`` of it inside the devices' map fails (an optimizer's init
-    on the server's parameters does that).
+    batch it). With ``costs`` [S] (the clients' step counts) the rows are dealt
+    by `balanced_slots`, so every device has about the same work; without, device
+    d takes a contiguous block (matching `shard_clients`: no data move for the
+    whole client axis), the S rows padded by repeating the last to a multiple of
+    the device count. Padded rows' results are dropped. ``shared`` (the server
+    state, the round index, client data held whole: any pytree) reaches every
+    device whole, as an input replicated over the mesh. Pass such values there,
+    never by closure: a closed-over argument of the outer jit keeps the outer
+    mesh in its type, and ``jnp.zeros_like`` of it inside the devices' map
+    fails (an optimizer's init on the server's parameters does that).
     """
     size = mesh.devices.size
     spec = PartitionSpec(AXIS)
 
-    def to_devices(a, count, per):
-        if count < size * per:
-            a = a[jnp.minimum(jnp.arange(size * per), count - 1)]
-        return a[snake_order(size * per, size)] if interleave else a
-
-    def from_devices(a, count, per):
-        a = a[np.argsort(snake_order(size * per, size))] if interleave else a
-        return a if count == size * per else a[:count]
-
-    def run(shared, *rows):
+    def run(shared, *rows, costs=None):
         count = jax.tree.leaves(rows)[0].shape[0]
         per = -(-count // size)
+        if costs is not None:
+            slots, slot_of = balanced_slots(costs, size)
+        else:
+            slots, slot_of = jnp.minimum(jnp.arange(size * per), count - 1), jnp.arange(count)
         # check_vma=False: the clients' loops carry values that start from the (same on every device) server
         # state and become per-device; the varying-type check would reject such carries
         local = jax.shard_map(mapped, mesh=mesh, in_specs=(PartitionSpec(),) + (spec,) * len(rows),
                               out_specs=spec, check_vma=False)
-        out = local(shared, *jax.tree.map(lambda a: to_devices(a, count, per), rows))
-        return jax.tree.map(lambda a: from_devices(a, count, per), out)
+        out = local(shared, *jax.tree.map(lambda a: a[slots], rows))
+        return jax.tree.map(lambda a: a[slot_of], out)
 
     return run
 
