@@ -21,6 +21,8 @@ CASES = [  # input [B, H, W, C], kernel [kh, kw, C, O], strides, pads
     ((2, 7, 8, 3), (3, 3, 3, 2), (2, 1), ((1, 0), (2, 1))),
     ((2, 7, 7, 1), (3, 3, 1, 2), (1, 1), ((1, 1), (1, 1))),
     ((2, 9, 9, 2), (4, 4, 2, 3), (3, 3), ((0, 0), (0, 0))),  # the last input row and column feed no output
+    ((16, 12, 12, 32), (5, 5, 32, 3), (1, 1), ((0, 0), (0, 0))),  # kernel gradient by im2col's matmul
+    ((32, 11, 11, 16), (3, 3, 16, 2), (2, 2), ((1, 1), (1, 1))),  # ditto, strided
 ]
 
 
@@ -138,6 +140,18 @@ def test_gradient_inside_shard_map_over_clients():
 
     for a, b in zip(grads(direct), grads(reference)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_gradient_form_is_chosen_by_channels_and_positions():
+    from fedjax_pfl.models import direct_conv
+
+    def chosen(shape, kernel_shape, strides, pads):
+        x, k, dy = _arrays(shape, kernel_shape, strides, pads, dtype=jnp.float32)
+        spec = direct_conv._Spec(shape[1:], kernel_shape, strides, pads)
+        return direct_conv._im2col_kernel_grad(x, dy, spec)
+
+    assert [chosen(*case) for case in CASES[-2:]] == [True, True]
+    assert not any(chosen(*case) for case in CASES[:-2])  # few channels or positions: the convolution
 
 
 def test_im2col_transpose_is_the_adjoint_of_im2col(x64):

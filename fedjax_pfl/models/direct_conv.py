@@ -20,7 +20,10 @@ is written in the canonical form itself (a custom VJP):
   matmul, then the patches' pads and adds);
 * kernel gradient: the padded input with its batch and channel axes swapped
   (``[C, H, W, B]``) convolved with the output gradient as the kernel
-  (``[Ho, Wo, B, O]``, dilated by the strides), then transposed to HWIO.
+  (``[Ho, Wo, B, O]``, dilated by the strides), then transposed to HWIO; with
+  many input channels and output positions (`IM2COL_KERNEL_GRAD_CHANNELS`)
+  im2col's matmul instead, its patches transposed first (one canonical
+  matmul).
 
 Pads and transposes sit behind ``lax.optimization_barrier``: XLA would fold
 them back into the convolution's window and dimension numbers.
@@ -58,6 +61,15 @@ NHWC = ("NHWC", "HWIO", "NHWC")
 # convolution. Measured on XLA:CPU, one thread: a 5x5 VALID 12x12x32 -> 8x8x64 gradient (2.25) costs 7.7 ms as a
 # convolution, 3.6 ms by im2col; 3x3 SAME gradients (1.0) 2.3 vs 3.2 ms and 3.1 vs 6.9 ms (B = 32).
 PADDED_WORK_LIMIT = 1.5
+# Kernel gradient by im2col's matmul (patches^T @ dy, the patches' transpose materialised) where that measured
+# faster than the convolution whose window is the whole output map: one thread, 50 calls in a fori_loop, ms
+# direct / im2col: 5x5 32 -> 64 on 12x12, B = 32 (FedAvgCNN conv2) 2.48 / 1.89 (B = 10: 0.47 / 0.57); 3x3 SAME
+# 32 -> 32 on 16x16 2.83 / 2.11; 64 -> 64 on 8x8 1.65 / 1.36; stride 2, 16 -> 32 on 32x32 1.49 / 1.11; and the
+# other way with few input channels: 3 -> 6 5x5 on 32x32 (LeNet conv1) 1.71 / 3.31, 3x3 16 -> 16 on 32x32
+# 3.41 / 4.78, 1 -> 16 5x5 on 28x28 0.83 / 1.14. So: input channels >= 32 (>= 16 with a stride), and at least
+# `IM2COL_KERNEL_GRAD_ROWS` output positions over the batch.
+IM2COL_KERNEL_GRAD_CHANNELS = 32
+IM2COL_KERNEL_GRAD_ROWS = 1024
 
 
 def conv2d_direct(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
@@ -126,8 +138,19 @@ def _input_grad(dy, kernel, spec):
                                     dimension_numbers=NHWC)
 
 
+def _im2col_kernel_grad(x, dy, spec) -> bool:
+    """Whether the kernel gradient goes by im2col's matmul (see `IM2COL_KERNEL_GRAD_CHANNELS`)."""
+    c, strided = spec.kernel_shape[2], spec.strides != (1, 1)
+    wide = c >= IM2COL_KERNEL_GRAD_CHANNELS or (strided and 2 * c >= IM2COL_KERNEL_GRAD_CHANNELS)
+    return wide and dy.shape[0] * dy.shape[1] * dy.shape[2] >= IM2COL_KERNEL_GRAD_ROWS
+
+
 def _kernel_grad(x, dy, spec):
-    (kh, kw, _, _), strides = spec.kernel_shape, spec.strides
+    (kh, kw, c, o), strides = spec.kernel_shape, spec.strides
+    if _im2col_kernel_grad(x, dy, spec):
+        patches = im2col_patches(x, (kh, kw), strides, spec.pads).reshape(-1, kh * kw * c)
+        grad = jnp.dot(lax.optimization_barrier(patches.T), dy.reshape(-1, o))  # [kh*kw*C, O], canonical
+        return grad.reshape(spec.kernel_shape)
     x = _pad(x, spec.pads)
     h, w = x.shape[1:3]
     ho, wo = dy.shape[1:3]
