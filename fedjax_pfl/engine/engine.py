@@ -254,14 +254,15 @@ class Engine:
             def train_chunk(clients, positions):
                 rows = selected[positions]
                 new, uploads = self._train_clients(client_step, server, tree_ops.gather(clients, rows), train, rows,
-                                                   keys[positions], epochs[positions], mapping="vmap")
+                                                   keys[positions], epochs[positions], steps[positions],
+                                                   mapping="vmap")
                 return tree_ops.scatter(clients, rows, new), uploads
 
             clients, uploads = client_mapping.scan_chunks(train_chunk, clients, training, cfg.chunk_size)
             chosen = None
         else:
             chosen = method.prepare(server, tree_ops.gather(clients, selected), selected)
-            chosen, uploads = self._train_clients(client_step, server, chosen, train, selected, keys, epochs)
+            chosen, uploads = self._train_clients(client_step, server, chosen, train, selected, keys, epochs, steps)
         if not sequential:
             server, chosen = method.server_update(server, chosen, uploads, info)
             if not self.streams:
@@ -431,14 +432,15 @@ class Engine:
         out = mapped(server, *tree_ops.gather(args, order))
         return tree_ops.gather(out, jnp.argsort(order))
 
-    def _train_clients(self, client_step, server, chosen, train, rows, keys, epochs, mapping: str | None = None):
+    def _train_clients(self, client_step, server, chosen, train, rows, keys, epochs, steps,
+                       mapping: str | None = None):
         """``client_step(server, client, data, key, epochs)`` over the clients ``rows`` (their state ``chosen``,
-        keys and epochs stacked in that order), mapped and dealt to the devices. Where every device holds
+        keys, epochs and real step counts ``steps`` stacked in that order), mapped and dealt to the devices
+        (evenly by ``steps``). Where every device holds
         all client data (`data_in_place`) each client reads its own rows where they lie; else the rows are
         gathered first (a copy of every selected client's padded data: 12% of an MLP round on one device,
         21% on two host devices, when it was done everywhere)."""
-        costs = {} if self.mesh is None else {"costs": local_training.real_steps(
-            train.n[rows], self.method.setup.batch_size, epochs, self.method.setup.drop_last)}  # deal evenly
+        costs = {} if self.mesh is None else {"costs": steps}
         if not self.data_in_place:
             mapped = self._map_clients(client_step, mapping=mapping)
             return mapped(server, chosen, tuple(tree_ops.gather(train, rows)), keys, epochs, **costs)

@@ -18,7 +18,7 @@ the dot (the same trick as direct_conv.py):
 `dense_direct` when its ``impl`` is ``'direct'`` (the CPU default, as for
 convolutions) and through ``jnp.dot`` with JAX's own gradients otherwise.
 Values equal ``x @ kernel + bias`` and its JAX gradients up to float rounding
-(tests/test_direct_conv.py, float64, also under ``vmap`` with a kernel per
+(tests/test_dense.py, float64, also under ``vmap`` with a kernel per
 client and forward-over-reverse Hessian-vector products).
 """
 

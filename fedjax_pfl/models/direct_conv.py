@@ -138,7 +138,7 @@ def _input_grad(dy, kernel, spec):
                                     dimension_numbers=NHWC)
 
 
-def _im2col_kernel_grad(x, dy, spec) -> bool:
+def _im2col_kernel_grad(dy, spec) -> bool:
     """Whether the kernel gradient goes by im2col's matmul (see `IM2COL_KERNEL_GRAD_CHANNELS`)."""
     c, strided = spec.kernel_shape[2], spec.strides != (1, 1)
     wide = c >= IM2COL_KERNEL_GRAD_CHANNELS or (strided and 2 * c >= IM2COL_KERNEL_GRAD_CHANNELS)
@@ -147,7 +147,7 @@ def _im2col_kernel_grad(x, dy, spec) -> bool:
 
 def _kernel_grad(x, dy, spec):
     (kh, kw, c, o), strides = spec.kernel_shape, spec.strides
-    if _im2col_kernel_grad(x, dy, spec):
+    if _im2col_kernel_grad(dy, spec):
         patches = im2col_patches(x, (kh, kw), strides, spec.pads).reshape(-1, kh * kw * c)
         grad = jnp.dot(lax.optimization_barrier(patches.T), dy.reshape(-1, o))  # [kh*kw*C, O], canonical
         return grad.reshape(spec.kernel_shape)
