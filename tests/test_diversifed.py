@@ -199,12 +199,7 @@ def test_diversifed_learns_on_fmnist(data_dir):
                  "train.join_ratio=1.0", "train.rounds=3", "method_name=diversifed"]
     cfg = config_lib.build(None, overrides)
     eng = build_experiment(cfg).engine
-    key = jax.random.key(0)
-    init_key, key = jax.random.split(key)
-    server, clients = eng.init(init_key)
-    first = eng.evaluate_summary(server, clients, key)["accuracy"]
-    server, clients, metrics = eng.run(server, clients, key, cfg.train.rounds)
-    last = eng.evaluate_summary(server, clients, key)
+    first, last, metrics, server, _ = ref.run_engine(eng, cfg.train.rounds)
     assert math.isfinite(last["loss"]) and math.isfinite(float(metrics["train_loss"]))
     assert first < 0.3
     majority, fedavg = majority_baseline.from_engine(eng), ref.accuracy_of("fedavg", eng, cfg.train.rounds)

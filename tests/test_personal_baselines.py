@@ -493,12 +493,7 @@ def fmnist_fedavg_accuracy(fmnist_experiment):
 def test_learns_on_fmnist(method_name, fmnist_experiment, fmnist_fedavg_accuracy):
     base = fmnist_experiment
     eng = engine_lib.Engine(get_method(method_name)(base.method.setup), base.train, base.test, base.config)
-    key = jax.random.key(0)
-    init_key, key = jax.random.split(key)
-    server, clients = eng.init(init_key)
-    first = eng.evaluate_summary(server, clients, key)["accuracy"]
-    server, clients, metrics = eng.run(server, clients, key, 3)
-    last = eng.evaluate_summary(server, clients, key)
+    first, last, metrics, server, clients = ref.run_engine(eng, 3)
     assert math.isfinite(last["loss"]) and math.isfinite(float(metrics["train_loss"]))
     majority = majority_baseline.from_engine(eng)
     assert first < 0.3 and last["accuracy"] > majority + 0.3, (first, last, majority)
@@ -508,7 +503,8 @@ def test_learns_on_fmnist(method_name, fmnist_experiment, fmnist_fedavg_accuracy
         assert bool(jnp.all(server["present"]))
         by_proto = engine_lib.Engine(get_method("fedproto")(base.method.setup, FedProtoConfig(eval_by="prototype")),
                                      base.train, base.test, base.config)
-        assert by_proto.evaluate_summary(server, clients, key)["accuracy"] > majority + 0.25
+        eval_key = jax.random.split(jax.random.key(0))[1]  # run_engine's evaluation key
+        assert by_proto.evaluate_summary(server, clients, eval_key)["accuracy"] > majority + 0.25
     if method_name == "apfl":
         alpha = np.asarray(clients["alpha"])
         assert np.all((alpha >= 0) & (alpha <= 1)) and np.any(alpha != 0.5)
