@@ -132,6 +132,26 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     assert "holds a run of another configuration" in _error_line(capsys)
 
 
+def test_table_only_writes_the_finished_cells_and_trains_nothing(tmp_path, monkeypatch, capsys):
+    table, out = _write_tiny(tmp_path), tmp_path / "repro"
+    monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)
+    argv = ["--table-file", str(table), "--out", str(out), "--rounds", "2", "--seeds", "0", "--no-progress"]
+    assert reproduce.main([*argv, "--methods", "local"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(train, "main", lambda argv=None, observe=None: pytest.fail("--table-only trained a cell"))
+    assert reproduce.main([*argv, "--table-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "local-synth/seed0: skipped (done)" in printed
+    assert "global-synth/seed0: not run (--table-only; new: python -m fedjax_pfl.train --method fedavg" in printed
+    rows = {r["method"]: r for r in csv.DictReader(open(out / "table.csv"))}
+    assert rows["local"]["status"] == "1 finished" and rows["global"]["status"] == "1 not run"
+    text = (out / "table.md").read_text()
+    assert "| local | " in text and "- (1 not run)" in text
+    assert not (out / "runs" / "global-synth").exists()
+    assert reproduce.main([*argv, "--table-only", "--dry-run"]) == 2
+    assert "give one of them" in _error_line(capsys)
+
+
 def test_a_failing_cell_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     calls = []
 

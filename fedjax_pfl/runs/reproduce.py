@@ -23,7 +23,8 @@ of their rounds), or starts over when it has none. A folder holding a run of
 another configuration (other rounds or overrides) is an error: use another
 ``--out``. ``--rounds`` / ``--seeds`` scale down (the table says "reduced"),
 ``--methods`` / ``--settings`` pick a subset, ``--dry-run`` only prints the
-commands, ``--list`` shows the tables. Overrides after NAME apply to every
+commands, ``--table-only`` writes the table from the runs already there
+(the others show as not run; nothing trains), ``--list`` shows the tables. Overrides after NAME apply to every
 cell (e.g. ``data.name=cifar10`` with ``--settings``). A setting whose dataset
 files are not found (e.g. CIFAR-100 where only other files are at hand) is not
 run: its cells show "no data", the table's notes and stderr say which file is
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", help="comma-separated subset of the table's settings")
     p.add_argument("--data-dir", help="folder with dataset files (else $FEDJAX_PFL_DATA_DIR, then the cache)")
     p.add_argument("--dry-run", action="store_true", help="print each cell's command and state; run nothing")
+    p.add_argument("--table-only", action="store_true",
+                   help="write table.md / table.csv from the finished runs already there; run nothing")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--one-by-one", action="store_true", help="never run a cell's seeds as one vmapped program")
     return p
@@ -246,6 +249,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         raise UserError("give a table NAME or --table-file, not both")
     if not (args.table_file or args.name):
         raise UserError("name a table (see --list), or pass --table-file FILE")
+    if args.dry_run and args.table_only:
+        raise UserError("--dry-run writes nothing and --table-only writes the table: give one of them")
     spec = load_table(args.table_file) if args.table_file else find_table(args.name)
     if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
         raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
@@ -264,6 +269,9 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     failed, status = [], 0
     for i, (label, plan_cells_, argv, state, folder) in enumerate(plans, 1):
         command = shlex.join([*TRAIN.split(), *argv, *(["--resume"] if state == "resume" else [])])
+        if args.table_only and state not in ("finished", NO_DATA):
+            print(f"[{i}/{len(plans)}] {label}: not run (--table-only; {state}: {command})", flush=True)
+            continue
         print(f"[{i}/{len(plans)}] {label}: {'skipped (done)' if state == 'finished' else state}"
               f"{'' if state == 'finished' else ': ' + command}", flush=True)
         if args.dry_run or state in ("finished", NO_DATA):
