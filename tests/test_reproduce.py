@@ -59,11 +59,12 @@ def _cifar100_missing() -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
-def test_dry_run_lists_every_cell_with_a_valid_config(name, capsys):
+def test_dry_run_lists_every_cell_with_a_valid_config(name, capsys, tmp_path):
     """One line per (row that runs, setting) with its training command; every cell's config validates (the
-    dry run builds each); a setting whose dataset is missing says 'no data'."""
+    dry run builds each); a setting whose dataset is missing says 'no data'. (An empty --out: the runs of
+    reproductions/NAME, where a developer has some, would show as 'skipped (done)'.)"""
     spec = table_spec.find_table(name)
-    assert reproduce.main([name, "--dry-run", "--seeds", "0"]) == 0
+    assert reproduce.main([name, "--dry-run", "--seeds", "0", "--out", str(tmp_path / name)]) == 0
     printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[")]
     cells = spec.cells(seeds=[0])
     assert len(printed) == len(cells) == len({spec.run_row(m).name for m in spec.methods}) * len(spec.settings)
@@ -145,6 +146,7 @@ def test_table_only_writes_the_finished_cells_and_trains_nothing(tmp_path, monke
     assert "global-synth/seed0: not run (--table-only; new: python -m fedjax_pfl.train --method fedavg" in printed
     rows = {r["method"]: r for r in csv.DictReader(open(out / "table.csv"))}
     assert rows["local"]["status"] == "1 finished" and rows["global"]["status"] == "1 not run"
+    assert rows["local"]["folders"] == "runs/local-synth/seed0"  # relative to table.csv, wherever it is moved
     text = (out / "table.md").read_text()
     assert "| local | " in text and "- (1 not run)" in text
     assert not (out / "runs" / "global-synth").exists()

@@ -49,7 +49,7 @@ def entry(spec: TableSpec, row: MethodRow, cells: list[Cell], runs_dir: Path, no
             "seeds": ", ".join(str(r.config.get("seed")) for r in runs),
             "rounds": ", ".join(dict.fromkeys(str(r.rounds_done) for r in runs)),
             "status": ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)),
-            "folders": ";".join(str(r.path) for r in runs)}
+            "folders": ";".join(str(Path(r.path).relative_to(runs_dir.parent)) for r in runs)}  # from table.csv
 
 
 def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozenset()) -> list[dict]:
