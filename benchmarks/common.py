@@ -1,24 +1,10 @@
 """What every benchmark record names: the device and its peak memory."""
 
-import os
-import platform
 import resource
 
 import jax
 
-
-def device_name() -> str:
-    """'cpu: <model name> x<cores>' or '<platform>: <device kind>'."""
-    d = jax.devices()[0]
-    if d.platform == "cpu":
-        model = platform.processor() or ""
-        try:
-            with open("/proc/cpuinfo") as f:
-                model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-        return f"cpu: {model} x{os.cpu_count()}"
-    return f"{d.platform}: {d.device_kind}"
+from fedjax_pfl.runs.machine import describe as device_name  # noqa: F401 (the benchmarks' name)
 
 
 def peak_memory_bytes() -> int:

@@ -4,11 +4,12 @@ import csv
 import re
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from fedjax_pfl.runs import cli as train, config, data_check, paper_table, reproduce
-from fedjax_pfl.runs import results_writer, table_spec
+from fedjax_pfl.runs import machine, results_writer, run_folder, table_spec
 from signal_after_round import signal_after
 
 TINY = """
@@ -123,7 +124,9 @@ def test_tiny_table_end_to_end_resumes_and_skips(tmp_path, monkeypatch, capsys):
     assert float(local["diff"]) == pytest.approx(diff / 100) and local["flag"] == str(abs(diff) > 1.5)
     assert (f"| local | {100 * float(local['mean']):.2f} ± {100 * float(local['std']):.2f} (n=2) | 55.50 | "
             f"{diff:+.2f}{' ⚠' if abs(diff) > 1.5 else ''} |") in text
-    assert "| global | " in text and text.rstrip().endswith("| - | - |")  # no paper number: no difference
+    global_row = [ln for ln in text.splitlines() if ln.startswith("| global | ")]
+    assert len(global_row) == 1 and global_row[0].endswith("| - | - |")  # no paper number: no difference
+    assert text.count("-synth/seed") == 4 and text.rstrip().splitlines()[-1].startswith("| global-synth/seed1 | 2 |")
     # 3) again: every cell is skipped, nothing is trained
     monkeypatch.setattr(train, "main", lambda argv=None, observe=None: pytest.fail("a finished cell ran again"))
     assert reproduce.main(argv) == 0
@@ -150,6 +153,13 @@ def test_table_only_writes_the_finished_cells_and_trains_nothing(tmp_path, monke
     text = (out / "table.md").read_text()
     assert "| local | " in text and "- (1 not run)" in text
     assert not (out / "runs" / "global-synth").exists()
+    # the header names the command; the Runs section each run's rounds, minutes, status, commit, machine, jax
+    assert f"Command: `python -m fedjax_pfl.reproduce --table-file {table} --out {out} --rounds 2 --seeds 0`." in text
+    run = [ln for ln in text.splitlines() if ln.startswith("| local-synth/seed0 |")]
+    assert len(run) == 1 and "## Runs" in text and "global-synth" not in text.split("## Runs")[1], text
+    cells = [c.strip() for c in run[0].strip("|").split("|")]
+    assert cells[1] == "2" and float(cells[2]) >= 0 and cells[3] == "finished", cells
+    assert cells[5] == machine.describe() and cells[6] == jax.__version__, cells
     assert reproduce.main([*argv, "--table-only", "--dry-run"]) == 2
     assert "give one of them" in _error_line(capsys)
 
@@ -304,7 +314,9 @@ def test_ours_paper_difference_and_flag_of_finished_cells(tmp_path):
     assert "| global (paper) | 70.00 ± 0.00 (n=2) | 90.00 | -20.00 ⚠ |" in text
     assert "| global (rerun) | 70.00 ± 0.00 (n=2) | 70.50 | -0.50 |" in text  # the same runs, its own number
     assert "| local | 86.00 ± 4.00 (n=2) |" in text.split("## Also: ")[1]  # best round, no paper column
-    assert text.rstrip().endswith("## Notes\n\nA note of the table file.")
+    assert "## Notes\n\nA note of the table file.\n\n## Runs\n" in text
+    # a run whose config.json records no versions (older runs): '-' for commit, machine and jax
+    assert text.rstrip().endswith("| global-s/seed1 | 2 | 0.0 | finished | - | - | - |")
     rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "table.csv"))}
     assert float(rows["global"]["diff"]) == pytest.approx(-0.2) and rows["global"]["flag"] == "True"
     assert float(rows["local"]["paper_std"]) == pytest.approx(0.01) and rows["local"]["flag"] == "False"
@@ -355,3 +367,15 @@ def test_bad_table_schema_is_one_line(tmp_path, change, message):
     path.write_text(GRID.replace(*change))
     with pytest.raises(table_spec.UserError, match=re.escape(message)):
         table_spec.load_table(path)
+
+
+def test_provenance_of_a_resumed_run_names_every_segment(tmp_path):
+    """config.json's versions and each resumed segment's: distinct commits (short), machines and jax
+    versions in order; '-' where an older run did not record the machine."""
+    first = {"git_commit": "a" * 40, "jax": "0.10.2"}  # written before runs recorded the machine
+    second = {"git_commit": "b" * 40, "jax": "0.10.2", "machine": "cpu: X x2"}
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"config": {}, "versions": first, "resumed": [{"after_round": 5, "versions": second},
+                                                      {"after_round": 9, "versions": second}]}))
+    assert run_folder.read_provenance(tmp_path) == {"commits": ["aaaaaaa", "bbbbbbb"], "machines": ["-", "cpu: X x2"],
+                                                    "jax": ["0.10.2"]}

@@ -18,6 +18,7 @@ from signal_after_round import signal_after
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import cli as train
+from fedjax_pfl.runs import machine
 from fedjax_pfl.core.errors import DivergedError
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.runs.call_planner import CallPlanner
@@ -77,6 +78,7 @@ def test_cli_writes_output_folder(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["method_name"] == "fedper" and "jax" in config["versions"]
+    assert config["versions"]["machine"] == machine.describe()  # the hardware a number came from
     partition = json.loads((out / "partition.json").read_text())
     assert partition["num_clients"] == 20 and len(partition["train"]["histograms"]) == 20
     assert partition["info"]["scheme"] == "dirichlet"

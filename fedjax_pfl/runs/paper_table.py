@@ -9,8 +9,9 @@ percentage points, flagged (⚠) beyond ``paper_numbers.FLAG_POINTS``. A cell
 without a paper number shows no difference. Settings with a ``group`` are
 printed as one table per group. The header states the rounds and seeds
 actually used and says "reduced" where they are fewer than the paper's; the
-notes close the file (the table file's ``notes``, then one line per dataset
-whose files were missing). table.csv has one line per (row, setting) with
+notes follow (the table file's ``notes``, then one line per dataset
+whose files were missing), and a "Runs" section closes the file: each run's
+rounds, minutes, status, commit, machine and jax version. table.csv has one line per (row, setting) with
 fractions, not percent (the paper's number and the difference too). Nothing
 here imports JAX.
 """
@@ -123,7 +124,31 @@ def block(lines: list[dict], metric: str = "") -> list[str]:
     return out
 
 
-def markdown(spec: TableSpec, lines: list[dict], head: list[str], notes: list[str] = ()) -> str:
+def runs_section(cells: list[Cell], runs_dir: Path) -> list[str]:
+    """'## Runs': one line per run folder present (cell, rounds done, minutes, status, and the commit(s),
+    machine and jax version its config.json records); nothing when no cell has a run."""
+    lines = []
+    for c in cells:
+        folder = runs_dir / c.folder_name
+        if not run_folder.is_run(folder):
+            continue
+        run, made = load_run(folder), run_folder.read_provenance(folder)
+        minutes = "-" if run.wall_seconds is None else f"{run.wall_seconds / 60:.1f}"
+        lines.append(f"| {c.folder_name} | {run.rounds_done} | {minutes} | {run.status} | "
+                     f"{', '.join(made['commits'])} | {', '.join(made['machines'])} | {', '.join(made['jax'])} |")
+    if not lines:
+        return []
+    return ["## Runs", "",
+            "Minutes: each run's own clock (its rounds, compiling included, summed over resumed segments; other "
+            "work on the machine slows it). Commit, machine and jax: as the run's config.json records them, for "
+            "every segment of a resumed run. Each cell's training command: the same reproduce command with "
+            "--dry-run.", "",
+            "| run | rounds | minutes | status | commit | machine | jax |", "|---|---|---|---|---|---|---|",
+            *lines, ""]
+
+
+def markdown(spec: TableSpec, lines: list[dict], head: list[str], notes: list[str] = (),
+             runs: list[str] = ()) -> str:
     """The header, one table per group of settings (a '## group' heading when there are groups), the
     ``also_metrics`` tables (ours only) and the notes."""
     out = list(head)
@@ -135,6 +160,7 @@ def markdown(spec: TableSpec, lines: list[dict], head: list[str], notes: list[st
     notes = [n for n in (spec.notes, *notes) if n]
     if notes:
         out += ["## Notes", "", *[line for n in notes for line in (n, "")]]
+    out += runs
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -150,7 +176,7 @@ def write_table(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, see
         reasons.setdefault(reason, []).append(setting)
     notes = [f"Not run, dataset files missing ({', '.join(s)}): {r}; supply them (--data-dir DIR) and run the "
              "same command again." for r, s in reasons.items()]
-    text = markdown(spec, lines, header(spec, rounds, seeds, extra), notes)
+    text = markdown(spec, lines, header(spec, rounds, seeds, extra), notes, runs_section(cells, out / "runs"))
     with atomic_write(out / "table.md") as f:
         f.write(text)
     write_csv(out / "table.csv", lines)

@@ -289,7 +289,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     if args.dry_run:
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    head_extra = [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
+    head_extra = [f"Command: `{table_command(args, extra)}`."]
+    head_extra += [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
     text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data)
     print(text, end="")
     print(f"wrote {out}/ (table.md, table.csv, runs/)")
@@ -297,6 +298,19 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
         return status or 1
     return status
+
+
+def table_command(args, extra: list[str]) -> str:
+    """The reproduce command that runs (or, once run, rewrites) this table's cells: the options that choose
+    them, without the ones that only change what is printed (--table-only, --no-progress) or name this
+    machine's folders (--data-dir)."""
+    argv = [args.name] if args.name else ["--table-file", args.table_file]
+    for flag, value in (("--out", args.out), ("--rounds", args.rounds), ("--seeds", args.seeds),
+                        ("--methods", args.methods), ("--settings", args.settings)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--one-by-one"] if args.one_by_one else []
+    return shlex.join([*"python -m fedjax_pfl.reproduce".split(), *argv, *extra])
 
 
 def _by_value(mapping: dict) -> dict:

@@ -57,6 +57,20 @@ def read_config(run_dir: Path) -> dict:
     return data["config"]
 
 
+def read_provenance(run_dir: Path) -> dict:
+    """Where a run came from: {"commits", "machines", "jax"}, each the distinct values (first seen first)
+    that config.json's ``versions`` records for the run and for every resumed segment; '-' where not
+    recorded (``machines``: runs written before config.json named the machine)."""
+    data = _read_json(Path(run_dir) / "config.json") or {}
+    segments = [data.get("versions") or {}] + [(r or {}).get("versions") or {} for r in data.get("resumed") or []]
+
+    def distinct(key, shorten=None):
+        values = [str(s.get(key)) if s.get(key) else "-" for s in segments]
+        return list(dict.fromkeys(v if v == "-" or not shorten else v[:shorten] for v in values))
+
+    return {"commits": distinct("git_commit", 7), "machines": distinct("machine"), "jax": distinct("jax")}
+
+
 def read_partition(run_dir: Path) -> dict | None:
     return _read_json(Path(run_dir) / "partition.json")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_pfl.runs import machine
 from fedjax_pfl.runs.atomic_file import atomic_write
 
 
@@ -50,7 +51,7 @@ def jsonable(obj):
 
 
 def versions() -> dict:
-    """Versions of the packages a result depends on, and the git commit if any."""
+    """Versions of the packages a result depends on, the machine (`machine.describe`), and the git commit if any."""
     import flax
     import jax
     import optax
@@ -58,7 +59,8 @@ def versions() -> dict:
     import fedjax_pfl
 
     out = {"fedjax_pfl": fedjax_pfl.__version__, "jax": jax.__version__, "flax": flax.__version__,
-           "optax": optax.__version__, "numpy": np.__version__, "backend": jax.default_backend()}
+           "optax": optax.__version__, "numpy": np.__version__, "backend": jax.default_backend(),
+           "machine": machine.describe()}
     try:
         repo = Path(fedjax_pfl.__file__).resolve().parent.parent
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
