@@ -9,11 +9,11 @@ percentage points, flagged (⚠) beyond ``paper_numbers.FLAG_POINTS``. A cell
 without a paper number shows no difference. Settings with a ``group`` are
 printed as one table per group. The header states the rounds and seeds
 actually used and says "reduced" where they are fewer than the paper's; the
-notes follow (the table file's ``notes``, then one line per dataset
-whose files were missing), and a "Runs" section closes the file: each run's
-rounds, minutes, status, commit, machine and jax version. table.csv has one line per (row, setting) with
-fractions, not percent (the paper's number and the difference too). Nothing
-here imports JAX.
+notes follow (the table file's ``notes``, then one line per dataset whose
+files were missing), and a "Runs" section closes the file: each run's rounds,
+minutes, status, commit, machine and jax version. table.csv has one line per
+(row, setting) with fractions, not percent (the paper's number and the
+difference too). Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def runs_section(cells: list[Cell], runs_dir: Path) -> list[str]:
 def markdown(spec: TableSpec, lines: list[dict], head: list[str], notes: list[str] = (),
              runs: list[str] = ()) -> str:
     """The header, one table per group of settings (a '## group' heading when there are groups), the
-    ``also_metrics`` tables (ours only) and the notes."""
+    ``also_metrics`` tables (ours only), the notes and the ``runs`` section (`runs_section`)."""
     out = list(head)
     for group in dict.fromkeys(e["group"] for e in lines):
         out += ([f"## {group}", ""] if group else []) + block([e for e in lines if e["group"] == group]) + [""]

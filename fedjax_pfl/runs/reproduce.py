@@ -23,9 +23,10 @@ of their rounds), or starts over when it has none. A folder holding a run of
 another configuration (other rounds or overrides) is an error: use another
 ``--out``. ``--rounds`` / ``--seeds`` scale down (the table says "reduced"),
 ``--methods`` / ``--settings`` pick a subset, ``--dry-run`` only prints the
-commands, ``--table-only`` writes the table from the runs already there
-(the others show as not run; nothing trains), ``--list`` shows the tables. Overrides after NAME apply to every
-cell (e.g. ``data.name=cifar10`` with ``--settings``). A setting whose dataset
+commands, ``--table-only`` writes the table from the runs already there (the
+others show as not run; nothing trains), ``--list`` shows the tables.
+Overrides after NAME apply to every cell (e.g. ``data.name=cifar10`` with
+``--settings``). A setting whose dataset
 files are not found (e.g. CIFAR-100 where only other files are at hand) is not
 run: its cells show "no data", the table's notes and stderr say which file is
 missing in one line, and the exit status is what the other cells make it (0
