@@ -11,7 +11,7 @@ import platform
 
 
 def describe() -> str:
-    """'cpu: AMD EPYC 9B14 x2' (the first device's platform, and the CPU's model name and core count) or,
+    """'cpu: AMD EPYC x2' (the first device's platform, and the CPU's model name and core count) or,
     on an accelerator, e.g. 'gpu: NVIDIA H100 80GB HBM3'."""
     import jax
 
