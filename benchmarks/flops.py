@@ -35,8 +35,17 @@ def step_flops(model_name: str, input_shape, num_classes: int, batch: int, **mod
 
     x = jnp.zeros((batch, *model.input_shape), jnp.float32)
     y = jnp.zeros((batch,), jnp.int32)
+    lowered = jax.jit(step).lower(variables["params"], x, y)
+    return cost_flops(lowered.cost_analysis) or cost_flops(lambda: lowered.compile().cost_analysis())
+
+
+def cost_flops(analysis) -> float | None:
+    """The 'flops' of ``analysis()`` (an XLA cost analysis), or None where the backend gives none.
+
+    The lowered (unoptimised) module's analysis is backend-neutral and cheap, but on GPU (jax 0.11) it gave
+    no FLOP count, so `step_flops` then asks the compiled module's."""
     try:
-        cost = jax.jit(step).lower(variables["params"], x, y).cost_analysis()
+        cost = analysis()
     except Exception:  # noqa: BLE001 (some backends have no cost model)
         return None
     if isinstance(cost, (list, tuple)):

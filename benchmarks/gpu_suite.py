@@ -39,7 +39,8 @@ What it measures, in order:
 3. the same FedAvg workload through the PyTorch per-client loop
    (benchmarks/torch_loop.py) on the same client arrays, when torch is
    installed (CUDA when available): training s/round and evaluation s/round.
-   FedAS has no PyTorch twin here.
+   FedAS has no PyTorch twin here. ``--sides jax`` or ``--sides torch``
+   keeps one side's rows.
 
 A configuration that fails or runs past ``--child-timeout`` is recorded with
 its error and the suite goes on; the suite then exits with status 1 (the
@@ -141,18 +142,41 @@ def measure_torch(spec: dict) -> dict:
             "torch_threads": threads}
 
 
+def measure_device(spec: dict) -> dict:
+    """The device's name, JAX's version and backend, and the measured matmul peaks (bf16, fp32)."""
+    import jax
+
+    return {"device": device_name(), "jax": jax.__version__, "backend": jax.default_backend(),
+            "matmul_peak": [matmul_peak(spec["matmul_size"], d) for d in ("bf16", "fp32")]}
+
+
+MEASURES = {"jax": measure_jax, "torch": measure_torch, "device": measure_device}
+
+
+def child_env(side: str) -> dict:
+    """The child's environment: a PyTorch child keeps JAX (which only builds its client arrays) on the CPU,
+    so that JAX's allocator, which takes most of a GPU's memory when it starts, leaves the GPU to torch."""
+    return {**os.environ, "JAX_PLATFORMS": "cpu"} if side == "torch" else dict(os.environ)
+
+
+def run_child(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
+    """``MEASURES[side](spec)``, in a child process of its own unless ``in_process`` (errors propagate).
+
+    Only children start a JAX backend: the suite's own process holds no device memory (on a GPU JAX's
+    allocator takes 75% of it at start, and a parent holding that starves every child)."""
+    if in_process:
+        return MEASURES[side](spec)
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps({"side": side, "spec": spec})],
+                          capture_output=True, text=True, timeout=timeout, env=child_env(side))
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
     label = {k: spec[k] for k in LABEL}
     try:
-        if in_process:
-            out = (measure_jax if side == "jax" else measure_torch)(spec)
-        else:
-            child = json.dumps({"side": side, "spec": spec})
-            proc = subprocess.run([sys.executable, __file__, "--child", child], capture_output=True, text=True,
-                                  timeout=timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
-            out = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = run_child(side, spec, in_process, timeout)
     except subprocess.TimeoutExpired:
         out = {"error": f"ran past --child-timeout {timeout:g} s"}
     except Exception as e:  # noqa: BLE001 (a failed configuration is a result, the suite goes on)
@@ -216,20 +240,19 @@ def main(argv=None) -> int:
     p.add_argument("--matmul-size", type=int, default=8192)
     p.add_argument("--child-timeout", type=float, default=900.0)
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--sides", default="jax,torch", help="jax, torch or both: split a suite over several commands "
+                   "without repeating rows (torch rows still need torch and fedavg in --methods)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         job = json.loads(args.child)
-        print(json.dumps((measure_jax if job["side"] == "jax" else measure_torch)(job["spec"])))
+        print(json.dumps(MEASURES[job["side"]](job["spec"])))
         return 0
     if args.quick:
         args.clients, args.train_samples, args.test_samples = "4", 96, 32
         args.epochs, args.rounds, args.matmul_size = 1, 1, 128
         if args.convs == p.get_default("convs"):
             args.convs = "direct"
-
-
-    import jax
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -238,20 +261,24 @@ def main(argv=None) -> int:
     base = dict(batch=args.batch, epochs=args.epochs, lr=args.lr, join_ratio=args.join_ratio, chunk=args.chunk,
                 train_samples=args.train_samples, test_samples=args.test_samples, rounds=args.rounds)
     report = {
-        "benchmark": "gpu_suite", "device": device_name(), "jax": jax.__version__, "backend": jax.default_backend(),
-        "python": platform.python_version(), "load_avg_1min": round(os.getloadavg()[0], 2),
+        "benchmark": "gpu_suite", "python": platform.python_version(),
+        "load_avg_1min": round(os.getloadavg()[0], 2),
         "workload": (f"{args.models} on 32x32x3 random images, Dirichlet 0.1 over {args.train_samples}+"
                      f"{args.test_samples} samples, B={args.batch}, E={args.epochs}, join ratio {args.join_ratio}, "
                      f"lr {args.lr}, {args.rounds} timed rounds after a warm-up round"),
-        "matmul_peak": [matmul_peak(args.matmul_size, d) for d in ("bf16", "fp32")], "records": [],
+        **run_child("device", {"matmul_size": args.matmul_size}, args.quick, args.child_timeout), "records": [],
     }
     models, clients = args.models.split(","), args.clients.split(",")
+    sides = set(args.sides.split(","))
+    if not sides <= {"jax", "torch"}:
+        p.error(f"--sides takes jax, torch or jax,torch, not {args.sides!r}")
     jobs = [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv))
             for m, md, c, mp, cv in itertools.product(args.methods.split(","), models, clients,
-                                                      args.mappings.split(","), args.convs.split(","))]
+                                                      args.mappings.split(","), args.convs.split(","))
+            if "jax" in sides]
     has_torch = False
-    if args.no_torch:
-        report["torch_note"] = "--no-torch given: no PyTorch rows"
+    if args.no_torch or "torch" not in sides:
+        report["torch_note"] = "--no-torch or --sides jax given: no PyTorch rows"
     else:
         try:
             import torch  # noqa: F401

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rounds_per_second.py"
 TINY = ["--models", "mlp", "--clients", "3", "--samples", "20", "--batch", "8", "--rounds", "1"]
 
@@ -164,3 +166,53 @@ def test_memory_quick_streamed_chunks_hold_less_than_the_whole_gather():
         assert r["total_bytes"] == r["temp_bytes"] + r["argument_bytes"] + r["output_bytes"] - r["aliased_bytes"]
         assert r["temp_vs_chunked"] == r["temp_bytes"] / records["chunked"]["temp_bytes"]
     assert records["chunked"]["temp_bytes"] < records["chunked-whole"]["temp_bytes"]
+
+
+def test_gpu_suite_sides_keeps_one_sides_rows_and_refuses_an_unknown_side(tmp_path):
+    proc = _suite(tmp_path, "--methods", "fedavg", "--mappings", "map", "--sides", "torch")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert report["records"] == [] and "torch is not installed" in report["torch_note"]
+    bad = _suite(tmp_path, "--sides", "pytorch")
+    assert bad.returncode == 2 and "--sides takes jax, torch" in bad.stderr
+
+
+PARENT_WITHOUT_BACKEND = BLOCKER + """
+import os
+# The suite's own process must start no JAX backend (on a GPU that takes 75% of the memory from every child):
+# here any backend it started would be one that does not exist. Children measure on the CPU.
+os.environ["JAX_PLATFORMS"] = "cpu" if "--child" in sys.argv else "no_such_platform"
+"""
+
+
+def test_gpu_suite_measures_in_children_only_so_the_suite_process_holds_no_device(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PARENT_WITHOUT_BACKEND)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
+           "PYTHONPATH": f"{site}{os.pathsep}."}
+    tiny = ["--methods", "fedavg", "--mappings", "map", "--convs", "direct", "--clients", "4", "--train-samples", "96",
+            "--test-samples", "32", "--epochs", "1", "--rounds", "1", "--matmul-size", "128"]
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--out", str(tmp_path / "out"), *tiny],
+                          capture_output=True, text=True, timeout=600, cwd=BENCH.parent, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    report = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert report["backend"] == "cpu" and report["device"].startswith("cpu: ")  # from the device child
+    (row,) = report["records"]
+    _finite_positive(row, ["rounds_per_s", "flops_per_step", "achieved_flops_per_s"])
+
+
+def test_step_flops_asks_the_compiled_module_when_the_lowered_one_gives_no_count(monkeypatch):
+    sys.path.insert(0, str(BENCH))
+    import flops
+
+    lowered = flops.step_flops("fedavgcnn", (32, 32, 3), 10, 16)
+    asked, real = [], flops.cost_flops
+
+    def lowered_gives_none(analysis):
+        asked.append(analysis)
+        return None if len(asked) == 1 else real(analysis)
+
+    monkeypatch.setattr(flops, "cost_flops", lowered_gives_none)
+    compiled = flops.step_flops("fedavgcnn", (32, 32, 3), 10, 16)
+    assert len(asked) == 2 and compiled == pytest.approx(lowered, rel=0.01)
