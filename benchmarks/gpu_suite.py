@@ -46,7 +46,9 @@ A configuration that fails or runs past ``--child-timeout`` is recorded with
 its error and the suite goes on; the suite then exits with status 1 (the
 report is still written). Records are appended to suite.jsonl as they
 finish, so an interrupted suite keeps what it measured; ``--clients 20,100``
-then ``--clients 1000`` split a long suite over several commands.
+then ``--clients 1000`` split a long suite over several commands, and
+``--budget-s`` stops starting configurations after that many seconds
+(listing the rest as not run), so one command fits a lent machine's time.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from common import CIFAR_SHAPE, device_name, peak_memory_bytes, random_cifar_lik
 from flops import matmul_peak, step_flops  # noqa: E402 (benchmarks/ is on sys.path)
 
 LABEL = ("method", "model", "clients", "mapping", "conv")
+MIN_CONFIG_S = 20.0  # under --budget-s, a configuration is started only with this much time left
 
 
 def build(spec: dict):
@@ -178,7 +181,7 @@ def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
     try:
         out = run_child(side, spec, in_process, timeout)
     except subprocess.TimeoutExpired:
-        out = {"error": f"ran past --child-timeout {timeout:g} s"}
+        out = {"error": f"ran past its limit, {timeout:.0f} s (--child-timeout, or what --budget-s left)"}
     except Exception as e:  # noqa: BLE001 (a failed configuration is a result, the suite goes on)
         out = {"error": f"{type(e).__name__}: {e}"[:500]}
     return {"side": side, **label, **out}
@@ -216,6 +219,9 @@ def markdown(report: dict) -> str:
               "suite.json's mapping_choice).", "",
               f"{failed} of {len(report['records'])} configurations failed." if failed else
               f"All {len(report['records'])} configurations completed.", ""]
+    if report.get("not_run"):
+        lines += [f"Not run ({report['budget_note']}): " + "; ".join(
+            " ".join(str(v) for v in row.values()) for row in report["not_run"]) + ".", ""]
     return "\n".join(lines)
 
 
@@ -239,11 +245,15 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up round")
     p.add_argument("--matmul-size", type=int, default=8192)
     p.add_argument("--child-timeout", type=float, default=900.0)
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no configuration after this many seconds (and cut the last one there): the rest "
+                        "are listed as not run, so a suite fits a lent machine's time and still writes its report")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--sides", default="jax,torch", help="jax, torch or both: split a suite over several commands "
                    "without repeating rows (torch rows still need torch and fedavg in --methods)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
     if args.child:
         job = json.loads(args.child)
         print(json.dumps(MEASURES[job["side"]](job["spec"])))
@@ -288,9 +298,14 @@ def main(argv=None) -> int:
     if has_torch and "fedavg" in args.methods.split(","):
         jobs += [("torch", dict(base, method="fedavg", model=md, clients=int(c), mapping="loop", conv="native"))
                  for md, c in itertools.product(models, clients)]
+    report["not_run"], report["budget_note"] = [], f"--budget-s {args.budget_s:g} reached" if deadline else None
     for side, spec in jobs:
         spec["min_size"] = max(1, min(10, args.train_samples // (4 * spec["clients"])))
-        record = run_spec(side, spec, args.quick, args.child_timeout)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left < MIN_CONFIG_S:
+            report["not_run"].append({"side": side, **{k: spec[k] for k in LABEL}})
+            continue
+        record = run_spec(side, spec, args.quick, args.child_timeout if left is None else min(args.child_timeout, left))
         report["records"].append(record)
         with open(jsonl, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -300,8 +315,9 @@ def main(argv=None) -> int:
     failed = [r for r in report["records"] if "error" in r]
     print(f"wrote {out / 'suite.md'} and {out / 'suite.json'}; "
           f"{len(failed)} of {len(report['records'])} configurations failed" if failed else
-          f"wrote {out / 'suite.md'} and {out / 'suite.json'}; all {len(report['records'])} configurations completed")
-    return 1 if failed else 0
+          f"wrote {out / 'suite.md'} and {out / 'suite.json'}; all {len(report['records'])} configurations completed"
+          + (f", {len(report['not_run'])} not run ({report['budget_note']})" if report["not_run"] else ""))
+    return 1 if failed or not report["records"] else 0
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ def test_memory_quick_streamed_chunks_hold_less_than_the_whole_gather():
 
 def test_gpu_suite_sides_keeps_one_sides_rows_and_refuses_an_unknown_side(tmp_path):
     proc = _suite(tmp_path, "--methods", "fedavg", "--mappings", "map", "--sides", "torch")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # torch blocked here: nothing measured, still reported
     report = json.loads((tmp_path / "out" / "suite.json").read_text())
     assert report["records"] == [] and "torch is not installed" in report["torch_note"]
     bad = _suite(tmp_path, "--sides", "pytorch")
@@ -216,3 +216,12 @@ def test_step_flops_asks_the_compiled_module_when_the_lowered_one_gives_no_count
     monkeypatch.setattr(flops, "cost_flops", lowered_gives_none)
     compiled = flops.step_flops("fedavgcnn", (32, 32, 3), 10, 16)
     assert len(asked) == 2 and compiled == pytest.approx(lowered, rel=0.01)
+
+
+def test_gpu_suite_budget_lists_what_it_did_not_start_and_a_suite_that_measured_nothing_fails(tmp_path):
+    proc = _suite(tmp_path, "--budget-s", "0")
+    assert proc.returncode == 1, proc.stderr[-2000:]  # nothing measured is not a success
+    report = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert report["records"] == [] and [r["method"] for r in report["not_run"]] == ["fedavg", "fedas"]
+    assert "Not run (--budget-s 0 reached): jax fedavg fedavgcnn 4 auto direct; jax fedas" in (
+        tmp_path / "out" / "suite.md").read_text()
