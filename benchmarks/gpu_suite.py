@@ -264,6 +264,9 @@ def main(argv=None) -> int:
         if args.convs == p.get_default("convs"):
             args.convs = "direct"
 
+    sides = set(args.sides.split(","))
+    if not sides <= {"jax", "torch"}:
+        p.error(f"--sides takes jax, torch or jax,torch, not {args.sides!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "suite.jsonl"
@@ -279,9 +282,6 @@ def main(argv=None) -> int:
         **run_child("device", {"matmul_size": args.matmul_size}, args.quick, args.child_timeout), "records": [],
     }
     models, clients = args.models.split(","), args.clients.split(",")
-    sides = set(args.sides.split(","))
-    if not sides <= {"jax", "torch"}:
-        p.error(f"--sides takes jax, torch or jax,torch, not {args.sides!r}")
     jobs = [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv))
             for m, md, c, mp, cv in itertools.product(args.methods.split(","), models, clients,
                                                       args.mappings.split(","), args.convs.split(","))
