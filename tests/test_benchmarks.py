@@ -203,7 +203,7 @@ def test_gpu_suite_measures_in_children_only_so_the_suite_process_holds_no_devic
 
 
 def test_step_flops_asks_the_compiled_module_when_the_lowered_one_gives_no_count(monkeypatch):
-    sys.path.insert(0, str(BENCH))
+    monkeypatch.syspath_prepend(str(BENCH))
     import flops
 
     lowered = flops.step_flops("fedavgcnn", (32, 32, 3), 10, 16)
