@@ -43,6 +43,7 @@ class DittoConfig(Options):
 
 class Ditto(FedAvg):
     name = "ditto"
+    eval_models = ("local",)  # each client's personal model v_i (not FedAvg's global model)
     keeps_optimizer_state = True
     hparams_type = DittoConfig
 

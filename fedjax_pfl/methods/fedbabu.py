@@ -43,6 +43,7 @@ class FedBABUConfig(FineTuneConfig):
 
 class FedBABU(SharedBodyMethod):
     name = "fedbabu"
+    eval_models = ("global",)  # the global body and head, fine-tuned (SharedBodyMethod's 'local' does not apply)
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedBABUConfig
 

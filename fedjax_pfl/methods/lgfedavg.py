@@ -19,6 +19,3 @@ from fedjax_pfl.methods.shared_body import SharedBodyMethod
 class LGFedAvg(SharedBodyMethod):
     name = "lgfedavg"
     shared_part = "head"
-
-    def eval_variables(self, server, client, data, key):
-        return self.receive(server, client)
