@@ -10,6 +10,8 @@ so moving the server's parameters moves the clients' test losses; a
 protocols of one method give different evaluations.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +31,7 @@ SERVER_HELD = {"fedcac": "the server computes and keeps every client's personali
 PROTOCOLS = [(m, p) for m in method_names() for p in get_method(m).eval_models]
 
 
+@functools.lru_cache(maxsize=None)  # both tests use each (method, protocol): build and train it once
 def _trained(method, protocol):
     cfg = config_lib.build(overrides=[f"method_name={method}", *SYNTHETIC, *EXTRA.get(method, []),
                                       f"eval.model={protocol}"])
