@@ -68,6 +68,7 @@ class APFLConfig(Options):
 class APFL(FedAvg):
     name = "apfl"
     eval_models = ("local",)  # each client's mixture of its v_i and its own copy of w (not FedAvg's global model)
+    renamed_eval_models = {"global": "local"}  # before 4e8bfc4 (inherited from FedAvg; the mixture all along)
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = APFLConfig
 

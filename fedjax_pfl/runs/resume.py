@@ -29,11 +29,26 @@ def saved_run(out: Path | None, cfg=None) -> dict:
     saved = run_output.read_json(Path(out) / "config.json")
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         raise UserError(f"nothing to resume in {out} (no readable config.json); run without --resume to start afresh")
-    return saved
+    return {**saved, "config": with_current_protocol_name(saved["config"])}
+
+
+def with_current_protocol_name(config: dict) -> dict:
+    """A saved config whose eval.model its method has since renamed, with the new name
+    (`Method.renamed_eval_models`: the same model evaluated)."""
+    from fedjax_pfl.methods import get_method
+
+    old = (config.get("eval") or {}).get("model")
+    try:
+        new = get_method(config.get("method_name")).renamed_eval_models.get(old)
+    except UserError:  # an unknown method: validation names it
+        return config
+    return {**config, "eval": {**config["eval"], "model": new}} if new else config
 
 
 def with_resolved_options(config: dict) -> dict:
-    """A saved config with every method option given (runs written before config.json listed defaults)."""
+    """A saved config with every method option given (runs written before config.json listed defaults)
+    and its protocol's current name."""
+    config = with_current_protocol_name(config)
     return {**config, "method": resolved_method_options(config.get("method_name"), config.get("method") or {})}
 
 
