@@ -17,7 +17,7 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import get_method, method_names
 from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.models.networks import build_model
 from test_engine import _OPT, _assert_close, _data, _setup, _sgd_step, _weighted_mean64
@@ -229,3 +229,30 @@ def test_all_clients_train_refused_by_a_method_whose_server_step_ignores_uploade
     with pytest.raises(UserError, match="'ignores_uploaded' does not support train.all_clients_train"):
         engine_lib.Engine(IgnoresUploaded(_setup(MODEL)), train, train,
                           engine_lib.EngineConfig(2, all_clients_train=True))
+
+
+@pytest.mark.parametrize("name", [m for m in method_names() if get_method(m).keeps_optimizer_state])
+def test_every_method_that_keeps_optimizer_state_keeps_it(name):
+    """`keeps_optimizer_state` is a promise: with train.persistent_optimizer and momentum, after one round
+    with every client selected, every client holds a momentum buffer that moved from its zero start."""
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
+    from test_eval_protocols import EXTRA, SYNTHETIC
+
+    cfg = config_lib.build(overrides=[f"method_name={name}", *SYNTHETIC, *EXTRA.get(name, []), "train.join_ratio=1.0",
+                                      "train.persistent_optimizer=true", "train.momentum=0.9"])
+    engine, key = build_experiment(cfg, progress=False).engine, jax.random.key(0)
+    server, clients = engine.init(key)
+    _, clients, _, _ = engine.run_rounds(server, clients, key, 0, 1, 1, 1)
+    kept = [k for k in clients if k.endswith("opt_state")]
+    assert kept, (name, list(clients))
+    for k in kept:
+        moved = jnp.stack([jnp.any(leaf.reshape(leaf.shape[0], -1) != 0, axis=1)
+                           for leaf in jax.tree.leaves(clients[k]) if jnp.issubdtype(leaf.dtype, jnp.floating)])
+        assert bool(jnp.all(jnp.any(moved, axis=0))), (name, k)
+
+
+@pytest.mark.parametrize("name", [m for m in method_names() if not get_method(m).keeps_optimizer_state])
+def test_every_method_that_does_not_keep_optimizer_state_refuses_the_option(name):
+    with pytest.raises(UserError, match="does not support train.persistent_optimizer"):
+        _local_method(name, persistent_optimizer=True)
