@@ -218,6 +218,19 @@ def test_step_flops_asks_the_compiled_module_when_the_lowered_one_gives_no_count
     assert len(asked) == 2 and compiled == pytest.approx(lowered, rel=0.01)
 
 
+def test_step_flops_counts_every_convolution_of_fedavgcnn(monkeypatch):
+    """Against the count by hand (a GPU's compiled module once gave 1/8 of it: its library convolutions
+    carry no FLOPs). Conv 5x5x3->32 to 28x28, conv 5x5x32->64 to 10x10, dense 1600->512->10, 2 FLOPs a
+    multiply-add: forward, every weight gradient, and every input gradient but the first layer's."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import flops
+
+    macs = [28 * 28 * 32 * 5 * 5 * 3, 10 * 10 * 64 * 5 * 5 * 32, 1600 * 512, 512 * 10]
+    by_hand = 2 * (2 * sum(macs) + sum(macs[1:]))
+    per_sample = flops.step_flops("fedavgcnn", (32, 32, 3), 10, 16) / 16
+    assert by_hand <= per_sample <= 1.03 * by_hand  # the rest: biases, ReLU, pooling, softmax, the update
+
+
 def test_gpu_suite_budget_lists_what_it_did_not_start_and_a_suite_that_measured_nothing_fails(tmp_path):
     proc = _suite(tmp_path, "--budget-s", "0")
     assert proc.returncode == 1, proc.stderr[-2000:]  # nothing measured is not a success
