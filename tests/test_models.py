@@ -197,7 +197,8 @@ def test_pooling_matches_reduce_window():
 
 def test_resolve_conv_impl():
     assert resolve_conv_impl("auto", "cpu") == "direct"
-    assert resolve_conv_impl("auto", "gpu") == "native"
+    assert resolve_conv_impl("auto", "gpu") == "direct"  # measured faster than native on an H200
+    assert resolve_conv_impl("auto", "tpu") == "native"
     assert resolve_conv_impl("native") == "native"
     if jax.default_backend() == "cpu":
         assert resolve_conv_impl("auto") == "direct"

@@ -38,7 +38,7 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
   otherwise.
 
 Convolutions use ``conv.Conv2D`` and fully connected layers ``dense.Dense``,
-both with ``conv_impl`` ('auto' picks direct on CPU, native elsewhere; a
+both with ``conv_impl`` ('auto' picks direct on CPU and GPU, native elsewhere; a
 Dense layer has no im2col form and computes as native then); the parameter
 tree does not depend on it.
 ``init`` ('flax' or 'torch') picks where the parameters start

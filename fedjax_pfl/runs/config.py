@@ -78,7 +78,7 @@ class TrainConfig:
 @dataclasses.dataclass
 class ModelConfig:
     name: str = "fedavgcnn"
-    conv_impl: str = "auto"  # direct | im2col | native (auto: direct on CPU); direct covers Dense gradients too
+    conv_impl: str = "auto"  # direct | im2col | native (auto: direct on CPU and GPU); direct covers Dense gradients too
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes
     init: str = "flax"  # where parameters start: 'flax' (Flax's defaults) | 'torch' (PyTorch's defaults, the papers' code)
 
