@@ -154,6 +154,22 @@ def test_bad_options_raise_user_error():
         get_method("pfedme")(_bn_setup()).init(jax.random.key(0), 2)
 
 
+def test_a_method_with_its_own_sgd_refuses_an_optimizer_it_would_ignore():
+    """pFedMe and Per-FedAvg step by hand with train.lr: Adam, momentum or decay asked of them must not be
+    silently dropped (config.json would claim them). pFedKD, which trains with the run's optimizer, accepts."""
+    import dataclasses
+
+    setup = _method("pfedkd").setup
+    for extra in [("train.optimizer=adam",), ("train.momentum=0.5",), ("train.weight_decay=0.0005",)]:
+        richer = dataclasses.replace(setup, beyond_plain_sgd=extra)
+        for name in ("pfedme", "perfedavg"):
+            with pytest.raises(UserError, match=f"so {extra[0]} would be ignored"):
+                get_method(name)(richer)
+        get_method("pfedkd")(richer)
+    for name in ("pfedme", "perfedavg"):
+        get_method(name)(setup)  # plain SGD: accepted
+
+
 def _bn_setup():
     """A setup whose model carries BatchNorm statistics (only ``init`` is needed)."""
     import types

@@ -107,6 +107,8 @@ def _cli(args, env_extra=None, signal_at=None):
     (["--method", "fedavg", "--dataset", "synthetic", "--model", "nosuch"], "unknown model 'nosuch'"),
     (["--method", "fedprox", "--dataset", "synthetic", "method.nosuch=1"], "unknown method option 'nosuch'"),
     (["--method", "fedavg", "--dataset", "synthetic", "train.nosuch=1"], "unknown config key 'train.nosuch'"),
+    (["--method", "pfedme", "--dataset", "synthetic", "--model", "mlr", "--optimizer", "adam", "train.momentum=0.5"],
+     "so train.optimizer=adam, train.momentum=0.5 would be ignored"),
 ])
 def test_user_errors_exit_cleanly(args, needle):
     proc = _cli(args)

@@ -45,6 +45,7 @@ class LocalSetup:
     eval_model: str | None = None  # eval.model: one of the method's `eval_models`; None: its default
     drop_last: bool = False  # train.drop_last: each epoch's partial batch is dropped (local_training)
     persistent_optimizer: bool = False  # train.persistent_optimizer: clients keep their optimizer state
+    beyond_plain_sgd: tuple[str, ...] = ()  # the train settings that make `optimizer` more than SGD of learning_rate
 
 
 class ClientRound(NamedTuple):

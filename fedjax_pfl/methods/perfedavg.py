@@ -8,6 +8,8 @@ Client, for R local steps, each on fresh random batches of B (plain SGD):
   with the Hessian-vector product computed exactly (forward-over-reverse)
   instead of the paper's finite-difference approximation.
 Server: weighted mean of the client models (weights n_i), as FedAvg.
+Both steps are plain SGD (the authors' PerAvgOptimizer): a run whose train.optimizer, momentum or
+weight_decay ask for more is refused rather than run without them.
 
 Evaluation (``eval.model=global_adapted``): each client adapts a copy of the
 global model on its own TRAIN data: ``eval_steps`` (default 1) SGD steps of
@@ -65,6 +67,7 @@ class PerFedAvgConfig(Options):
 class PerFedAvg(StepMethod):
     name = "perfedavg"
     hparams_type = PerFedAvgConfig
+    own_sgd = True  # the authors' PerAvgOptimizer: plain SGD of alpha, then beta
     eval_models = ("global_adapted",)
 
     def init(self, key, num_clients):

@@ -7,6 +7,8 @@ steps, each on one random batch D of B samples:
 - local update w_local <- w_local - eta * lamda * (w_local - theta), eta = train.lr.
 The client uploads w_local and keeps theta as its personalized model.
 Server: w <- (1 - beta) w + beta * sum_i (n_i / sum_j n_j) w_local_i.
+Both steps are plain SGD (the authors' pFedMeOptimizer): a run whose train.optimizer, momentum or
+weight_decay ask for more is refused rather than run without them.
 Evaluation (``eval.model=local``): each client's last personalized model theta_i (the authors' and
 PFLlib's ``personalized_params``; a client never selected still holds the
 initial model, as there).
@@ -67,6 +69,7 @@ class PFedMeConfig(Options):
 class PFedMe(StepMethod):
     name = "pfedme"
     hparams_type = PFedMeConfig
+    own_sgd = True  # pFedMeOptimizer; its decay is method.weight_decay
 
     def init(self, key, num_clients):
         variables, clients = shared_init(self, key, num_clients)

@@ -61,16 +61,31 @@ def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: in
 
 
 class StepMethod(Method):
-    """Helpers of the step-counted methods: R, straggler steps, train.lr, BatchNorm check."""
+    """Helpers of the step-counted methods: R, straggler steps, train.lr, BatchNorm check.
+
+    A method whose update rule is its own plain SGD of train.lr (``own_sgd``: pFedMe, Per-FedAvg, as their
+    authors' optimizers) refuses a run whose train.optimizer, momentum or weight_decay ask for more, which
+    it would otherwise ignore while config.json says they were used."""
+
+    own_sgd = False
 
     def __init__(self, setup, hparams=None):
         super().__init__(setup, hparams)
         if setup.learning_rate is None:
             raise ValueError(f"{self.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
+        self.refuse_ignored_optimizer(setup.beyond_plain_sgd)
         if setup.drop_last:
             raise UserError(f"method {self.name!r} draws a random batch of B samples per step, not epochs of "
                             "batches: train.drop_last does not apply; leave it false")
         self.train_lr = setup.learning_rate
+
+    @classmethod
+    def refuse_ignored_optimizer(cls, beyond_plain_sgd: tuple[str, ...]) -> None:
+        """UserError where an ``own_sgd`` method is asked for train settings it would ignore."""
+        if cls.own_sgd and beyond_plain_sgd:
+            raise UserError(f"method {cls.name!r} takes its own plain SGD steps of train.lr (its authors' optimizer), "
+                            f"so {', '.join(beyond_plain_sgd)} would be ignored: set train.optimizer=sgd, "
+                            "train.momentum=0 and train.weight_decay=0")
 
     def local_steps(self) -> int:
         r = getattr(self.hparams, "local_steps", None)

@@ -23,6 +23,7 @@ from fedjax_pfl.core.errors import DataNotFoundError, UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
+from fedjax_pfl.methods.step_counted import StepMethod
 from fedjax_pfl.methods.options import resolved
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.models.conv import resolve_conv_impl
@@ -162,7 +163,15 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
         eval_model=cfg.eval.model,
         drop_last=t.drop_last,
         persistent_optimizer=t.persistent_optimizer,
+        beyond_plain_sgd=beyond_plain_sgd(t),
     )
+
+
+def beyond_plain_sgd(t: config_lib.TrainConfig) -> tuple[str, ...]:
+    """The train settings that make the run's optimizer more than plain SGD of train.lr, as ``key=value``."""
+    return tuple(f"train.{k}={v}" for k, v, plain in (
+        ("optimizer", t.optimizer, "sgd"), ("momentum", t.momentum, 0), ("weight_decay", t.weight_decay, 0))
+        if v != plain)
 
 
 def validate(cfg: config_lib.RunConfig) -> None:
@@ -183,6 +192,8 @@ def validate(cfg: config_lib.RunConfig) -> None:
     if cfg.model.name not in model_names():
         raise UserError(f"unknown model {cfg.model.name!r}; choose one of: {', '.join(model_names())}")
     config_lib.validate_values(cfg)
+    if issubclass(method_cls, StepMethod):
+        method_cls.refuse_ignored_optimizer(beyond_plain_sgd(cfg.train))
     offered = method_cls.eval_models
     if cfg.eval.model == "auto":
         cfg.eval.model = offered[0]
