@@ -61,7 +61,7 @@ def resolve_conv_impl(impl: str = "auto", backend: str | None = None) -> str:
     for FedAvgCNN, 2.8x for ResNet-8, 1.11x for LeNet. No TPU was measured, so a TPU keeps JAX's own."""
     if impl == "auto":
         backend = backend or jax.default_backend()
-        return "direct" if backend in ("cpu", "gpu", "cuda", "rocm") else "native"
+        return "direct" if backend in ("cpu", "gpu") else "native"
     if impl not in CONV_IMPLS:
         raise UserError(
             f"Unknown conv implementation {impl!r}; use one of 'auto', "
