@@ -187,6 +187,29 @@ def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
     return {"side": side, **label, **out}
 
 
+def ratio_lines(records: list) -> list[str]:
+    """The comparisons of one suite as ratios of seconds per round (>1: the JAX row is faster): each JAX row
+    against the PyTorch loop on the same model and clients, and against the same row with native convolutions."""
+    done = [r for r in records if "error" not in r]
+    torch = {(r["model"], r["clients"]): r["s_per_round"] for r in done if r["side"] == "torch"}
+    native = {(r["method"], r["model"], r["clients"], r["mapping"]): r["s_per_round"]
+              for r in done if r["side"] == "jax" and r["conv"] == "native"}
+    rows = []
+    for r in done:
+        if r["side"] != "jax":
+            continue
+        vs_torch = torch.get((r["model"], r["clients"])) if r["method"] == "fedavg" else None
+        vs_native = native.get((r["method"], r["model"], r["clients"], r["mapping"])) if r["conv"] != "native" else None
+        if vs_torch or vs_native:
+            rows.append(f"| {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
+                        + " | ".join("-" if v is None else f"{v / r['s_per_round']:.2f}x" for v in (vs_torch, vs_native))
+                        + " |")
+    if not rows:
+        return []
+    return ["", "Ratios of seconds per round (>1: this JAX row is faster), within this suite:", "",
+            "| method | model | clients | mapping | conv | vs PyTorch loop | vs native conv |", "|" + "---|" * 7, *rows]
+
+
 def markdown(report: dict) -> str:
     fmt = lambda v, spec=".3g": "-" if v is None else format(v, spec)  # noqa: E731
     lines = [f"# GPU suite: {report['device']}", "",
@@ -212,6 +235,7 @@ def markdown(report: dict) -> str:
             f"{fmt(r['rounds_per_s'])} | {fmt(r['s_per_round'])} | {fmt(r.get('compile_s'))} | "
             f"{fmt(r['peak_memory_bytes'] / 2**20, '.0f')} | {fmt(r.get('padding_efficiency'))} | "
             f"{fmt(r.get('samples_per_s'), '.0f')} | {fmt(achieved and achieved / 1e12)} | {fmt(frac, '.1%')} |")
+    lines += ratio_lines(report["records"])
     failed = sum("error" in r for r in report["records"])
     lines += ["", "FLOP/s count one SGD step's XLA FLOPs x real client-steps (FedAS extras not counted). "
               "PyTorch rows: FedAvg through the per-client loop; peak memory is torch.cuda.max_memory_allocated "

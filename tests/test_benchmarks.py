@@ -231,6 +231,22 @@ def test_step_flops_counts_every_convolution_of_fedavgcnn(monkeypatch):
     assert by_hand <= per_sample <= 1.03 * by_hand  # the rest: biases, ReLU, pooling, softmax, the update
 
 
+def test_gpu_suite_reports_its_comparisons_as_ratios(monkeypatch):
+    """Each JAX row against the PyTorch loop (FedAvg, same model and clients) and against its native-conv twin."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_suite
+
+    row = lambda side, conv, s, method="fedavg", clients=100: {  # noqa: E731
+        "side": side, "method": method, "model": "fedavgcnn", "clients": clients, "mapping": "chunked", "conv": conv,
+        "s_per_round": s}
+    lines = gpu_suite.ratio_lines([row("jax", "native", 2.0), row("jax", "direct", 1.6), row("torch", "native", 26.0),
+                                   row("jax", "direct", 3.0, method="fedas"), row("jax", "native", 5.0, clients=20),
+                                   {**row("jax", "im2col", 1.0), "error": "out of memory"}])
+    assert lines[5:] == ["| fedavg | fedavgcnn | 100 | chunked | native | 13.00x | - |",
+                         "| fedavg | fedavgcnn | 100 | chunked | direct | 16.25x | 1.25x |"]
+    assert gpu_suite.ratio_lines([row("jax", "native", 2.0)]) == []
+
+
 def test_gpu_suite_budget_lists_what_it_did_not_start_and_a_suite_that_measured_nothing_fails(tmp_path):
     proc = _suite(tmp_path, "--budget-s", "0")
     assert proc.returncode == 1, proc.stderr[-2000:]  # nothing measured is not a success
