@@ -3,13 +3,14 @@
 import csv
 import re
 import json
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
 from fedjax_pfl.runs import cli as train, config, data_check, paper_table, reproduce
-from fedjax_pfl.runs import machine, results_writer, run_folder, table_spec
+from fedjax_pfl.runs import earlier_table, machine, results_writer, run_folder, table_spec
 from signal_after_round import signal_after
 
 TINY = """
@@ -379,3 +380,52 @@ def test_provenance_of_a_resumed_run_names_every_segment(tmp_path):
                                                       {"after_round": 9, "versions": second}]}))
     assert run_folder.read_provenance(tmp_path) == {"commits": ["aaaaaaa", "bbbbbbb"], "machines": ["-", "cpu: X x2"],
                                                     "jax": ["0.10.2"]}
+
+
+def test_rewriting_a_table_where_some_run_folders_are_absent_keeps_their_cells(tmp_path):
+    """A fresh clone holds table.md/csv but no runs/: writing the table again keeps the absent cells' results
+    and Runs lines (the paper's number and difference recomputed from the table file) and the hand-written
+    preface; cells of other rounds are not kept."""
+    table = tmp_path / "flags.yaml"
+    table.write_text(FLAGS)
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _fake_run(runs / "local-s" / f"seed{seed}", seed, [0.90, 0.80 + 0.02 * seed])
+        _fake_run(runs / "global-s" / f"seed{seed}", seed, [0.70, 0.70 + 0.01 * seed])
+    spec = table_spec.load_table(table)
+    first = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1]).splitlines()
+    preface = ["Run by hand on two machines;", "see below."]
+    (tmp_path / "table.md").write_text("\n".join([first[0], "", *preface, "", *first[1:]]) + "\n")
+    shutil.rmtree(runs / "global-s")
+    table.write_text(FLAGS.replace("global: [90]", "global: [71]"))
+    spec = table_spec.load_table(table)
+    text = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    lines = text.splitlines()
+    assert lines[:5] == [first[0], "", *preface, ""]
+    assert "| global (paper) | 70.50 ± 0.50 (n=2) | 71.00 | -0.50 |" in lines
+    assert "| global (rerun) | 70.50 ± 0.50 (n=2) | 70.50 | +0.00 |" in lines
+    assert "| local | 81.00 ± 1.00 (n=2) | 79.50 ± 1.00 | +1.50 |" in lines
+    assert ("Kept from the table written here before (2 runs whose folders are not here, their results and Runs "
+            "lines as that table gives them): global-s/seed0, global-s/seed1.") in lines
+    for run in ("global-s/seed0", "global-s/seed1"):
+        assert [ln for ln in lines if ln.startswith(f"| {run} |")] == [ln for ln in first if ln.startswith(f"| {run} |")]
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "table.csv"))}
+    assert float(rows["global"]["mean"]) == pytest.approx(0.705) and rows["global"]["runs"] == "2"
+    assert float(rows["global"]["diff"]) == pytest.approx(-0.005) and rows["global"]["flag"] == "False"
+    assert float(rows["global"]["best_mean"]) == pytest.approx(0.705)
+    assert rows["global"]["folders"] == "runs/global-s/seed0;runs/global-s/seed1"
+    # written again: the same text (the kept cells stay kept)
+    assert paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1]) == text
+    # other rounds: the earlier line does not stand for the cell
+    other = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (3, 3)}, [0, 1])
+    assert "| global (paper) | - (2 not run) | 71.00 | - |" in other and "Kept from" not in other
+
+
+@pytest.mark.parametrize("change", [{"status": "1 finished, 1 interrupted"}, {"rounds": "3"}, {"metric": "best"},
+                                    {"seeds": "0, 5"}, {"runs": "0"}])
+def test_an_earlier_line_stands_for_a_cell_only_when_it_matches(change):
+    line = {"runs": "2", "mean": "0.5", "std": "0.1", "seeds": "0, 1", "rounds": "2", "status": "2 finished",
+            "folders": "runs/a/seed0;runs/a/seed1", "metric": "last", "best_mean": "0.6", "best_std": "0.0"}
+    kept = earlier_table.kept_ours(line, "last", 2, [0, 1, 2], ["best"])
+    assert kept["runs"] == 2 and kept["mean"] == 0.5 and kept["best_mean"] == 0.6 and kept["seeds"] == "0, 1"
+    assert earlier_table.kept_ours({**line, **change}, "last", 2, [0, 1, 2], ["best"]) is None

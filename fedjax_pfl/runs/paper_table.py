@@ -13,7 +13,9 @@ notes follow (the table file's ``notes``, then one line per dataset whose
 files were missing), and a "Runs" section closes the file: each run's rounds,
 minutes, status, commit, machine and jax version. table.csv has one line per
 (row, setting) with fractions, not percent (the paper's number and the
-difference too). Nothing here imports JAX.
+difference too). Writing the table again keeps what the earlier table in
+the folder says of cells whose run folders are absent here, and its
+hand-written preface (`earlier_table`). Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -23,45 +25,70 @@ from pathlib import Path
 
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.report import load_run, mean_std, write_csv
-from fedjax_pfl.runs.table_spec import METRICS, NO_DATA, Cell, MethodRow, TableSpec
+from fedjax_pfl.runs.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
 from fedjax_pfl.runs.atomic_file import atomic_write
 from fedjax_pfl.runs.paper_numbers import FLAG_POINTS, difference, flagged
+from fedjax_pfl.runs.earlier_table import EarlierTable, kept_ours, read_earlier
 
 
 def _fraction(value):
     return None if value is None else value / 100
 
 
-def entry(spec: TableSpec, row: MethodRow, cells: list[Cell], runs_dir: Path, no_data: bool = False) -> dict:
-    """The CSV line of one (row, setting) from the runs of its seeds that exist (``cells``: its run row's)."""
-    setting = cells[0].setting
+def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = False) -> dict:
+    """The "ours" fields of one (row, setting) from the runs of its seeds that exist (``cells``: its run row's)."""
     runs = [load_run(runs_dir / c.folder_name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)]
     means = {m: mean_std([getattr(r, m) for r in runs]) for m in (spec.metric, *spec.also_metrics)}
-    mean, std = means[spec.metric]
     statuses = [r.status for r in runs] + [NO_DATA if no_data else "not run"] * (len(cells) - len(runs))
-    paper = spec.paper_value(row.name, setting.name)
-    diff = difference(mean, paper)
-    return {"table": spec.name, "method": row.name, "label": row.shown, "runs": len(runs),
-            "setting": setting.name, "group": setting.group, "column": setting.column, "metric": spec.metric,
-            "mean": mean, "std": std, "paper": _fraction(paper and paper.mean),
-            "paper_std": _fraction(paper and paper.std), "diff": _fraction(diff), "flag": flagged(diff),
-            **{f"{m}_mean": v[0] for m, v in means.items() if m != spec.metric},
-            **{f"{m}_std": v[1] for m, v in means.items() if m != spec.metric},
+    return {"runs": len(runs), "mean": means[spec.metric][0], "std": means[spec.metric][1],
+            **{f"{m}_{k}": v[i] for m, v in means.items() if m != spec.metric for i, k in enumerate(("mean", "std"))},
             "seeds": ", ".join(str(r.config.get("seed")) for r in runs),
             "rounds": ", ".join(dict.fromkeys(str(r.rounds_done) for r in runs)),
             "status": ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)),
             "folders": ";".join(str(Path(r.path).relative_to(runs_dir.parent)) for r in runs)}  # from table.csv
 
 
-def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozenset()) -> list[dict]:
-    """One line per (shown row, setting) of ``cells``, rows outermost; ``no_data``: settings without files."""
+def entry(spec: TableSpec, row: MethodRow, setting: Setting, found: dict) -> dict:
+    """The CSV line of one (row, setting): ``found`` (`ours`, or kept from the earlier table) with the paper's
+    number and the difference."""
+    paper = spec.paper_value(row.name, setting.name)
+    diff = difference(found["mean"], paper)
+    also = {k: v for k, v in found.items() if k.endswith(("_mean", "_std"))}
+    return {"table": spec.name, "method": row.name, "label": row.shown, "runs": found["runs"],
+            "setting": setting.name, "group": setting.group, "column": setting.column, "metric": spec.metric,
+            "mean": found["mean"], "std": found["std"], "paper": _fraction(paper and paper.mean),
+            "paper_std": _fraction(paper and paper.std), "diff": _fraction(diff), "flag": flagged(diff),
+            **{f"{m}_mean": also[f"{m}_mean"] for m in spec.also_metrics if m != spec.metric},
+            **{f"{m}_std": also[f"{m}_std"] for m in spec.also_metrics if m != spec.metric},
+            **{k: found[k] for k in ("seeds", "rounds", "status", "folders")}}
+
+
+def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozenset(), kept=None) -> list[dict]:
+    """One line per (shown row, setting) of ``cells``, rows outermost; ``no_data``: settings without files;
+    ``kept``: (run row, setting) -> "ours" fields for cells without runs here (`kept_cells`)."""
+    kept = kept or {}
     groups: dict[tuple, list[Cell]] = {}
     for c in cells:
         groups.setdefault((c.method.name, c.setting.name), []).append(c)
-    settings = list(dict.fromkeys(c.setting.name for c in cells))
+    settings = {c.setting.name: c.setting for c in cells}
+    found = {key: kept.get(key) or ours(spec, group, runs_dir, key[1] in no_data) for key, group in groups.items()}
     rows = spec.shown_rows({c.method.name for c in cells})
-    return [entry(spec, row, groups[(spec.run_row(row).name, s)], runs_dir, s in no_data)
-            for row in rows for s in settings]
+    return [entry(spec, row, setting, found[(spec.run_row(row).name, name)])
+            for row in rows for name, setting in settings.items()]
+
+
+def kept_cells(spec: TableSpec, cells: list[Cell], runs_dir: Path, earlier: EarlierTable, rounds: dict,
+               seeds: list[int]) -> dict:
+    """(run row, setting) -> the earlier table's "ours" fields, for the cells none of whose seeds has a run
+    folder here and whose earlier line counts finished runs of the rounds used now (`earlier_table`)."""
+    here = {(c.method.name, c.setting.name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)}
+    kept = {}
+    for key in dict.fromkeys((c.method.name, c.setting.name) for c in cells):
+        found = None if key in here else kept_ours(earlier.lines.get(key), spec.metric, rounds[key[1]][0], seeds,
+                                                    [m for m in spec.also_metrics if m != spec.metric])
+        if found:
+            kept[key] = found
+    return kept
 
 
 def ours_cell(e: dict, metric: str = "") -> str:
@@ -97,12 +124,13 @@ def rounds_line(rounds: dict) -> str:
     return f"Rounds: {'; '.join(parts)}."
 
 
-def header(spec: TableSpec, rounds: dict, seeds: list[int], extra: list[str] = ()) -> list[str]:
-    """Title and the lines that say what was run: ``rounds`` maps setting -> (used, paper's); ``extra`` lines."""
+def header(spec: TableSpec, rounds: dict, seeds: list[int], extra: list[str] = (), preface: list[str] = ()) -> list[str]:
+    """Title, ``preface`` (hand-written, kept from the earlier table) and the lines that say what was run:
+    ``rounds`` maps setting -> (used, paper's); ``extra`` lines."""
     seeds_text = ", ".join(map(str, seeds))
     if len(seeds) < len(spec.seeds):
         seeds_text += f" (reduced; the table file's seeds: {', '.join(map(str, spec.seeds))})"
-    return [f"# {spec.paper}, {spec.table}: reproduced with fedjax_pfl", "",
+    return [f"# {spec.paper}, {spec.table}: reproduced with fedjax_pfl", "", *preface, *([""] if preface else []),
             f"Accuracy (%): {METRICS[spec.metric]} ({spec.metric}) of the unweighted mean over clients of each "
             "client's test accuracy with the model its method evaluates (eval.model: personalized, or global for "
             "FedAvg-style methods).",
@@ -124,13 +152,15 @@ def block(lines: list[dict], metric: str = "") -> list[str]:
     return out
 
 
-def runs_section(cells: list[Cell], runs_dir: Path) -> list[str]:
+def runs_section(cells: list[Cell], runs_dir: Path, kept_rows: dict[str, str] | None = None) -> list[str]:
     """'## Runs': one line per run folder present (cell, rounds done, minutes, status, and the commit(s),
-    machine and jax version its config.json records); nothing when no cell has a run."""
+    machine and jax version its config.json records), or its line in ``kept_rows`` (run folder -> line, from
+    the earlier table); nothing when no cell has a run."""
     lines = []
     for c in cells:
         folder = runs_dir / c.folder_name
         if not run_folder.is_run(folder):
+            lines += [kept_rows[c.folder_name]] if c.folder_name in (kept_rows or {}) else []
             continue
         run, made = load_run(folder), run_folder.read_provenance(folder)
         minutes = "-" if run.wall_seconds is None else f"{run.wall_seconds / 60:.1f}"
@@ -170,13 +200,21 @@ def write_table(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, see
 
     ``no_data`` maps a setting whose dataset files are missing to the reason (one note line per reason)."""
     no_data = no_data or {}
-    lines = entries(spec, cells, out / "runs", set(no_data))
+    earlier = read_earlier(out)
+    kept = kept_cells(spec, cells, out / "runs", earlier, rounds, seeds)
+    lines = entries(spec, cells, out / "runs", set(no_data), kept)
+    kept_runs = [c.folder_name for c in cells if (c.method.name, c.setting.name) in kept]
+    if kept:
+        extra = [*extra, f"Kept from the table written here before ({len(kept_runs)} runs whose folders are not "
+                 f"here, their results and Runs lines as that table gives them): {', '.join(kept_runs)}."]
     reasons: dict[str, list[str]] = {}
     for setting, reason in no_data.items():
         reasons.setdefault(reason, []).append(setting)
     notes = [f"Not run, dataset files missing ({', '.join(s)}): {r}; supply them (--data-dir DIR) and run the "
              "same command again." for r, s in reasons.items()]
-    text = markdown(spec, lines, header(spec, rounds, seeds, extra), notes, runs_section(cells, out / "runs"))
+    kept_rows = {name: row for name, row in earlier.run_rows.items() if name in kept_runs}
+    text = markdown(spec, lines, header(spec, rounds, seeds, extra, earlier.preface), notes,
+                    runs_section(cells, out / "runs", kept_rows))
     with atomic_write(out / "table.md") as f:
         f.write(text)
     write_csv(out / "table.csv", lines)

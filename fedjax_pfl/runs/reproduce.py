@@ -24,7 +24,9 @@ another configuration (other rounds or overrides) is an error: use another
 ``--out``. ``--rounds`` / ``--seeds`` scale down (the table says "reduced"),
 ``--methods`` / ``--settings`` pick a subset, ``--dry-run`` only prints the
 commands, ``--table-only`` writes the table from the runs already there (the
-others show as not run; nothing trains), ``--list`` shows the tables.
+others show as not run, unless the table already there gives their finished
+result: `paper_table` keeps cells whose run folders are on another machine;
+nothing trains), ``--list`` shows the tables.
 Overrides after NAME apply to every cell (e.g. ``data.name=cifar10`` with
 ``--settings``). A setting whose dataset
 files are not found (e.g. CIFAR-100 where only other files are at hand) is not
