@@ -10,7 +10,10 @@ folder (`read_earlier`):
   here keeps its "ours" part (mean, std, seeds, rounds, status, folders;
   `kept_ours`) when that line counted finished runs only, of the rounds and
   metric used now, on seeds among those asked for; the paper's number and the
-  difference are computed afresh from the table file.
+  difference are computed afresh from the table file. table.csv does not
+  record a cell's full configuration, so, unlike a run folder (`reproduce`
+  refuses one of another configuration), a kept line is not checked against
+  the table file's overrides: after changing those, remove the table files.
 - ``run_rows``: the lines of table.md's "## Runs" section by run folder, for
   the runs of those cells.
 - ``preface``: the paragraphs between the title and the "Accuracy (%)" line,
