@@ -416,6 +416,14 @@ def test_rewriting_a_table_where_some_run_folders_are_absent_keeps_their_cells(t
     assert rows["global"]["folders"] == "runs/global-s/seed0;runs/global-s/seed1"
     # written again: the same text (the kept cells stay kept)
     assert paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1]) == text
+    # a third seed asked for: the kept cell says it was not run
+    folder = tmp_path / "three"
+    shutil.copytree(runs / "local-s", folder / "runs" / "local-s")
+    for name in ("table.md", "table.csv"):
+        shutil.copy(tmp_path / name, folder / name)
+    three = paper_table.write_table(spec, spec.cells(seeds=[0, 1, 2]), folder, {"s": (2, 2)}, [0, 1, 2])
+    assert "| global (paper) | 70.50 ± 0.50 (n=2) (2 finished, 1 not run) | 71.00 | -0.50 |" in three
+    assert "(2 runs whose folders are not here" in three
     # other rounds: the earlier line does not stand for the cell
     other = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (3, 3)}, [0, 1])
     assert "| global (paper) | - (2 not run) | 71.00 | - |" in other and "Kept from" not in other

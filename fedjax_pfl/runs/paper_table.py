@@ -82,12 +82,16 @@ def kept_cells(spec: TableSpec, cells: list[Cell], runs_dir: Path, earlier: Earl
     """(run row, setting) -> the earlier table's "ours" fields, for the cells none of whose seeds has a run
     folder here and whose earlier line counts finished runs of the rounds used now (`earlier_table`)."""
     here = {(c.method.name, c.setting.name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)}
+    asked: dict[tuple, int] = {}
+    for c in cells:
+        asked[(c.method.name, c.setting.name)] = asked.get((c.method.name, c.setting.name), 0) + 1
     kept = {}
-    for key in dict.fromkeys((c.method.name, c.setting.name) for c in cells):
+    for key, count in asked.items():
         found = None if key in here else kept_ours(earlier.lines.get(key), spec.metric, rounds[key[1]][0], seeds,
                                                     [m for m in spec.also_metrics if m != spec.metric])
-        if found:
-            kept[key] = found
+        if found:  # seeds asked for now that the earlier table did not run read "not run"
+            missing = count - found["runs"]
+            kept[key] = {**found, "status": found["status"] + (f", {missing} not run" if missing > 0 else "")}
     return kept
 
 
@@ -203,7 +207,7 @@ def write_table(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, see
     earlier = read_earlier(out)
     kept = kept_cells(spec, cells, out / "runs", earlier, rounds, seeds)
     lines = entries(spec, cells, out / "runs", set(no_data), kept)
-    kept_runs = [c.folder_name for c in cells if (c.method.name, c.setting.name) in kept]
+    kept_runs = [Path(f).relative_to("runs").as_posix() for k in kept.values() for f in k["folders"].split(";") if f]
     if kept:
         extra = [*extra, f"Kept from the table written here before ({len(kept_runs)} runs whose folders are not "
                  f"here, their results and Runs lines as that table gives them): {', '.join(kept_runs)}."]
