@@ -21,6 +21,7 @@ hand-written preface (`earlier_table`). Nothing here imports JAX.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 from fedjax_pfl.runs import run_folder
@@ -53,13 +54,12 @@ def entry(spec: TableSpec, row: MethodRow, setting: Setting, found: dict) -> dic
     number and the difference."""
     paper = spec.paper_value(row.name, setting.name)
     diff = difference(found["mean"], paper)
-    also = {k: v for k, v in found.items() if k.endswith(("_mean", "_std"))}
     return {"table": spec.name, "method": row.name, "label": row.shown, "runs": found["runs"],
             "setting": setting.name, "group": setting.group, "column": setting.column, "metric": spec.metric,
             "mean": found["mean"], "std": found["std"], "paper": _fraction(paper and paper.mean),
             "paper_std": _fraction(paper and paper.std), "diff": _fraction(diff), "flag": flagged(diff),
-            **{f"{m}_mean": also[f"{m}_mean"] for m in spec.also_metrics if m != spec.metric},
-            **{f"{m}_std": also[f"{m}_std"] for m in spec.also_metrics if m != spec.metric},
+            **{f"{m}_mean": found[f"{m}_mean"] for m in spec.also_metrics if m != spec.metric},
+            **{f"{m}_std": found[f"{m}_std"] for m in spec.also_metrics if m != spec.metric},
             **{k: found[k] for k in ("seeds", "rounds", "status", "folders")}}
 
 
@@ -82,9 +82,7 @@ def kept_cells(spec: TableSpec, cells: list[Cell], runs_dir: Path, earlier: Earl
     """(run row, setting) -> the earlier table's "ours" fields, for the cells none of whose seeds has a run
     folder here and whose earlier line counts finished runs of the rounds used now (`earlier_table`)."""
     here = {(c.method.name, c.setting.name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)}
-    asked: dict[tuple, int] = {}
-    for c in cells:
-        asked[(c.method.name, c.setting.name)] = asked.get((c.method.name, c.setting.name), 0) + 1
+    asked = Counter((c.method.name, c.setting.name) for c in cells)  # seeds per cell, in table order
     kept = {}
     for key, count in asked.items():
         found = None if key in here else kept_ours(earlier.lines.get(key), spec.metric, rounds[key[1]][0], seeds,
