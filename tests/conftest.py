@@ -1,6 +1,10 @@
 """Shared fixtures."""
 
+import atexit
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,19 @@ if 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
 # tests/test_host_devices.py runs that default on purpose.
 if 'xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
     os.environ['XLA_FLAGS'] += ' --xla_force_host_platform_device_count=1'
+
+# Many tests compile the same programs again (one method's protocols, the same run in several files, CLI
+# subprocesses): JAX's persistent compilation cache lets a later compile load the first one's executable.
+# Its key holds the program, the XLA flags and the JAX version, so a hit runs exactly what a fresh compile
+# would. One folder per test session, set here in the pytest process before xdist starts its workers (they
+# and every subprocess inherit it) and removed when that process ends: each run compiles everything once.
+# tests/test_eval_protocols.py: 112 s -> 86 s on 2 cores.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix='fedjax_pfl-test-xla-cache-')
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+    if 'jax' in sys.modules:  # a plugin imported JAX first: it has read its options already
+        sys.modules['jax'].config.update('jax_compilation_cache_dir', _cache_dir)
 
 _DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / 'shared' / 'data'
 
