@@ -157,10 +157,12 @@ def test_kernel_gradient_form_is_chosen_by_channels_and_positions():
 def test_im2col_transpose_is_the_adjoint_of_im2col(x64):
     from fedjax_pfl.models.im2col import im2col_patches, im2col_transpose
 
+    patches_of = jax.jit(im2col_patches, static_argnums=(1, 2, 3))  # one program a case, not op by op
+    transpose_of = jax.jit(im2col_transpose, static_argnums=(1, 2, 3, 4))
     for shape, kernel_shape, strides, pads in CASES:
         x = jax.random.normal(jax.random.key(3), shape, jnp.float64)
-        patches = im2col_patches(x, kernel_shape[:2], strides, pads)
+        patches = patches_of(x, kernel_shape[:2], strides, pads)
         d = jax.random.normal(jax.random.key(4), patches.shape, jnp.float64)
-        back = im2col_transpose(d, shape[1:], kernel_shape[:2], strides, pads)
+        back = transpose_of(d, shape[1:], kernel_shape[:2], strides, pads)
         assert back.shape == x.shape
         np.testing.assert_allclose(jnp.vdot(patches, d), jnp.vdot(x, back), rtol=1e-12)
