@@ -169,7 +169,7 @@ def _val_positions(n, fraction=0.2):
     return np.floor((p + 1) * fraction) > np.floor(p * fraction)
 
 
-def _reference(model, rounds, key):
+def _reference(model, rounds, key, offer_average=False):
     xs, ys = ref.client_arrays(model.input_shape)
     n_clients = len(ref.SIZES)
     init_key, key = jax.random.split(key)
@@ -177,6 +177,7 @@ def _reference(model, rounds, key):
     own, first = [v0] * n_clients, [v0] * n_clients
     affinity = [0.1 * np.eye(n_clients)[c] for c in range(n_clients)]
     stored, available = [v0] * n_clients, np.zeros(n_clients, bool)
+    average = v0  # offer_average: the train-size-weighted mean of last round's uploads
 
     def ce(params, xb, yb):
         return losses.cross_entropy(model.apply({"params": params}, xb).logits, yb)
@@ -210,6 +211,8 @@ def _reference(model, rounds, key):
             ids = [c] + list(np.asarray(others))
             ok = [True] + list(np.asarray(valid))
             models = [own[c]] + [stored[i] for i in ids[1:]]
+            if offer_average:  # a candidate without an affinity entry, once uploads have arrived
+                models, ok = models + [average], ok + [bool(available.any())]
             base = first[c]
             lb = val_loss(base, xv, yv)
             raw = []
@@ -223,7 +226,7 @@ def _reference(model, rounds, key):
                                  + sum(wi * (np.asarray(mi, np.float64) - np.asarray(b, np.float64))
                                        for wi, mi in zip(w, ms)), base, *models)
             start = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), start)
-            for i, good, r in zip(ids, ok, raw / max(abs(raw.sum()), 1e-9)):
+            for i, good, r in zip(ids, ok, raw / max(abs(raw.sum()), 1e-9)):  # zip stops before the average
                 if good:
                     affinity[c] = affinity[c].copy()
                     affinity[c][i] += r
@@ -231,21 +234,29 @@ def _reference(model, rounds, key):
             first[c], own[c] = start, {"params": params}
             new_stored[c] = own[c]
         stored = new_stored
+        n = np.array([ref.SIZES[c] for c in selected], np.float64)
+        average = jax.tree.map(lambda *a: jnp.asarray(sum(w * np.asarray(x, np.float64) for w, x in zip(n / n.sum(), a)),
+                                                      jnp.float32), *[own[c] for c in selected])
         available = np.isin(np.arange(n_clients), selected)
     return own, affinity
 
 
-def test_engine_equals_per_client_loop():
+@pytest.mark.parametrize("offer_average", [False, True])
+def test_engine_equals_per_client_loop(offer_average):
     model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
     key = jax.random.key(3)
-    ref_own, ref_affinity = _reference(model, 2, key)
+    rounds = 3 if offer_average else 2  # the average is first offered in round 1: two rounds use it
+    ref_own, ref_affinity = _reference(model, rounds, key, offer_average)
     xs, ys = ref.client_arrays(model.input_shape)
     data = ref.stacked(xs, ys)
-    method = get_method("fedfomo")(_setup())
+    method = get_method("fedfomo")(_setup(), FedFomoConfig(offer_average=offer_average))
     eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
-    server, clients, _ = eng.run(server, clients, key, 2)
+    server, clients, _ = eng.run(server, clients, key, rounds)
+    if offer_average:  # the reference without the average lands elsewhere: the option changes the run
+        plain_own, _ = _reference(model, rounds, jax.random.key(3))
+        assert max(float(np.abs(_flat64(plain_own[c]) - _flat64(ref_own[c])).max()) for c in range(len(ref.SIZES))) > 1e-4
     for c in range(len(ref.SIZES)):
         ref.assert_close(tree_ops.gather(clients["variables"], c), ref_own[c])
         # affinity sums ratios of float32 loss differences (cancellation): 1e-3 relative
