@@ -25,12 +25,12 @@ from test_engine import _OPT, _assert_close, _data, _setup, _sgd_step, _weighted
 MODEL = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
 
 
-def _reference_train(variables, x, y, key, epochs, batch_size, n_max, opt_state=None, drop_last=False):
-    """Per-step loop over real batches of one client -> (variables, optimizer state)."""
+def _reference_train(variables, x, y, key, epochs, batch_size, n_max, opt_state=None, drop_last=False, part="all"):
+    """Per-step loop over real batches of one client, training ``part`` -> (variables, optimizer state)."""
     n = x.shape[0]
-    step = _sgd_step(MODEL, "all")
+    step = _sgd_step(MODEL, part)
     epoch_keys = jax.random.split(jax.random.split(key)[0], epochs)
-    params = variables["params"]
+    params = tree_ops.trainable_of(variables, part)
     opt_state = _OPT.init(params) if opt_state is None else opt_state
     steps = n // batch_size if drop_last else -(-n // batch_size)
     for e in range(epochs):
@@ -38,7 +38,7 @@ def _reference_train(variables, x, y, key, epochs, batch_size, n_max, opt_state=
         for s in range(steps):
             b = order[s * batch_size:(s + 1) * batch_size]
             params, opt_state = step(params, opt_state, variables, x[b], y[b])
-    return {**variables, "params": params}, opt_state
+    return tree_ops.with_trainable(variables, part, params), opt_state
 
 
 def _client(n, n_max, seed=0):
@@ -147,28 +147,83 @@ def test_persistent_momentum_fedavg_engine_keeps_each_clients_buffer():
         _assert_close(tree_ops.gather(clients["opt_state"], c), buffers[c], tol=2e-5)
 
 
-@pytest.mark.parametrize("name", ["pfakd"])
-def test_persistent_plain_sgd_equals_fresh_optimizer(name):
-    """Without momentum the optimizer has no state to keep: on == off, round for round."""
+def test_persistent_momentum_fedrep_keeps_one_buffer_for_the_head_and_one_for_the_body():
+    """Two FedRep local phases on an unchanged global body: each phase's head epoch and
+    body epochs start from that part's buffer of the previous phase (PFLlib's two optimizers)."""
+    method = _local_method("fedrep", persistent_optimizer=True)
+    data, x, y = _client(13, 16)
+    server, clients = method.init(jax.random.key(0), 1)
+    client = tree_ops.gather(clients, 0)
+    v0 = client["variables"]
+    e, b = method.setup.local_epochs, method.setup.batch_size
+    info = ClientRound(jnp.int32(0), jnp.int32(e))
+    update = jax.jit(lambda c, k: method.client_update(server, c, data, k, info)[0])
+    keys = [jax.random.key(1), jax.random.key(2)]
+    client = update(update(client, keys[0]), keys[1])
+    ref, buffers = v0, {"head": None, "body": None}
+    for key in keys:
+        ref = tree_ops.with_part(ref, "body", tree_ops.part_of(v0, "body"))  # the received global body
+        for part, k, epochs in zip(("head", "body"), jax.random.split(key), (1, e)):
+            ref, buffers[part] = _reference_train(ref, x, y, k, epochs, b, 16, buffers[part], part=part)
+    _assert_close(client["variables"], ref)
+    _assert_close(client["head_opt_state"], buffers["head"])
+    _assert_close(client["body_opt_state"], buffers["body"])
+
+
+def _kept_states(clients):
+    return sorted(k for k in clients if k.endswith("opt_state"))
+
+
+@pytest.mark.parametrize("name, kept", [("pfakd", ["opt_state"]), ("fedrep", ["body_opt_state", "head_opt_state"]),
+                                        ("fedpac", ["body_opt_state", "head_opt_state"]), ("gpfl", ["opt_state"])])
+def test_persistent_plain_sgd_equals_fresh_optimizer(name, kept):
+    """Without momentum the run's optimizer has no state to keep: on == off, round for round
+    (FedPAC's head optimizer has momentum 0.5 by default: set to 0 here)."""
     import optax
 
     sizes = [7, 23, 1, 16, 12]
     x, y, idx = _data(MODEL.input_shape, sizes=sizes)
     train = stack_clients(x, y, idx)
+    hparams = get_method(name).hparams_type(head_momentum=0.0) if name == "fedpac" else None
     out = []
     for on in (False, True):
         setup = dataclasses.replace(_setup(MODEL), optimizer=optax.sgd(0.1), persistent_optimizer=on)
-        eng = engine_lib.Engine(get_method(name)(setup), train, train, engine_lib.EngineConfig(3))
+        eng = engine_lib.Engine(get_method(name)(setup, hparams), train, train, engine_lib.EngineConfig(3))
         server, clients = eng.init(jax.random.key(0))
         server, clients, _ = eng.run(server, clients, jax.random.key(1), 2)
         out.append((server, clients["variables"]))
-        assert ("opt_state" in clients) == on
+        assert _kept_states(clients) == (kept if on else [])
     _assert_close(out[0], out[1], tol=0)
 
 
+@pytest.mark.parametrize("name", ["fedpac", "gpfl"])
+def test_persistent_momentum_changes_the_next_round_and_is_kept_per_client(name):
+    """With momentum, a client's second round from its kept buffers differs from a fresh start;
+    clients never selected keep their initial (zero) buffers."""
+    sizes = [7, 23, 1, 16, 12]
+    x, y, idx = _data(MODEL.input_shape, sizes=sizes)
+    train = stack_clients(x, y, idx)
+    out = []
+    for on in (False, True):
+        setup = dataclasses.replace(_setup(MODEL), persistent_optimizer=on)
+        eng = engine_lib.Engine(get_method(name)(setup), train, train, engine_lib.EngineConfig(2))
+        server, clients = eng.init(jax.random.key(0))
+        selected = []
+        for t in range(3):
+            server, clients, metrics = eng.round(server, clients, jax.random.key(t + 1), t)
+            selected += list(np.asarray(metrics["selected"]))
+        out.append(server["body"])
+    never = sorted(set(range(len(sizes))) - set(int(c) for c in selected))
+    for state in _kept_states(clients):
+        norms = [sum(float(jnp.sum(jnp.abs(leaf))) for leaf in jax.tree.leaves(tree_ops.gather(clients[state], c)))
+                 for c in range(len(sizes))]
+        assert all(norms[c] == 0.0 for c in never) and all(norms[c] > 0.0 for c in set(selected)), (state, norms)
+    assert max(float(jnp.max(jnp.abs(p - q))) for p, q in zip(jax.tree.leaves(out[0]), jax.tree.leaves(out[1]))) > 1e-5
+
+
 def test_persistent_optimizer_refused_by_methods_that_train_their_own_way():
-    with pytest.raises(UserError, match="'fedrep' does not support train.persistent_optimizer"):
-        _local_method("fedrep", persistent_optimizer=True)
+    with pytest.raises(UserError, match="'fedrod' does not support train.persistent_optimizer"):
+        _local_method("fedrod", persistent_optimizer=True)
 
 
 # ----------------------------------------------------------- all_clients_train

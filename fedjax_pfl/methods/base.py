@@ -104,12 +104,17 @@ class Method:
     server_steps_per_client: bool = False
 
     def __init__(self, setup: LocalSetup, hparams: Any = None):
-        if setup.persistent_optimizer and not self.keeps_optimizer_state:
-            raise UserError(f"method {self.name!r} does not support train.persistent_optimizer; leave it false")
+        self.refuse_persistent_optimizer(setup.persistent_optimizer)
         self.setup = setup
         if hparams is None and self.hparams_type is not None:
             hparams = self.hparams_type()
         self.hparams = hparams
+
+    @classmethod
+    def refuse_persistent_optimizer(cls, persistent: bool) -> None:
+        """UserError if ``persistent`` (train.persistent_optimizer) and this method cannot keep its state."""
+        if persistent and not cls.keeps_optimizer_state:
+            raise UserError(f"method {cls.name!r} does not support train.persistent_optimizer; leave it false")
 
     # ---- state -------------------------------------------------------------
     def init(self, key, num_clients: int):
@@ -178,32 +183,39 @@ class Method:
             drop_last=s.drop_last,
         )
 
-    def train_kept(self, objective, client, variables, data, key, epochs, state="opt_state"):
-        """`train` of the whole model from the client's kept optimizer state -> (variables, loss, kept).
+    def train_kept(self, objective, client, variables, data, key, epochs, state="opt_state", *, part="all",
+                   optimizer=None, max_epochs=None):
+        """`train` of ``part`` from the client's kept optimizer state -> (variables, loss, kept).
 
         With ``setup.persistent_optimizer`` the optimizer state (e.g. SGD
         momentum) starts from ``client[state]`` and ``kept`` is
         ``{state: final state}``, to store in the client's state; as in
-        PFLlib (PFAKD's authors' code), where each client keeps one optimizer
-        object over the whole model it trains across its participations, also
-        for parameters it receives from the server. Otherwise the state starts
-        fresh and ``kept`` is ``{}`` (client state unchanged).
+        PFLlib (PFAKD's authors' code), where each client keeps its optimizer
+        objects across its participations, also for parameters it receives
+        from the server. A method that trains its parts in phases keeps one
+        state per phase (FedRep's and FedPAC's head and body; PFLlib's
+        optimizers skip the parameters a phase freezes, so their momentum
+        waits for the next phase of the same part). Otherwise the state
+        starts fresh and ``kept`` is ``{}`` (client state unchanged).
         """
         if not self.setup.persistent_optimizer:
-            variables, loss = self.train(objective, variables, data, key, epochs)
+            variables, loss = self.train(objective, variables, data, key, epochs, part=part, optimizer=optimizer,
+                                         max_epochs=max_epochs)
             return variables, loss, {}
         s = self.setup
         variables, loss, opt_state = local_training.train_with_state(
-            objective, s.optimizer, variables, data, key, batch_size=s.batch_size, max_epochs=s.local_epochs,
-            epochs=epochs, normalize=s.normalize, drop_last=s.drop_last, opt_state=client[state])
+            objective, optimizer or s.optimizer, variables, data, key, batch_size=s.batch_size,
+            max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize, part=part,
+            drop_last=s.drop_last, opt_state=client[state])
         return variables, loss, {state: opt_state}
 
-    def with_optimizer_state(self, clients, variables, num_clients: int, state="opt_state"):
-        """``clients`` plus a fresh optimizer state ``state`` of the whole model per client
-        (persistent_optimizer only)."""
+    def with_optimizer_state(self, clients, variables, num_clients: int, state="opt_state", *, part="all",
+                             optimizer=None):
+        """``clients`` plus a fresh optimizer state ``state`` of ``part`` of ``variables`` per client
+        (persistent_optimizer only; ``optimizer``: the one `train_kept` will use, default the run's)."""
         if not self.setup.persistent_optimizer:
             return clients
-        fresh = self.setup.optimizer.init(tree_ops.trainable_of(variables, "all"))
+        fresh = (optimizer or self.setup.optimizer).init(tree_ops.trainable_of(variables, part))
         return {**clients, state: tree_ops.broadcast(fresh, num_clients)}
 
     def supervised_objective(self, extra: Callable | None = None):

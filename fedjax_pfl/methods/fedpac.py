@@ -17,6 +17,8 @@ JianXu95/FedPAC methods/fedpac.py, tools.py, running.py):
    (f(x) - c^y)^2 (`losses.feature_mse`), c^y the global prototype of class y
    when the server has one, else the client's step-1 prototype; no alignment
    term in round 0.
+   With ``train.persistent_optimizer`` the head's and the body's optimizer
+   states are kept across the client's rounds (one each).
 4. Post-training prototypes and counts (inference mode). Upload body, head,
    prototypes, counts, V_i, h_i and the mean train loss of step 3.
 
@@ -107,7 +109,6 @@ class FedPACProtoConfig(FedPACLocalConfig):
 
 class FedPAC(SharedBodyMethod):
     name = "fedpac"
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedPACConfig
     needs_selected_state = True  # the server step combines the selected clients' heads
 
@@ -122,6 +123,9 @@ class FedPAC(SharedBodyMethod):
     def head_optimizer(self):
         h = self.hparams
         return optim.make_optimizer("sgd", h.head_lr, h.head_momentum, h.head_weight_decay)
+
+    def kept_optimizers(self):
+        return {"head_opt_state": ("head", self.head_optimizer()), "body_opt_state": ("body", None)}
 
     def class_sums(self, variables, data):
         def feature_fn(x):
@@ -138,8 +142,9 @@ class FedPAC(SharedBodyMethod):
         local_protos, _ = prototypes.prototypes(sums)
 
         k_head, k_body = jax.random.split(key)
-        variables, _ = self.train(self.supervised_objective(), variables, data, k_head, h.head_epochs,
-                                  part="head", optimizer=self.head_optimizer(), max_epochs=h.head_epochs)
+        variables, _, kept_head = self.train_kept(self.supervised_objective(), client, variables, data, k_head,
+                                                  h.head_epochs, "head_opt_state", part="head",
+                                                  optimizer=self.head_optimizer(), max_epochs=h.head_epochs)
 
         targets = jnp.where(server["present"][:, None], server["prototypes"], local_protos)
         targets = jax.lax.stop_gradient(targets)
@@ -148,8 +153,8 @@ class FedPAC(SharedBodyMethod):
         def alignment(variables, batch, out, key):
             return weight * losses.feature_mse(out.features, targets[batch.y], batch.mask)
 
-        variables, loss = self.train(self.supervised_objective(alignment), variables, data, k_body, info.epochs,
-                                     part="body")
+        variables, loss, kept_body = self.train_kept(self.supervised_objective(alignment), client, variables, data,
+                                                     k_body, info.epochs, "body_opt_state", part="body")
         protos, counts = prototypes.prototypes(self.class_sums(variables, data))
         upload = {
             "body": self.shared_body(variables),
@@ -160,7 +165,7 @@ class FedPAC(SharedBodyMethod):
             "h": h_stat,
             "loss": loss,
         }
-        return {**client, "variables": variables}, upload
+        return {**client, "variables": variables, **kept_head, **kept_body}, upload
 
     # ---- server ------------------------------------------------------------
     def head_weights(self, uploads, info):

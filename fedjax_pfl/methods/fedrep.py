@@ -9,6 +9,8 @@ epochs, then ``local_rep_ep`` = 1 body epoch (their scripts: local_ep 11, so
 10 head epochs and 1 body epoch): ``method.head_epochs=10 method.body_epochs=1``.
 A straggler that trains e < E epochs takes max(1, body_epochs * e // E) body
 epochs when ``body_epochs`` is set, else e.
+With ``train.persistent_optimizer`` the client keeps one optimizer state for
+its head and one for its body across its rounds (PFLlib's two optimizers).
 Evaluation (``eval.model``): ``global`` by default (the received global body
 with the client's own head, as the authors' code), or ``local``.
 """
@@ -31,7 +33,6 @@ class FedRepConfig(Options):
 
 class FedRep(SharedBodyMethod):
     name = "fedrep"
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedRepConfig
 
     def body_epochs(self, epochs):
@@ -41,11 +42,16 @@ class FedRep(SharedBodyMethod):
             return epochs, self.setup.local_epochs
         return jnp.clip(b * epochs // self.setup.local_epochs, 1, b), b
 
+    def kept_optimizers(self):
+        return {"head_opt_state": ("head", None), "body_opt_state": ("body", None)}  # PFLlib: optimizer_per, optimizer
+
     def local_phase(self, server, client, variables, data, key, info):
         k_head, k_body = jax.random.split(key)
         objective = self.supervised_objective()
         h = self.hparams.head_epochs
         body, body_max = self.body_epochs(info.epochs)
-        variables, _ = self.train(objective, variables, data, k_head, h, part="head", max_epochs=h)
-        variables, loss = self.train(objective, variables, data, k_body, body, part="body", max_epochs=body_max)
-        return variables, loss, {}
+        variables, _, kept_head = self.train_kept(objective, client, variables, data, k_head, h, "head_opt_state",
+                                                  part="head", max_epochs=h)
+        variables, loss, kept_body = self.train_kept(objective, client, variables, data, k_body, body,
+                                                     "body_opt_state", part="body", max_epochs=body_max)
+        return variables, loss, {**kept_head, **kept_body}

@@ -37,6 +37,9 @@ only (here mu/2 ||.||^2 in the loss, which is the same for SGD and for
 PyTorch's Adam); the GCE is initialised N(0, 1) as torch's nn.Embedding.
 Defaults lamda = 0.01, mu = 0.1: the authors' run_me.sh for CNNs and MLPs.
 
+With ``train.persistent_optimizer`` the client keeps one optimizer state over
+body, head, CoV and GCE across its rounds (PFLlib keeps its three optimizers).
+
 Options (``method.<name>=value``): lamda, mu, magnitude ('code' | 'paper').
 """
 
@@ -72,7 +75,6 @@ class GPFLConfig(Options):
 
 class GPFL(OwnPrediction, SharedBodyMethod):
     name = "gpfl"
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
     eval_models = ("global",)  # received global body and valve with the client's own head
     hparams_type = GPFLConfig
 
@@ -92,7 +94,8 @@ class GPFL(OwnPrediction, SharedBodyMethod):
                   "rounds": jnp.zeros((), jnp.int32)}
         clients = {"variables": clients, "gce": jnp.tile(gce, (num_clients, 1, 1)),
                    "trained_round": jnp.full((num_clients,), -1, jnp.int32)}
-        return server, clients
+        trained = {**variables, "params": {**variables["params"], "gce": gce, "cov": cov}}
+        return server, self.with_optimizer_state(clients, trained, num_clients)
 
     def conditionals(self, server, client, data, round_index):
         """(z_G, z_P) of the client in round ``round_index`` (module docstring); zeros in round 0."""
@@ -126,10 +129,11 @@ class GPFL(OwnPrediction, SharedBodyMethod):
     def local_phase(self, server, client, variables, data, key, info):
         z_g, z_p = self.conditionals(server, client, data, info.round)
         start = {**variables, "params": {**variables["params"], "gce": server["gce"], "cov": server["cov"]}}
-        trained, loss = self.train(self.objective(server, z_g, z_p), start, data, key, info.epochs)
+        trained, loss, kept = self.train_kept(self.objective(server, z_g, z_p), client, start, data, key,
+                                              info.epochs)
         params = trained["params"]
         model_vars = {**trained, "params": {"body": params["body"], "head": params["head"]}}
-        return model_vars, loss, {k: params[k] for k in GUIDANCE}
+        return model_vars, loss, {**{k: params[k] for k in GUIDANCE}, **kept}
 
     def client_update(self, server, client, data, key, info):
         client, upload = super().client_update(server, client, data, key, info)

@@ -32,8 +32,20 @@ class SharedBodyMethod(Method):
 
     def init(self, key, num_clients):
         variables, clients = shared_init(self, key, num_clients)
-        clients = self.with_optimizer_state({"variables": clients}, variables, num_clients)
+        clients = self.with_kept_optimizers({"variables": clients}, variables, num_clients)
         return {self.shared_part: self.shared_body(variables)}, clients
+
+    def kept_optimizers(self) -> dict:
+        """{client state name: (part it trains, optimizer or None for the run's)} that `local_phase`
+        keeps with `train_kept` (train.persistent_optimizer): the whole model by default."""
+        return {"opt_state": ("all", None)}
+
+    def with_kept_optimizers(self, clients, variables, num_clients):
+        """``clients`` plus a fresh state of each of `kept_optimizers` (persistent_optimizer only)."""
+        for state, (part, optimizer) in self.kept_optimizers().items():
+            clients = self.with_optimizer_state(clients, variables, num_clients, state, part=part,
+                                                optimizer=optimizer)
+        return clients
 
     def shared_body(self, variables):
         """The part of ``variables`` that is uploaded and averaged."""
@@ -49,15 +61,15 @@ class SharedBodyMethod(Method):
     def local_phase(self, server, client, variables, data, key, info):
         """Local training from ``variables`` (global part + own part) -> (variables, loss, extras).
 
-        ``extras`` are uploaded, except ``extras['opt_state']`` (from `train_kept`),
-        which the client keeps.
+        ``extras`` are uploaded, except the optimizer states of `kept_optimizers`
+        (from `train_kept`), which the client keeps.
         """
         return self.train_kept(self.supervised_objective(), client, variables, data, key, info.epochs)
 
     def client_update(self, server, client, data, key, info):
         variables = self.receive(server, client)
         variables, loss, extras = self.local_phase(server, client, variables, data, key, info)
-        kept = {"opt_state": extras.pop("opt_state")} if "opt_state" in extras else {}
+        kept = {state: extras.pop(state) for state in self.kept_optimizers() if state in extras}
         upload = {self.shared_part: self.shared_body(variables), "loss": loss, **extras}
         return {**client, "variables": variables, **kept}, upload
 

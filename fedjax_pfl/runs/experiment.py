@@ -192,6 +192,7 @@ def validate(cfg: config_lib.RunConfig) -> None:
     if cfg.model.name not in model_names():
         raise UserError(f"unknown model {cfg.model.name!r}; choose one of: {', '.join(model_names())}")
     config_lib.validate_values(cfg)
+    method_cls.refuse_persistent_optimizer(cfg.train.persistent_optimizer)
     if issubclass(method_cls, StepMethod):
         method_cls.refuse_ignored_optimizer(beyond_plain_sgd(cfg.train))
     offered = method_cls.eval_models
