@@ -273,15 +273,16 @@ def test_a_missing_dataset_is_a_note_and_the_other_cells_run(tmp_path, monkeypat
     assert len(note) == 1 and "cifar-100-python.tar.gz" in note[0] and "--data-dir DIR" in note[0]
 
 
-def _fake_run(folder, seed: int, accuracies: list[float]) -> None:
-    """A finished run folder as the training command leaves it, with the given accuracy per round."""
+def _fake_run(folder, seed: int, accuracies: list[float], weighted: list[float] | None = None) -> None:
+    """A finished run folder as the training command leaves it, with the given accuracy per round
+    (and sample-weighted accuracy: ``weighted``, else the same)."""
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"config": {"seed": seed}}))
     (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
     (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"round": r, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.0, "loss": 1.0,
+        json.dumps({"round": r, "accuracy": a, "accuracy_weighted": w, "accuracy_std": 0.0, "loss": 1.0,
                     "seconds": r}) + "\n"
-        for r, a in enumerate(accuracies)))
+        for r, (a, w) in enumerate(zip(accuracies, weighted or accuracies))))
 
 
 FLAGS = """
@@ -323,6 +324,21 @@ def test_ours_paper_difference_and_flag_of_finished_cells(tmp_path):
     assert float(rows["local"]["paper_std"]) == pytest.approx(0.01) and rows["local"]["flag"] == "False"
     assert rows["global_rerun"]["folders"] == rows["global"]["folders"]
     assert float(rows["local"]["best_mean"]) == pytest.approx(0.86)
+
+
+def test_a_weighted_metric_reads_the_accuracy_pooled_over_the_test_samples(tmp_path):
+    """metric: mean_last_10_weighted (PFLlib's sum correct / sum samples); the unweighted beside it."""
+    table = tmp_path / "weighted.yaml"
+    table.write_text(FLAGS.replace("metric: last\nalso_metrics: [best]",
+                                  "metric: mean_last_10_weighted\nalso_metrics: [mean_last_10]"))
+    spec = table_spec.load_table(table)
+    for row in ("local", "global"):
+        for seed in (0, 1):
+            _fake_run(tmp_path / "runs" / f"{row}-s" / f"seed{seed}", seed, [0.5, 0.7], weighted=[0.6, 0.9])
+    text = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    assert "of the test samples pooled over clients" in text and "unweighted mean over clients" not in text
+    assert "| local | 75.00 ± 0.00 (n=2) | 79.50 ± 1.00 | -4.50 ⚠ |" in text  # mean of 0.6 and 0.9
+    assert "| local | 60.00 ± 0.00 (n=2) |" in text.split("## Also: ")[1]  # mean of 0.5 and 0.7
 
 
 GRID = """

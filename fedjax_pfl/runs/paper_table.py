@@ -2,7 +2,8 @@
 
 One row per row of the paper's table, one column block per setting: ours,
 the table's metric (report.py's ``best``, ``last`` or ``mean_last_10`` of a
-run, the values of its summary.json) as mean ± std over the seeds that have a
+run, the values of its summary.json, or their ``_weighted`` forms over the
+test samples pooled across clients) as mean ± std over the seeds that have a
 run (population std, ddof=0, as report.md) and their number; the paper's
 number where the table file gives it; and the difference ours - paper in
 percentage points, flagged (⚠) beyond ``paper_numbers.FLAG_POINTS``. A cell
@@ -126,6 +127,14 @@ def rounds_line(rounds: dict) -> str:
     return f"Rounds: {'; '.join(parts)}."
 
 
+def accuracy_text(metric: str) -> str:
+    """How a round's accuracy pools the clients under ``metric``."""
+    if metric.endswith("_weighted"):
+        return ("of the test samples pooled over clients (sum of correct predictions / sum of test samples, "
+                "i.e. each client's test accuracy weighted by its test samples)")
+    return "of the unweighted mean over clients of each client's test accuracy"
+
+
 def header(spec: TableSpec, rounds: dict, seeds: list[int], extra: list[str] = (), preface: list[str] = ()) -> list[str]:
     """Title, ``preface`` (hand-written, kept from the earlier table) and the lines that say what was run:
     ``rounds`` maps setting -> (used, paper's); ``extra`` lines."""
@@ -133,9 +142,8 @@ def header(spec: TableSpec, rounds: dict, seeds: list[int], extra: list[str] = (
     if len(seeds) < len(spec.seeds):
         seeds_text += f" (reduced; the table file's seeds: {', '.join(map(str, spec.seeds))})"
     return [f"# {spec.paper}, {spec.table}: reproduced with fedjax_pfl", "", *preface, *([""] if preface else []),
-            f"Accuracy (%): {METRICS[spec.metric]} ({spec.metric}) of the unweighted mean over clients of each "
-            "client's test accuracy with the model its method evaluates (eval.model: personalized, or global for "
-            "FedAvg-style methods).",
+            f"Accuracy (%): {METRICS[spec.metric]} ({spec.metric}) {accuracy_text(spec.metric)} with the model "
+            "its method evaluates (eval.model: personalized, or global for FedAvg-style methods).",
             f"Each cell: ours = mean ± std over the n seeds run (ddof=0); paper = the published number; "
             f"Δ = ours − paper in points, ⚠ where |Δ| > {FLAG_POINTS}; '-' = none.",
             rounds_line(rounds), f"Seeds: {seeds_text}.", *extra, ""]

@@ -55,6 +55,11 @@ class RunResult:
     wall_seconds: float | None
     rounds: np.ndarray  # the round (counted from 1) after which each evaluation ran
     accuracy: np.ndarray
+    # The same three over the test samples pooled across clients (sum correct / sum samples, the accuracy
+    # PFLlib-based code prints); `best_weighted` picks its round on that accuracy.
+    last_weighted: float = float("nan")
+    mean_last_10_weighted: float = float("nan")
+    best_weighted: float = float("nan")
 
 
 def load_run(path: Path) -> RunResult:
@@ -77,6 +82,9 @@ def load_run(path: Path) -> RunResult:
         wall_seconds=run_folder.wall_seconds(records),
         rounds=np.array([r["round"] for r in records], int),
         accuracy=np.array([r["accuracy"] for r in records], float),
+        last_weighted=stats["last"]["accuracy_weighted"] if stats else nan,
+        mean_last_10_weighted=stats["mean_last_10"]["accuracy_weighted"] if stats else nan,
+        best_weighted=stats["best_optimistic"]["by_accuracy_weighted"]["accuracy_weighted"] if stats else nan,
     )
 
 

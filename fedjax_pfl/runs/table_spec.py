@@ -1,7 +1,8 @@
 """A paper's table as data: configs/tables/NAME.yaml -> `TableSpec` and its cells.
 
 A table file names the paper and table, the accuracy it reports (``metric``:
-``best``, ``last`` or ``mean_last_10`` of summary.json; ``also_metrics``:
+``best``, ``last`` or ``mean_last_10`` of summary.json, each also as
+``..._weighted``: pooled over the clients' test samples; ``also_metrics``:
 more of them shown beside, without paper numbers), the seeds, the settings
 (columns), the methods (rows), the paper's numbers (runs/paper_numbers.py)
 and free-text ``notes``::
@@ -62,7 +63,10 @@ from fedjax_pfl.runs.paper_numbers import PaperNumber, parse_row
 TABLES_DIR = Path(__file__).resolve().parents[2] / "configs" / "tables"
 METRICS = {"best": "best accuracy over rounds (optimistic: the round is picked by test accuracy)",
            "last": "accuracy at the last round",
-           "mean_last_10": "mean accuracy of the last 10 evaluations"}
+           "mean_last_10": "mean accuracy of the last 10 evaluations",
+           "best_weighted": "best sample-weighted accuracy over rounds (optimistic)",
+           "last_weighted": "sample-weighted accuracy at the last round",
+           "mean_last_10_weighted": "mean sample-weighted accuracy of the last 10 evaluations"}
 NO_DATA = "no data"  # the state of a cell whose dataset files were not found (reproduce.py, paper_table.py)
 _NAME = re.compile(r"^[A-Za-z0-9_.]+$")
 _KEYS = ("paper", "table", "metric", "also_metrics", "seeds", "settings", "grid", "methods", "paper_results",
