@@ -55,7 +55,7 @@ def _model():
 
 def _method(name, options=None):
     setup = LocalSetup(model=_model(), optimizer=optax.sgd(LR, momentum=0.9), batch_size=B, local_epochs=E,
-                       normalize=_normalize)
+                       normalize=_normalize, learning_rate=LR)
     cls = get_method(name)
     return cls(setup, cls.hparams_type(**(options or {})) if cls.hparams_type else None)
 
@@ -83,22 +83,24 @@ def _plan(key, t):
 
 
 @functools.lru_cache(maxsize=None)
-def _step(loss_fn):
-    """One jit-compiled SGD (momentum 0.9) step of ``loss_fn(params, x, y, *extra)``."""
-    opt = optax.sgd(LR, momentum=0.9)
+def _step(loss_fn, plain=()):
+    """One jit-compiled step of ``loss_fn(params, x, y, *extra)``: SGD with momentum 0.9 (v = 0.9 v + g,
+    p -= LR v); the top-level keys in ``plain`` take plain SGD, p -= LR g (GPFL's valve and embeddings)."""
 
     @jax.jit
-    def step(params, state, xb, yb, *extra):
-        updates, state = opt.update(jax.grad(loss_fn)(params, _normalize(xb), yb, *extra), state, params)
-        return optax.apply_updates(params, updates), state
+    def step(params, velocity, xb, yb, *extra):
+        grads = jax.grad(loss_fn)(params, _normalize(xb), yb, *extra)
+        velocity = jax.tree.map(lambda v, g: 0.9 * v + g, velocity, grads)
+        direction = {k: grads[k] if k in plain else velocity[k] for k in params}
+        return jax.tree.map(lambda p, d: p - LR * d, params, direction), velocity
 
-    return opt, step
+    return step
 
 
-def _train(loss_fn, params, x, y, key, *extra):
+def _train(loss_fn, params, x, y, key, *extra, plain=()):
     """Per-client local training over real batches in the client's own epoch order."""
-    opt, step = _step(loss_fn)
-    state = opt.init(params)
+    step = _step(loss_fn, plain)
+    state = jax.tree.map(jnp.zeros_like, params)
     n = x.shape[0]
     epoch_keys = jax.random.split(jax.random.split(key)[0], E)
     for e in range(E):
@@ -289,7 +291,7 @@ def test_gpfl_engine_equals_per_client_loop_and_predicts_through_the_valve():
         for j, c in enumerate(selected):
             zg, zp = (jnp.asarray(z, jnp.float32) for z in conditionals(c, t, gce_before))
             start = jax.tree.map(jnp.asarray, {"body": body, "head": heads[c], "gce": gce, "cov": cov})
-            trained = _train(loss, start, x[idx[c]], y[idx[c]], keys[j], zg, zp, jnp.asarray(gce))
+            trained = _train(loss, start, x[idx[c]], y[idx[c]], keys[j], zg, zp, jnp.asarray(gce), plain=("gce", "cov"))
             uploads.append(trained)
             heads[c], own_gce[c], trained_round[c] = trained["head"], trained["gce"], t
         mean = _mean64(uploads, [SIZES[c] for c in selected])

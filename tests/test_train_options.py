@@ -187,7 +187,7 @@ def test_persistent_plain_sgd_equals_fresh_optimizer(name, kept):
     hparams = get_method(name).hparams_type(head_momentum=0.0) if name == "fedpac" else None
     out = []
     for on in (False, True):
-        setup = dataclasses.replace(_setup(MODEL), optimizer=optax.sgd(0.1), persistent_optimizer=on)
+        setup = dataclasses.replace(_setup(MODEL), optimizer=optax.sgd(0.1), learning_rate=0.1, persistent_optimizer=on)
         eng = engine_lib.Engine(get_method(name)(setup, hparams), train, train, engine_lib.EngineConfig(3))
         server, clients = eng.init(jax.random.key(0))
         server, clients, _ = eng.run(server, clients, jax.random.key(1), 2)

@@ -187,7 +187,7 @@ class Engine:
         schedule = self.config.lr_schedule
         if not schedule.constant:
             base = values.get(method_values.LR, self.method.setup.learning_rate)
-            values = {**values, method_values.LR: base * schedule.factor(round_index)}
+            values = {**values, method_values.LR: base * schedule.factor(round_index), method_values.INITIAL_LR: base}
         return method_values.with_values(self.method, values)
 
     # ------------------------------------------------------------------ round

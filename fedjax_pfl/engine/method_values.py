@@ -23,6 +23,7 @@ import jax
 from fedjax_pfl.core.errors import UserError
 
 LR = "lr"
+INITIAL_LR = "initial_lr"  # train.lr before the schedule's factor (set with LR by `Engine.method_at`)
 
 
 def traceable_names(method_cls) -> tuple[str, ...]:
@@ -47,15 +48,16 @@ def with_values(method, values: dict):
     """``method`` rebuilt with ``values`` (name -> scalar, traced or not) in place of its own."""
     if not values:
         return method
-    unknown = set(values) - set(traceable_names(type(method)))
+    unknown = set(values) - set(traceable_names(type(method))) - {INITIAL_LR}
     if unknown:
         raise UserError(f"method {method.name!r} cannot vary {', '.join(sorted(unknown))} in one program; "
                         f"it can vary: {', '.join(traceable_names(type(method)))}")
     setup = method.setup
     if LR in values:
         lr = values[LR]
-        setup = dataclasses.replace(setup, optimizer=setup.make_optimizer(lr=lr), learning_rate=lr)
-    options = {k: v for k, v in values.items() if k != LR}
+        setup = dataclasses.replace(setup, optimizer=setup.make_optimizer(lr=lr), learning_rate=lr,
+                                    initial_learning_rate=values.get(INITIAL_LR, lr))
+    options = {k: v for k, v in values.items() if k not in (LR, INITIAL_LR)}
     hparams = _replace_unchecked(method.hparams, options) if options else method.hparams
     try:
         return type(method)(setup, hparams)

@@ -42,6 +42,7 @@ class LocalSetup:
     make_optimizer: Callable[..., optax.GradientTransformation] | None = None
     share_batch_stats: bool = True  # BatchNorm statistics travel with a shared body
     learning_rate: float | None = None  # train.lr, for methods that take SGD steps by hand (pFedKD, pFedMe, ...)
+    initial_learning_rate: float | None = None  # train.lr before the lr schedule; None: learning_rate
     eval_model: str | None = None  # eval.model: one of the method's `eval_models`; None: its default
     drop_last: bool = False  # train.drop_last: each epoch's partial batch is dropped (local_training)
     persistent_optimizer: bool = False  # train.persistent_optimizer: clients keep their optimizer state

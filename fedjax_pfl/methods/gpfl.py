@@ -37,8 +37,12 @@ only (here mu/2 ||.||^2 in the loss, which is the same for SGD and for
 PyTorch's Adam); the GCE is initialised N(0, 1) as torch's nn.Embedding.
 Defaults lamda = 0.01, mu = 0.1: the authors' run_me.sh for CNNs and MLPs.
 
-With ``train.persistent_optimizer`` the client keeps one optimizer state over
-body, head, CoV and GCE across its rounds (PFLlib keeps its three optimizers).
+Optimizers (authors' code): body and head take the run's optimizer (its
+momentum, weight decay and lr schedule); the CoV and the GCE take their own
+plain SGD at the run's initial learning rate (their CoV_opt and GCE_opt: no
+momentum, no lr decay, weight decay mu). With ``train.persistent_optimizer``
+the client keeps that state across its rounds (PFLlib keeps its three
+optimizers).
 
 Options (``method.<name>=value``): lamda, mu, magnitude ('code' | 'paper').
 """
@@ -49,6 +53,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
@@ -95,7 +100,21 @@ class GPFL(OwnPrediction, SharedBodyMethod):
         clients = {"variables": clients, "gce": jnp.tile(gce, (num_clients, 1, 1)),
                    "trained_round": jnp.full((num_clients,), -1, jnp.int32)}
         trained = {**variables, "params": {**variables["params"], "gce": gce, "cov": cov}}
-        return server, self.with_optimizer_state(clients, trained, num_clients)
+        if self.setup.persistent_optimizer:
+            clients = self.with_optimizer_state(clients, trained, num_clients, optimizer=self.training_optimizer())
+        return server, clients
+
+    def training_optimizer(self):
+        """The run's optimizer for body and head; plain SGD at the run's initial lr for CoV and GCE."""
+        s = self.setup
+        lr = s.learning_rate if s.initial_learning_rate is None else s.initial_learning_rate
+        if lr is None:
+            raise ValueError("GPFL needs setup.learning_rate (train.lr) for its valve and embedding optimizer")
+
+        def labels(params):
+            return {k: jax.tree.map(lambda _: "guidance" if k in GUIDANCE else "model", v) for k, v in params.items()}
+
+        return optax.multi_transform({"model": s.optimizer, "guidance": optax.sgd(lr)}, labels)
 
     def conditionals(self, server, client, data, round_index):
         """(z_G, z_P) of the client in round ``round_index`` (module docstring); zeros in round 0."""
@@ -130,7 +149,7 @@ class GPFL(OwnPrediction, SharedBodyMethod):
         z_g, z_p = self.conditionals(server, client, data, info.round)
         start = {**variables, "params": {**variables["params"], "gce": server["gce"], "cov": server["cov"]}}
         trained, loss, kept = self.train_kept(self.objective(server, z_g, z_p), client, start, data, key,
-                                              info.epochs)
+                                              info.epochs, optimizer=self.training_optimizer())
         params = trained["params"]
         model_vars = {**trained, "params": {"body": params["body"], "head": params["head"]}}
         return model_vars, loss, {**{k: params[k] for k in GUIDANCE}, **kept}

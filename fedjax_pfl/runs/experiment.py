@@ -160,6 +160,7 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
         make_optimizer=optimizer_factory,
         share_batch_stats=t.share_batch_stats,
         learning_rate=t.lr,
+        initial_learning_rate=t.lr,
         eval_model=cfg.eval.model,
         drop_last=t.drop_last,
         persistent_optimizer=t.persistent_optimizer,
