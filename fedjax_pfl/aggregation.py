@@ -58,6 +58,21 @@ def fisher_weights(traces, uploaded):
     return normalize_weights(jnp.where(uploaded, traces, 0.0))
 
 
+PROTO_WEIGHTS = ("clients", "counts")
+
+
+def prototype_weights(counts, uploaded, mode: str):
+    """[S, C] weights of each upload's class prototypes: n_ik ('counts') or 1 where n_ik > 0 ('clients').
+
+    Examples:
+        >>> w = prototype_weights(jnp.array([[2.0, 0.0], [5.0, 1.0]]), jnp.array([True, True]), "clients")
+        >>> w.tolist()
+        [[1.0, 0.0], [1.0, 1.0]]
+    """
+    counts = counts.astype(jnp.float32) * uploaded[:, None].astype(jnp.float32)
+    return counts if mode == "counts" else (counts > 0).astype(jnp.float32)
+
+
 def prototype_aggregate(prototypes, counts):
     """Global class prototypes: c^k = sum_i n_ik c_i^k / sum_i n_ik.
 

@@ -123,3 +123,29 @@ def test_decay_one_is_the_plain_program_and_cosine_factors():
     got = [float(cosine.factor(t)) for t in range(4)]
     np.testing.assert_allclose(got, [(1 + math.cos(math.pi * t / 4)) / 2 for t in range(4)], rtol=1e-6)
     np.testing.assert_allclose(float(LrSchedule("exponential", 0.9, 9).factor(3)), 0.9 ** 3, rtol=1e-6)
+
+
+def _first_step(optimizer, params):
+    """The update of one step from a fresh state on gradients of ones."""
+    updates, _ = optimizer.update(jax.tree.map(jnp.ones_like, params), optimizer.init(params), params)
+    return updates
+
+
+def test_schedule_decays_the_run_optimizer_and_leaves_gpfl_guidance_at_train_lr():
+    """Round 2 of a 0.5-per-round decay from lr 0.1: the run's optimizer steps 0.025, FedPAC's head with
+    head_optimizer=run too (PFLlib's one optimizer); GPFL's valve and embeddings step train.lr, 0.1, as the
+    authors' undecayed CoV_opt and GCE_opt, while its body and head take the decayed run optimizer."""
+    schedule = LrSchedule("exponential", 0.5, 3)
+    gpfl = _engine("gpfl", schedule=schedule).method_at({}, 2)
+    assert float(gpfl.setup.learning_rate) == pytest.approx(0.025)
+    assert float(gpfl.setup.initial_learning_rate) == pytest.approx(0.1)
+    params = {"body": {"w": jnp.ones(3)}, "head": {"w": jnp.ones(2)}, "gce": jnp.ones((2, 3)), "cov": {"w": jnp.ones(4)}}
+    step = _first_step(gpfl.training_optimizer(), params)
+    for part, lr in (("body", 0.025), ("head", 0.025), ("gce", 0.1), ("cov", 0.1)):
+        for leaf in jax.tree.leaves(step[part]):
+            np.testing.assert_allclose(np.asarray(leaf), -lr, rtol=1e-6, err_msg=part)
+    head = {"w": jnp.ones(2)}
+    pac_run = _engine("fedpac", {"head_optimizer": "run"}, schedule=schedule).method_at({}, 2).head_optimizer()
+    pac_authors = _engine("fedpac", schedule=schedule).method_at({}, 2).head_optimizer()
+    np.testing.assert_allclose(np.asarray(_first_step(pac_run, head)["w"]), -0.025, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(_first_step(pac_authors, head)["w"]), -0.1 * (1 + 5e-4), rtol=1e-6)

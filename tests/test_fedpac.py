@@ -235,6 +235,15 @@ def test_server_update_uses_only_arrived_uploads():
         if total:
             ref = (counts[:, k, None] * protos[:, k]).sum(0) / total
             np.testing.assert_allclose(np.asarray(new_server["prototypes"][k]), ref, rtol=1e-5, atol=1e-6)
+    # proto_weights=clients (PFLlib): the plain mean over the arrived uploads that hold the class
+    plain = FedPAC(_setup(model), FedPACConfig(proto_weights="clients"))
+    plain_server, _ = jax.jit(plain.server_update)(server, clients, uploads, info)
+    holds = counts > 0
+    for k in range(C):
+        if holds[:, k].any():
+            ref = protos[holds[:, k], k].mean(0)
+            np.testing.assert_allclose(np.asarray(plain_server["prototypes"][k]), ref, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(plain_server["prototypes"]), np.asarray(new_server["prototypes"]))
     # heads: exact QP weights over the arrived uploads; a lost upload keeps its trained head
     V, H = np.asarray(uploads["V"], np.float64), np.asarray(uploads["h"], np.float64)
     kernel = np.asarray(heads["params"]["logits"]["kernel"], np.float64)
@@ -287,6 +296,28 @@ def test_client_update_alignment_schedule_and_fallback():
     # uploads: shapes, counts, non-negative variance, finite loss
     assert up["prototypes"].shape == (C, model.feature_dim) and up["h"].shape == (C, model.feature_dim)
     assert float(up["counts"].sum()) == 17 and float(up["V"]) >= 0 and math.isfinite(float(up["loss"]))
+
+
+def test_head_optimizer_run_is_the_runs_optimizer_in_the_head_epoch():
+    """head_optimizer=run (PFLlib's one optimizer, which PFAKD's table ran) equals the authors' head
+    optimizer set to the run's SGD (lr 0.05, momentum 0.5, no decay); the default (lr 0.1) differs."""
+    rng = np.random.default_rng(6)
+    C, d = 3, 4
+    model = build_model("mlp", (d,), C, hidden=(5,))
+    data = _vector_client(rng, 17, 20, d, C)
+    configs = {"run": FedPACConfig(head_optimizer="run"), "default": FedPACConfig(),
+               "as_run": FedPACConfig(head_lr=0.05, head_momentum=0.5, head_weight_decay=0.0)}
+    out = {}
+    for name, config in configs.items():
+        method = FedPAC(_setup(model), config)
+        server, clients = method.init(jax.random.key(0), 1)
+        client = jax.tree.map(lambda a: a[0], clients)
+        new, _ = jax.jit(method.client_update)(server, client, data, jax.random.key(7),
+                                               ClientRound(jnp.int32(1), jnp.int32(2)))
+        out[name] = [np.asarray(a) for a in jax.tree.leaves(new["variables"])]
+    for a, b in zip(out["run"], out["as_run"]):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.allclose(a, b) for a, b in zip(out["run"], out["default"]))
 
 
 def test_bad_options_are_user_errors():

@@ -11,7 +11,9 @@ JianXu95/FedPAC methods/fedpac.py, tools.py, running.py):
    ``'paper'`` the within-class reading) and the local prototypes c_i^k.
 2. Head only: ``head_epochs`` (1) epochs of CE with its own optimizer, SGD lr
    ``head_lr`` 0.1, momentum 0.5, weight decay 5e-4 (fixed in the authors'
-   code, whatever the run's optimizer).
+   code, whatever the run's optimizer). ``head_optimizer='run'`` trains the
+   head with the run's optimizer and lr schedule instead, as PFLlib's FedPAC
+   (one optimizer for both phases), which PFAKD's authors ran for their table.
 3. Body only (head frozen): E epochs (``info.epochs``) with the run's
    optimizer of CE + ``lam`` * mean over batch and feature dims of
    (f(x) - c^y)^2 (`losses.feature_mse`), c^y the global prototype of class y
@@ -25,8 +27,10 @@ JianXu95/FedPAC methods/fedpac.py, tools.py, running.py):
 Server (only uploads that arrived, ``info.uploaded``, take part):
 - body: weighted mean with n_i (SharedBodyMethod);
 - global prototypes: c^k = sum_i n_ik c_i^k / sum_i n_ik over this round's
-  uploads (`aggregation.prototype_aggregate`); as in the authors' code they
-  replace the previous ones, and ``present`` marks classes some upload held;
+  uploads (`aggregation.prototype_aggregate`; ``proto_weights='clients'``:
+  the plain mean over the uploads that hold class k, as PFLlib); as in the
+  authors' code they replace the previous ones, and ``present`` marks classes
+  some upload held;
 - for every uploading client i: P_i = diag(V) + D_i, (D_i)_jk = sum_c
   (h_i[c] - h_j[c]) . (h_i[c] - h_k[c]), over uploading j, k; weights
   a_i = `simplex_qp.combination_weights_batch` (PSD repair with eigenvalue
@@ -74,12 +78,21 @@ from fedjax_pfl.methods.shared_body import SharedBodyMethod
 from fedjax_pfl.methods.options import Options, option
 
 
+HEAD_OPTIMIZERS = ("authors", "run")
+
+
 @dataclasses.dataclass(frozen=True)
 class FedPACLocalConfig(Options):
-    """Options of the client step shared by fedpac and fedpac_proto."""
+    """Options shared by fedpac and fedpac_proto (client step and prototype aggregation)."""
 
     lam: float = option(1.0, "weight of the feature-alignment MSE to the global class prototypes", at_least=0.0)
     head_epochs: int = option(1, "head-only epochs before the body epochs", at_least=1)
+    proto_weights: str = option("counts", "global prototype of a class: weighted by the clients' sample counts "
+                                "(authors) or the mean over the clients that hold it (PFLlib)",
+                                choices=aggregation.PROTO_WEIGHTS)
+    head_optimizer: str = option("authors", "the head epochs' optimizer: the authors' SGD (head_lr, head_momentum, "
+                                 "head_weight_decay) or the run's optimizer and lr schedule (PFLlib)",
+                                 choices=HEAD_OPTIMIZERS)
     head_lr: float = option(0.1, "SGD step size of the head epochs", more_than=0.0)
     head_momentum: float = option(0.5, "SGD momentum of the head epochs", at_least=0.0, less_than=1.0)
     head_weight_decay: float = option(5e-4, "weight decay of the head epochs", at_least=0.0)
@@ -122,6 +135,8 @@ class FedPAC(SharedBodyMethod):
     # ---- client ------------------------------------------------------------
     def head_optimizer(self):
         h = self.hparams
+        if h.head_optimizer == "run":
+            return self.setup.optimizer
         return optim.make_optimizer("sgd", h.head_lr, h.head_momentum, h.head_weight_decay)
 
     def kept_optimizers(self):
@@ -178,8 +193,8 @@ class FedPAC(SharedBodyMethod):
 
     def server_update(self, server, clients, uploads, info):
         server, clients = super().server_update(server, clients, uploads, info)
-        counts = uploads["counts"] * info.uploaded[:, None].astype(jnp.float32)
-        protos, present = aggregation.prototype_aggregate(uploads["prototypes"], counts)
+        weights = aggregation.prototype_weights(uploads["counts"], info.uploaded, self.hparams.proto_weights)
+        protos, present = aggregation.prototype_aggregate(uploads["prototypes"], weights)
         any_upload = jnp.any(info.uploaded)
         server = {
             **server,

@@ -43,7 +43,6 @@ from fedjax_pfl.kernels import prototypes
 from fedjax_pfl.methods.base import Method, shared_init
 from fedjax_pfl.methods.options import Options, option
 
-PROTO_WEIGHTS = ("clients", "counts")
 EVAL_BY = ("head", "prototype")
 
 
@@ -51,15 +50,9 @@ EVAL_BY = ("head", "prototype")
 class FedProtoConfig(Options):
     lam: float = option(1.0, "weight of the prototype-distance term in the local loss", at_least=0.0)
     proto_weights: str = option("clients", "global prototype of a class: mean over the clients that hold it, or "
-                                "weighted by their sample counts", choices=PROTO_WEIGHTS)
+                                "weighted by their sample counts", choices=aggregation.PROTO_WEIGHTS)
     eval_by: str = option("head", "predict with the model's head or by the nearest global prototype",
                           choices=EVAL_BY)
-
-
-def prototype_weights(counts, uploaded, mode: str):
-    """[S, C] weights of each upload's class prototypes: n_ik ('counts') or 1 where n_ik > 0 ('clients')."""
-    counts = counts.astype(jnp.float32) * uploaded[:, None].astype(jnp.float32)
-    return counts if mode == "counts" else (counts > 0).astype(jnp.float32)
 
 
 class FedProto(Method):
@@ -92,7 +85,7 @@ class FedProto(Method):
         return {"variables": variables}, {"prototypes": local, "counts": counts, "loss": loss}
 
     def server_update(self, server, clients, uploads, info):
-        weights = prototype_weights(uploads["counts"], info.uploaded, self.hparams.proto_weights)
+        weights = aggregation.prototype_weights(uploads["counts"], info.uploaded, self.hparams.proto_weights)
         protos, present = aggregation.prototype_aggregate(uploads["prototypes"], weights)
         any_upload = jnp.any(info.uploaded)
         return {
