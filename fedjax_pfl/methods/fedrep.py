@@ -7,6 +7,9 @@ epoch, then E body epochs). The authors' code (lgcollins/FedRep,
 models/Update.py) splits E the other way: ``local_ep - local_rep_ep`` head
 epochs, then ``local_rep_ep`` = 1 body epoch (their scripts: local_ep 11, so
 10 head epochs and 1 body epoch): ``method.head_epochs=10 method.body_epochs=1``.
+Both phases take the run's optimizer; PFLlib's FedRep client makes its own,
+plain SGD at the run's lr with its lr decay (no momentum, no weight decay):
+``train.momentum=0 train.weight_decay=0`` (PFAKD's table does so).
 A straggler that trains e < E epochs takes max(1, body_epochs * e // E) body
 epochs when ``body_epochs`` is set, else e.
 With ``train.persistent_optimizer`` the client keeps one optimizer state for
