@@ -21,7 +21,7 @@ ROWS = {
 }
 ROWS["fedas_table3"] = ROWS["fedas_table2"]
 ROWS["diversifed_table2"] = ROWS["diversifed_table1"]
-METRIC = {"fedas_table2": "best", "fedas_table3": "best", "pfakd_table1": "mean_last_10_weighted",
+METRIC = {"fedas_table2": "best_weighted", "fedas_table3": "best_weighted", "pfakd_table1": "mean_last_10_weighted",
           "pfakd_table2": "mean_last_10_weighted", "diversifed_table1": "best", "diversifed_table2": "best",
           "pfedkd_table1": "last", "fedpac_table1": "last"}
 # (row, setting) -> (mean, std) as printed
