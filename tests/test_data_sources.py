@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.data import cifar, files, idx, medmnist, registry, synthetic, tfds_source
-from fedjax_pfl.data.dataset import Dataset, channel_stats
+from fedjax_pfl.data.dataset import Dataset, channel_stats, with_normalization
 from fedjax_pfl.core.errors import DataNotFoundError, UserError
 
 
@@ -507,6 +507,33 @@ def test_synthetic_size_factor_reaches_the_generator_from_the_config():
     ds = build_experiment(cfg).dataset
     expected = 3 * synthetic.client_sizes(np.random.default_rng(0), 4)
     np.testing.assert_array_equal(np.bincount(ds.client_ids_train) + np.bincount(ds.client_ids_test), expected)
+
+
+def test_half_normalization_is_torchvisions_half_and_reaches_the_setup():
+    """data.normalization=half: (x/255 - 0.5) / 0.5 per channel (PFLlib's generators), through the
+    experiment's normalize; the dataset's own statistics by default; feature data refuses it."""
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (12, 4, 4, 3), dtype=np.uint8)
+    x[0], x[1] = 0, 255
+    y = (np.arange(12) % 2).astype(np.int32)
+    images = Dataset('tiny', x, y, x, y, 2, (0.49, 0.48, 0.45), (0.25, 0.24, 0.26))
+    assert with_normalization(images, 'dataset') is images
+    want = x.astype(np.float64) / 127.5 - 1.0
+    np.testing.assert_allclose(with_normalization(images, 'half').normalize(x), want, atol=1e-6)
+    overrides = ['method_name=fedavg', 'model.name=mlp', 'partition.scheme=iid', 'partition.num_clients=2',
+                 'partition.min_size=1']
+    for how, expected in (('half', want), ('dataset', (x / 255.0 - np.array(images.mean)) / np.array(images.std))):
+        exp = build_experiment(config_lib.build(overrides=[*overrides, f'data.normalization={how}']), dataset=images)
+        np.testing.assert_allclose(np.asarray(exp.engine.method.setup.normalize(x)), expected, atol=1e-5)
+    features = Dataset('feat', x.reshape(12, -1).astype(np.float32), y, x.reshape(12, -1).astype(np.float32), y,
+                       2, (0.0,), (1.0,))
+    with pytest.raises(UserError, match='applies to image datasets'):
+        with_normalization(features, 'half')
+    with pytest.raises(UserError, match='data.normalization must be one of dataset, half'):
+        build_experiment(config_lib.build(overrides=[*overrides, 'data.normalization=quarter']), dataset=images)
 
 
 # ------------------------------------------------------ tfds, registry, Dataset

@@ -12,6 +12,8 @@ import dataclasses
 
 import numpy as np
 
+from fedjax_pfl.core.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
@@ -97,6 +99,24 @@ class Dataset:
         mean = np.asarray(self.mean, np.float32)
         std = np.asarray(self.std, np.float32)
         return (x - mean) / std
+
+
+NORMALIZATIONS = ('dataset', 'half')
+
+
+def with_normalization(dataset: Dataset, how: str) -> Dataset:
+    """``dataset`` normalised as ``how``: 'dataset', its own per-channel mean and std; 'half',
+    (x/255 - 0.5) / 0.5 per channel (torchvision's Normalize(0.5, 0.5), which PFLlib's dataset
+    generators apply: PFAKD's and FedAS's authors' data)."""
+    if how not in NORMALIZATIONS:
+        raise UserError(f"data.normalization must be one of {', '.join(NORMALIZATIONS)}, got {how!r}")
+    if how == 'dataset':
+        return dataset
+    if not dataset.is_image:
+        raise UserError(f"data.normalization=half applies to image datasets; {dataset.name} holds feature "
+                        "vectors: leave it at 'dataset'")
+    channels = len(dataset.mean)
+    return dataclasses.replace(dataset, mean=(0.5,) * channels, std=(0.5,) * channels)
 
 
 def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -29,6 +29,7 @@ class DataConfig:
     allow_download: bool = False
     source: str = "files"  # or 'tfds'
     synthetic_size_factor: int = 1  # synthetic: client sizes x this (FedProx: 1; pFedKD-WCL's authors' generator: 5)
+    normalization: str = "dataset"  # 'dataset': its per-channel mean/std; 'half': (x/255 - 0.5) / 0.5 (PFLlib's data)
 
 
 @dataclasses.dataclass
@@ -318,6 +319,7 @@ def validate_values(cfg: RunConfig) -> None:
     """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
     from fedjax_pfl.engine.client_mapping import MAPPINGS
     from fedjax_pfl.models.initialization import INITS
+    from fedjax_pfl.data.dataset import NORMALIZATIONS
     from fedjax_pfl.runs.host_devices import parse as parse_devices
 
     t, p = cfg.train, cfg.partition
@@ -342,6 +344,8 @@ def validate_values(cfg: RunConfig) -> None:
            f"partition.size_range must be [smallest, largest] with 1 <= smallest <= largest, got {p.size_range}")
     _check(p.test_from in ("split", "split_train", "official"),
            f"partition.test_from must be 'split', 'split_train' or 'official', got {p.test_from!r}")
+    _check(cfg.data.normalization in NORMALIZATIONS,
+           f"data.normalization must be one of {', '.join(NORMALIZATIONS)}, got {cfg.data.normalization!r}")
     _check(cfg.data.synthetic_size_factor >= 1, f"data.synthetic_size_factor must be >= 1, got {cfg.data.synthetic_size_factor}")
     _check(cfg.data.synthetic_size_factor == 1 or cfg.data.name == "synthetic",
            f"data.synthetic_size_factor applies to data.name=synthetic only, not {cfg.data.name!r}; leave it at 1")

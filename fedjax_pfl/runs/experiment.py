@@ -17,7 +17,7 @@ import numpy as np
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data import client_data, files, partition
-from fedjax_pfl.data.dataset import Dataset
+from fedjax_pfl.data.dataset import Dataset, with_normalization
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.core.errors import DataNotFoundError, UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
@@ -257,6 +257,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
             raise DataNotFoundError(f"{e} To try the library without any files, use --dataset synthetic{hint}.") from None
         if explicit_dir:
             check_files_read(cfg.data.data_dir, read)
+    dataset = with_normalization(dataset, cfg.data.normalization)
     setup = build_setup(cfg, dataset)
     method_cls = get_method(cfg.method_name)
     method = method_cls(setup, config_lib.method_options(method_cls.hparams_type, cfg.method))
