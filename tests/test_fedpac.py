@@ -323,7 +323,8 @@ def test_head_optimizer_run_is_the_runs_optimizer_in_the_head_epoch():
 def test_bad_options_are_user_errors():
     for cls in (FedPAC, FedPACProto):
         for bad in ({"lam": -1.0}, {"head_epochs": 0}, {"head_lr": 0.0}, {"head_momentum": 1.0},
-                    {"variance": "exact"}, {"not_an_option": 1}):
+                    {"variance": "exact"}, {"not_an_option": 1}, {"head_optimizer": "adam"},
+                    {"proto_weights": "equal"}, {"head_optimizer": "run", "head_lr": 0.01}):
             with pytest.raises(UserError):
                 config_lib.method_options(cls.hparams_type, bad)
     for bad in ({"psd_repair": "shift"}, {"psd_floor": -0.1}, {"min_weight": 1.0}, {"qp_iters": 0}):
@@ -332,6 +333,9 @@ def test_bad_options_are_user_errors():
     for bad in ({"direction": "sideways"}, {"temperature": 0.0}, {"psd_floor": 0.1}):
         with pytest.raises(UserError):
             config_lib.method_options(FedPACProto.hparams_type, bad)
+    with pytest.raises(UserError, match="method.head_momentum applies to method.head_optimizer=authors"):
+        config_lib.method_options(FedPAC.hparams_type, {"head_optimizer": "run", "head_momentum": 0.9})
+    assert config_lib.method_options(FedPAC.hparams_type, {"head_optimizer": "run", "head_lr": 0.1}).head_lr == 0.1
     assert get_method("fedpac") is FedPAC and get_method("fedpac_proto") is FedPACProto
 
 

@@ -73,6 +73,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import classifier_combination, optim, prototypes, simplex_qp
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 from fedjax_pfl.methods.options import Options, option
@@ -98,6 +99,14 @@ class FedPACLocalConfig(Options):
     head_weight_decay: float = option(5e-4, "weight decay of the head epochs", at_least=0.0)
     variance: str = option("code", "feature variance V_i as the authors' code computes it or the paper's "
                            "within-class reading", choices=prototypes.VARIANCES)
+
+    def check(self) -> None:
+        if self.head_optimizer == "run":
+            fields = {f.name: f.default for f in dataclasses.fields(FedPACLocalConfig)}
+            set_ = [k for k in ("head_lr", "head_momentum", "head_weight_decay") if getattr(self, k) != fields[k]]
+            if set_:
+                raise UserError(f"method.{set_[0]} applies to method.head_optimizer=authors; with head_optimizer=run "
+                                "the head epochs take train.lr, train.momentum and train.weight_decay")
 
 
 @dataclasses.dataclass(frozen=True)
