@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset")
     p.add_argument("--data-dir", help="folder with dataset files (else $FEDJAX_PFL_DATA_DIR, then the cache)")
     p.add_argument("--offline", action="store_true", help="never download a missing dataset file")
-    p.add_argument("--partition", help="iid | dirichlet | pathological | practical | client_dirichlet | natural")
+    p.add_argument("--partition", help="iid | dirichlet | pfllib_dirichlet | pathological | practical | client_dirichlet | natural")
     p.add_argument("--alpha", type=float, help="Dirichlet concentration")
     p.add_argument("--classes-per-client", type=int)
     p.add_argument("--num-clients", type=int)

@@ -34,10 +34,10 @@ class DataConfig:
 
 @dataclasses.dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | pathological | practical | client_dirichlet | natural
+    scheme: str = "dirichlet"  # iid | dirichlet | pfllib_dirichlet | pathological | practical | client_dirichlet | natural
     num_clients: int = 20
     alpha: float = 0.1  # Dirichlet concentration
-    min_size: int = 10
+    min_size: int = 10  # dirichlet: fewest samples per client (pfllib_dirichlet: PFLlib's least_samples)
     classes_per_client: int = 2
     num_groups: int = 5
     dominant_classes_per_group: int = 2
@@ -342,6 +342,10 @@ def validate_values(cfg: RunConfig) -> None:
            f"other scheme (scheme {p.scheme!r}, size_range {p.size_range})")
     _check(p.size_range is None or (len(p.size_range) == 2 and 1 <= p.size_range[0] <= p.size_range[1]),
            f"partition.size_range must be [smallest, largest] with 1 <= smallest <= largest, got {p.size_range}")
+    _check(p.scheme != "pfllib_dirichlet" or (p.test_from in ("split", "split_train") and not p.train_per_client
+                                              and not p.test_per_client),
+           "partition.scheme=pfllib_dirichlet splits each client's pool train_fraction / rest itself: it needs "
+           "partition.test_from=split (or split_train) and no train_per_client / test_per_client")
     _check(p.test_from in ("split", "split_train", "official"),
            f"partition.test_from must be 'split', 'split_train' or 'official', got {p.test_from!r}")
     _check(cfg.data.normalization in NORMALIZATIONS,

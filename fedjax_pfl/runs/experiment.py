@@ -17,6 +17,7 @@ import numpy as np
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data import client_data, files, partition
+from fedjax_pfl.data.pfllib_partition import pfllib_dirichlet_split
 from fedjax_pfl.data.dataset import Dataset, with_normalization
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.core.errors import DataNotFoundError, UserError
@@ -89,11 +90,15 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
             y_pool = np.concatenate([dataset.y_train, dataset.y_test])
         else:  # the official train set only (pFedKD-WCL's authors); the official test set is unused
             x_pool, y_pool = dataset.x_train, dataset.y_train
-        pool_idx = _scheme(y_pool, p, seed)
-        if p.train_per_client:
+        if p.scheme == "pfllib_dirichlet":  # partition and split in one draw sequence, as PFLlib's generators
+            train_idx, test_idx = pfllib_dirichlet_split(y_pool, p.num_clients, p.alpha, p.train_fraction, seed,
+                                                         p.min_size)
+        elif p.train_per_client:
+            pool_idx = _scheme(y_pool, p, seed)
             train_idx, test_idx = partition.sample_per_client(
                 pool_idx, y_pool, p.train_per_client, p.test_per_client or 0, seed + 1)
         else:
+            pool_idx = _scheme(y_pool, p, seed)
             train_idx, test_idx = partition.split_train_test(pool_idx, y_pool, p.train_fraction, seed + 1)
         x_train = x_test = x_pool
         y_train = y_test = y_pool
@@ -138,7 +143,7 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
                              "max_classes_per_client": p.max_classes_per_client},
     }
     if p.scheme not in params:
-        raise UserError(f"unknown partition {p.scheme!r}; choose one of: {', '.join([*params, 'natural'])}")
+        raise UserError(f"unknown partition {p.scheme!r}; choose one of: {', '.join([*params, 'pfllib_dirichlet', 'natural'])}")
     return partition.make_partition(p.scheme, labels, p.num_clients, seed, **params[p.scheme])
 
 
