@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.data import client_data, registry
+from fedjax_pfl.data import client_data, pfllib, registry
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs.experiment import build_experiment
 
 SIZES = {"train": [7, 1, 12], "test": [3, 2, 4]}
 
 
-def write_pfllib_folder(root, num_classes=5, channels=2, side=6, seed=0):
+def write_by_hand(root, num_classes=5, channels=2, side=6, seed=0):
     """The layout PFLlib's generate_*.py scripts write; returns {(split, i): (x NCHW, y)}."""
     rng = np.random.default_rng(seed)
     written = {}
@@ -35,7 +35,7 @@ def write_pfllib_folder(root, num_classes=5, channels=2, side=6, seed=0):
 
 
 def test_loads_clients_rows_and_labels_as_written(tmp_path):
-    written = write_pfllib_folder(tmp_path / "FMNIST")
+    written = write_by_hand(tmp_path / "FMNIST")
     ds = registry.load_dataset("pfllib", data_dir=tmp_path / "FMNIST")
     assert ds.is_federated and ds.num_classes == 5 and ds.input_shape == (6, 6, 2)
     assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int32
@@ -50,7 +50,7 @@ def test_loads_clients_rows_and_labels_as_written(tmp_path):
 
 
 def test_natural_partition_gives_each_client_its_own_file(tmp_path):
-    written = write_pfllib_folder(tmp_path / "d")
+    written = write_by_hand(tmp_path / "d")
     cfg = config_lib.build(None, ["method_name=fedavg", "data.name=pfllib", f"data.data_dir={tmp_path / 'd'}",
                                   "partition.scheme=natural", "model.name=mlr", "train.batch_size=4"])
     exp = build_experiment(cfg)
@@ -75,7 +75,7 @@ def test_natural_partition_gives_each_client_its_own_file(tmp_path):
 def test_bad_folder_is_a_one_line_user_error(tmp_path, damage, message):
     root = tmp_path / "d"
     if damage != "no_folder":
-        write_pfllib_folder(root)
+        write_by_hand(root)
     if damage == "no_config":
         (root / "config.json").unlink()
     elif damage == "missing_client":
@@ -103,10 +103,45 @@ def test_cli_trains_on_the_folders_own_clients_unless_told_otherwise(tmp_path):
     from fedjax_pfl.runs import cli as train
 
     folder = tmp_path / "d"
-    write_pfllib_folder(folder)
+    write_by_hand(folder)
     argv = ["--method", "fedavg", "--dataset", "pfllib", "--data-dir", str(folder), "--model", "mlr"]
     assert train.config_from_args(*train.parse_args(argv)).partition.scheme == "natural"
     assert train.config_from_args(*train.parse_args([*argv, "--partition", "iid"])).partition.scheme == "iid"
     assert train.config_from_args(*train.parse_args([*argv, "partition.scheme=iid"])).partition.scheme == "iid"
     exp = build_experiment(train.config_from_args(*train.parse_args(argv)))
     assert np.asarray(exp.data.train.n).tolist() == SIZES["train"]
+
+
+def test_written_folder_loads_back_as_the_same_clients_in_pfllibs_file_format(tmp_path):
+    rng = np.random.default_rng(3)
+    mean, std = (0.5, 0.4), (0.5, 0.25)
+    clients = {split: [(rng.integers(0, 256, (n, 6, 6, 2), dtype=np.uint8), rng.integers(0, 5, n))
+                       for n in sizes] for split, sizes in SIZES.items()}
+    folder = pfllib.write_pfllib_folder(
+        tmp_path / "out", *[[(pfllib.to_pfllib_images(x, mean, std), y) for x, y in clients[s]] for s in ("train", "test")],
+        num_classes=5, alpha=0.5)
+    with np.load(folder / "train" / "0.npz", allow_pickle=True) as z:  # what PFLlib's read_data sees
+        data = z["data"].tolist()
+    assert set(data) == {"x", "y"} and data["x"].dtype == np.float32 and data["y"].dtype == np.int64
+    assert data["x"].shape == (SIZES["train"][0], 2, 6, 6)
+    assert json.loads((folder / "config.json").read_text()) == {"num_clients": 3, "num_classes": 5, "alpha": 0.5}
+    ds = registry.load_dataset("pfllib", data_dir=folder)
+    for split in ("train", "test"):
+        ids = getattr(ds, f"client_ids_{split}")
+        for i, (x, y) in enumerate(clients[split]):
+            expected = (x.astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)  # float64 reference
+            np.testing.assert_allclose(getattr(ds, f"x_{split}")[ids == i], expected, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(getattr(ds, f"y_{split}")[ids == i], y)
+
+
+def test_writer_refuses_a_folder_with_clients_mismatched_splits_and_non_images(tmp_path):
+    x, y = np.zeros((2, 1, 4, 4), np.float32), np.array([0, 1])
+    pfllib.write_pfllib_folder(tmp_path / "a", [(x, y)], [(x, y)], num_classes=2)
+    with pytest.raises(UserError, match="already holds PFLlib client files"):
+        pfllib.write_pfllib_folder(tmp_path / "a", [(x, y)], [(x, y)], num_classes=2)
+    with pytest.raises(UserError, match="one train and one test"):
+        pfllib.write_pfllib_folder(tmp_path / "b", [(x, y)], [], num_classes=2)
+    with pytest.raises(UserError, match="3 labels"):
+        pfllib.write_pfllib_folder(tmp_path / "c", [(x, np.arange(3))], [(x, y)], num_classes=3)
+    with pytest.raises(UserError, match="uint8 images"):
+        pfllib.to_pfllib_images(x, (0.5,), (0.5,))

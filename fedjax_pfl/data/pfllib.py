@@ -24,6 +24,10 @@ files ``i.npz``. On the command line ``--dataset pfllib`` trains on the
 folder's own clients (``--partition natural`` is its default there), e.g.
 ``--dataset pfllib --data-dir PFLlib/dataset/FashionMNIST``; another
 ``--partition`` pools the folder's samples and splits them again.
+
+`write_pfllib_folder` writes clients in the same layout, so that PFLlib-based
+code (the PFAKD and FedAS authors') can train on this library's clients:
+images as float32 NCHW normalised as the run normalises them.
 """
 
 from __future__ import annotations
@@ -121,3 +125,38 @@ def load_pfllib(*, data_dir: str | os.PathLike | None = None, allow_download: bo
         mean, std = (0.0,), (1.0,)
     return Dataset(f'pfllib_{folder.resolve().name}', x_train, y_train, x_test, y_test, num_classes,
                    mean, std, client_ids_train=c_train, client_ids_test=c_test)
+
+
+def to_pfllib_images(x: np.ndarray, mean, std) -> np.ndarray:
+    """uint8 NHWC images as PFLlib's generators store them: float32 NCHW, (x/255 - mean) / std."""
+    x = np.asarray(x)
+    if x.dtype != np.uint8 or x.ndim != 4:
+        raise UserError(f'to_pfllib_images needs uint8 images [n, H, W, C], got {x.dtype} {x.shape}.')
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    return np.ascontiguousarray(((x.astype(np.float32) / 255.0 - mean) / std).transpose(0, 3, 1, 2))
+
+
+def write_pfllib_folder(folder: str | os.PathLike, train: list, test: list, num_classes: int,
+                        **config) -> Path:
+    """Write clients as PFLlib's generators do; ``train``/``test``: one (x, y) per client.
+
+    ``x`` is stored as given (images [n, C, H, W], see `to_pfllib_images`, or features [n, D]),
+    ``y`` as int64. config.json gets num_clients, num_classes and ``config``. Refuses a folder that
+    already holds client files, so a written partition is never mixed with another.
+    """
+    folder = Path(folder)
+    if len(train) != len(test) or not train:
+        raise UserError(f'write_pfllib_folder needs one train and one test (x, y) per client, got '
+                        f'{len(train)} and {len(test)}.')
+    if any((folder / split).is_dir() and any((folder / split).iterdir()) for split in SPLITS):
+        raise UserError(f'{folder} already holds PFLlib client files; choose an empty or new folder.')
+    for split, clients in zip(SPLITS, (train, test)):
+        (folder / split).mkdir(parents=True, exist_ok=True)
+        for i, (x, y) in enumerate(clients):
+            x, y = np.asarray(x), np.asarray(y, np.int64)
+            if x.shape[0] != y.shape[0]:
+                raise UserError(f'client {i} ({split}): {x.shape[0]} samples but {y.shape[0]} labels.')
+            np.savez_compressed(folder / split / f'{i}.npz', data={'x': x, 'y': y})
+    (folder / 'config.json').write_text(json.dumps({'num_clients': len(train), 'num_classes': num_classes,
+                                                    **config}, indent=1))
+    return folder

@@ -1,0 +1,97 @@
+"""Train with the PFAKD authors' code on a folder written by pfllib_clients.py.
+
+A check, not part of the library, and not their code: this driver only sets
+the arguments and picks the classes. The authors released their PFAKD client
+and server and the base classes of their PFLlib fork (fei0829/PFAKD,
+system/); the baselines and the rest are PFLlib's at the fork's date
+(TsingZ0/PFLlib, commit 52dec86, 2024-04-23). Their released main.py lacks
+most of PFLlib's arguments, so they are set here: PFLlib's defaults, with the
+fork's (batch 128, lr 0.01, SGD momentum 0.9 and weight decay 5e-4, lr decay
+0.9 per round) and the paper's setting (10 clients, all every round).
+
+Setup (torch and scikit-learn installed; the fork imports opacus and h5py,
+which these runs never use, so they are stubbed when missing):
+
+    git clone https://github.com/TsingZ0/PFLlib && git -C PFLlib checkout 52dec86
+    git clone https://github.com/fei0829/PFAKD && cp -r PFAKD/system/. PFLlib/system/
+    FEDJAX_PFL_DATA_DIR=../shared/data python reproductions/pfakd_table1/checks/pfllib_clients.py \\
+        --config configs/pfakd_cifar10.yaml --out PFLlib/dataset/Cifar10 data.name=cifar10_jpeg
+    cd PFLlib/system && python $REPO/reproductions/pfakd_table1/checks/authors_code.py PFAKD 10 8
+
+Arguments: ALGORITHM (FedAvg; PFAKD; FedPer, the fork's PFAKD client without
+the distillation term) E ROUNDS [SEED, default 42 as their main.py]. The fork
+trains ROUNDS + 1 rounds and prints "Averaged Test Accurancy" (test samples
+pooled over clients) after each; FedAvg's first print is the initial model.
+Wiring of the released code: its server and clients branch on the name
+"FedPer" (the global model is the body; evaluation unpacks (feature,
+logits)), its BaseHeadSplit returns (feature, logits) for "PFAKD", and its
+PFAKD server creates FedPer clients; so PFAKD here is that server with the
+fork's PFAKD client, algorithm "FedPer", BaseHeadSplit "PFAKD".
+"""
+import argparse
+import copy
+import os
+import random
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+
+for missing in ("opacus", "h5py"):  # imported at module level by the fork, unused by these runs
+    try:
+        __import__(missing)
+    except ImportError:
+        sys.modules[missing] = types.SimpleNamespace(PrivacyEngine=None)
+sys.path.insert(0, os.getcwd())  # PFLlib/system
+
+from flcore.trainmodel.models import CNN, BaseHeadSplit  # noqa: E402
+
+
+def arguments(algorithm: str, epochs: int, rounds: int) -> argparse.Namespace:
+    return argparse.Namespace(
+        goal="test", device="cpu", device_id="0", dataset="Cifar10", num_classes=10, model=CNN(num_classes=10),
+        batch_size=128, local_learning_rate=0.01, weight_decay=True, learning_rate_decay=True,
+        learning_rate_decay_gamma=0.9, global_rounds=rounds, local_epochs=epochs, algorithm=algorithm,
+        join_ratio=1.0, random_join_ratio=False, num_clients=10, prev=0, times=1, eval_gap=1, privacy=False,
+        dp_sigma=0.0, save_folder_name="items", auto_break=False, dlg_eval=False, dlg_gap=100,
+        batch_num_per_client=2, num_new_clients=0, fine_tuning_epoch_new=0, client_drop_rate=0.0,
+        train_slow_rate=0.0, send_slow_rate=0.0, time_select=False, time_threthold=10000, top_cnt=100,
+        distill=True, B=1.0)
+
+
+def server(algorithm: str, args: argparse.Namespace):
+    if algorithm == "FedAvg":
+        from flcore.servers.serveravg import FedAvg
+        return FedAvg(args, 0)
+    from flcore.clients.clientpfakd import clientPFAKD
+    from flcore.servers.serverpfakd import FedPFAKD
+
+    class PFAKDServer(FedPFAKD):
+        def set_clients(self, client_class):
+            super().set_clients(clientPFAKD)
+
+    args.distill = algorithm == "PFAKD"
+    args.head = copy.deepcopy(args.model.fc)
+    args.model.fc = torch.nn.Identity()
+    args.model = BaseHeadSplit(args.model, args.head, "PFAKD")
+    args.algorithm = "FedPer"
+    return PFAKDServer(args, 0)
+
+
+def main() -> None:
+    algorithm, epochs, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if algorithm not in ("FedAvg", "PFAKD", "FedPer"):
+        sys.exit(f"ALGORITHM must be FedAvg, PFAKD or FedPer, got {algorithm!r}")
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else 42
+    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
+    os.makedirs("../results", exist_ok=True)
+    start = time.time()
+    server(algorithm, arguments(algorithm, epochs, rounds)).train()
+    print(f"wall {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
