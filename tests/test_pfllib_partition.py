@@ -21,6 +21,24 @@ def test_equals_the_authors_generator_index_for_index():
     assert [t.tolist() for t in test] == AUTHORS_TEST
 
 
+# The same, on the pool np.repeat(np.arange(3), 9) of a dataset with num_classes=4 (class 3 absent):
+# PFLlib still draws class 3's shares, which shifts the split's draws after it.
+AUTHORS_TRAIN_K4 = [[7, 26, 19, 22, 21, 0, 18, 24], [5, 6, 2], [10, 25, 4], [15, 17, 9, 16, 14]]
+AUTHORS_TEST_K4 = [[23, 8, 20], [1], [11, 12], [3, 13]]
+AUTHORS_TRAIN_K3 = [[11, 17, 10], [2, 5, 6, 9, 12], [20, 23, 14, 22, 7, 3], [18, 0, 21, 24, 26]]  # num_classes=3
+
+
+def test_a_class_absent_from_the_pool_still_draws_as_in_the_authors_generator():
+    labels = np.repeat(np.arange(3), 9)
+    train, test = pfllib_dirichlet_split(labels, 4, 0.5, 0.75, seed=42, least_samples=3, num_classes=4)
+    assert [t.tolist() for t in train] == AUTHORS_TRAIN_K4
+    assert [t.tolist() for t in test] == AUTHORS_TEST_K4
+    default = pfllib_dirichlet_split(labels, 4, 0.5, 0.75, seed=42, least_samples=3)  # num_classes = 3
+    assert [t.tolist() for t in default[0]] == AUTHORS_TRAIN_K3
+    with pytest.raises(UserError, match="labels reach 2 but num_classes is 2"):
+        pfllib_dirichlet_split(labels, 4, 0.5, 0.75, seed=42, num_classes=2)
+
+
 def _histograms(parts, labels, num_classes):
     return np.array([np.bincount(labels[p], minlength=num_classes) for p in parts])
 

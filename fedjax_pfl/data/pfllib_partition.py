@@ -42,11 +42,13 @@ from fedjax_pfl.core.errors import UserError
 MAX_DRAWS = 1000  # of the whole partition, before least_samples is called unreachable
 
 
-def _cut_classes(labels: np.ndarray, num_clients: int, alpha: float, rs: np.random.RandomState) -> list[list[int]]:
-    """One draw of step 1: each client's pool indices, class by class, in draw order."""
+def _cut_classes(labels: np.ndarray, num_clients: int, num_classes: int, alpha: float,
+                 rs: np.random.RandomState) -> list[list[int]]:
+    """One draw of step 1: each client's pool indices, class by class, in draw order (a class without
+    samples still draws its shares, as PFLlib's loop over num_classes)."""
     cap = labels.size / num_clients
     clients: list[list[int]] = [[] for _ in range(num_clients)]
-    for k in range(int(labels.max()) + 1):
+    for k in range(num_classes):
         idx = np.flatnonzero(labels == k)
         rs.shuffle(idx)
         p = rs.dirichlet(np.repeat(alpha, num_clients))
@@ -58,8 +60,12 @@ def _cut_classes(labels: np.ndarray, num_clients: int, alpha: float, rs: np.rand
 
 
 def pfllib_dirichlet_split(labels, num_clients: int, alpha: float, train_fraction: float, seed: int,
-                           least_samples: int = 1) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(train, test) index arrays per client into `labels`' pool, as PFLlib's generators make them."""
+                           least_samples: int = 1, num_classes: int | None = None
+                           ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train, test) index arrays per client into `labels`' pool, as PFLlib's generators make them.
+
+    ``num_classes``: the dataset's (default: the largest label + 1); it matters only for a pool that
+    lacks its highest classes, whose empty draws shift every later one, as in PFLlib."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0 or not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
         raise UserError("pfllib_dirichlet needs a non-empty 1-D array of integer labels >= 0.")
@@ -72,9 +78,14 @@ def pfllib_dirichlet_split(labels, num_clients: int, alpha: float, train_fractio
     if least_samples < 0 or num_clients * least_samples > labels.size:
         raise UserError(f"{num_clients} clients x least_samples (partition.min_size) {least_samples} do not fit "
                         f"a pool of {labels.size}; lower partition.min_size or partition.num_clients.")
+    top = int(labels.max()) + 1
+    if num_classes is None:
+        num_classes = top
+    if num_classes < top:
+        raise UserError(f"labels reach {top - 1} but num_classes is {num_classes}.")
     rs = np.random.RandomState(seed)
     for _ in range(MAX_DRAWS):
-        clients = _cut_classes(labels, int(num_clients), float(alpha), rs)
+        clients = _cut_classes(labels, int(num_clients), int(num_classes), float(alpha), rs)
         if min(len(c) for c in clients) >= least_samples:
             break
     else:

@@ -92,7 +92,7 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
             x_pool, y_pool = dataset.x_train, dataset.y_train
         if p.scheme == "pfllib_dirichlet":  # partition and split in one draw sequence, as PFLlib's generators
             train_idx, test_idx = pfllib_dirichlet_split(y_pool, p.num_clients, p.alpha, p.train_fraction, seed,
-                                                         p.min_size)
+                                                         p.min_size, dataset.num_classes)
         elif p.train_per_client:
             pool_idx = _scheme(y_pool, p, seed)
             train_idx, test_idx = partition.sample_per_client(
