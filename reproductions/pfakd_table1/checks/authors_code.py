@@ -9,7 +9,7 @@ most of PFLlib's arguments, so they are set here: PFLlib's defaults, with the
 fork's (batch 128, lr 0.01, SGD momentum 0.9 and weight decay 5e-4, lr decay
 0.9 per round) and the paper's setting (10 clients, all every round).
 
-Setup (torch and scikit-learn installed; the fork imports opacus and h5py,
+Setup (torch, scikit-learn and matplotlib installed, cvxpy for FedPAC; the fork imports opacus and h5py,
 which these runs never use, so they are stubbed when missing):
 
     git clone https://github.com/TsingZ0/PFLlib && git -C PFLlib checkout 52dec86
@@ -19,9 +19,11 @@ which these runs never use, so they are stubbed when missing):
     cd PFLlib/system && python $REPO/reproductions/pfakd_table1/checks/authors_code.py PFAKD 10 8
 
 Arguments: ALGORITHM (FedAvg; PFAKD; FedPer, the fork's PFAKD client without
-the distillation term) E ROUNDS [SEED, default 42 as their main.py]. The fork
+the distillation term; FedPAC, PFLlib's, lambda 1) E ROUNDS [SEED, default 42 as their main.py]. The fork
 trains ROUNDS + 1 rounds and prints "Averaged Test Accurancy" (test samples
-pooled over clients) after each; FedAvg's first print is the initial model.
+pooled over clients) after each; FedAvg's and FedPAC's first print is the
+initial model. FedPAC then stops in the fork's save_results (its plot of a
+train loss FedPAC never records): every accuracy is printed before that.
 Wiring of the released code: its server and clients branch on the name
 "FedPer" (the global model is the body; evaluation unpacks (feature,
 logits)), its BaseHeadSplit returns (feature, logits) for "PFAKD", and its
@@ -65,6 +67,13 @@ def server(algorithm: str, args: argparse.Namespace):
     if algorithm == "FedAvg":
         from flcore.servers.serveravg import FedAvg
         return FedAvg(args, 0)
+    if algorithm == "FedPAC":  # PFLlib's FedPAC (needs cvxpy); lambda 1, the paper's for CIFAR-10
+        from flcore.servers.serverpac import FedPAC
+        args.lamda = 1.0
+        args.head = copy.deepcopy(args.model.fc)
+        args.model.fc = torch.nn.Identity()
+        args.model = BaseHeadSplit(args.model, args.head, algorithm)
+        return FedPAC(args, 0)
     from flcore.clients.clientpfakd import clientPFAKD
     from flcore.servers.serverpfakd import FedPFAKD
 
@@ -82,8 +91,8 @@ def server(algorithm: str, args: argparse.Namespace):
 
 def main() -> None:
     algorithm, epochs, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    if algorithm not in ("FedAvg", "PFAKD", "FedPer"):
-        sys.exit(f"ALGORITHM must be FedAvg, PFAKD or FedPer, got {algorithm!r}")
+    if algorithm not in ("FedAvg", "PFAKD", "FedPer", "FedPAC"):
+        sys.exit(f"ALGORITHM must be FedAvg, PFAKD, FedPer or FedPAC, got {algorithm!r}")
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 42
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     torch.manual_seed(seed), np.random.seed(seed), random.seed(seed)
