@@ -11,6 +11,7 @@ import pytest
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data import client_data, pfllib, registry
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.data.dataset import Dataset
 from fedjax_pfl.runs.experiment import build_experiment
 
 SIZES = {"train": [7, 1, 12], "test": [3, 2, 4]}
@@ -117,8 +118,10 @@ def test_written_folder_loads_back_as_the_same_clients_in_pfllibs_file_format(tm
     mean, std = (0.5, 0.4), (0.5, 0.25)
     clients = {split: [(rng.integers(0, 256, (n, 6, 6, 2), dtype=np.uint8), rng.integers(0, 5, n))
                        for n in sizes] for split, sizes in SIZES.items()}
+    x0, y0 = clients["train"][0]
+    source = Dataset("t", x0, y0.astype(np.int32), x0, y0.astype(np.int32), 5, mean, std)
     folder = pfllib.write_pfllib_folder(
-        tmp_path / "out", *[[(pfllib.to_pfllib_images(x, mean, std), y) for x, y in clients[s]] for s in ("train", "test")],
+        tmp_path / "out", *[[(pfllib.to_pfllib_images(source, x), y) for x, y in clients[s]] for s in ("train", "test")],
         num_classes=5, alpha=0.5)
     with np.load(folder / "train" / "0.npz", allow_pickle=True) as z:  # what PFLlib's read_data sees
         data = z["data"].tolist()
@@ -144,4 +147,4 @@ def test_writer_refuses_a_folder_with_clients_mismatched_splits_and_non_images(t
     with pytest.raises(UserError, match="3 labels"):
         pfllib.write_pfllib_folder(tmp_path / "c", [(x, np.arange(3))], [(x, y)], num_classes=3)
     with pytest.raises(UserError, match="uint8 images"):
-        pfllib.to_pfllib_images(x, (0.5,), (0.5,))
+        pfllib.to_pfllib_images(None, x)

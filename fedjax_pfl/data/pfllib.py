@@ -127,13 +127,13 @@ def load_pfllib(*, data_dir: str | os.PathLike | None = None, allow_download: bo
                    mean, std, client_ids_train=c_train, client_ids_test=c_test)
 
 
-def to_pfllib_images(x: np.ndarray, mean, std) -> np.ndarray:
-    """uint8 NHWC images as PFLlib's generators store them: float32 NCHW, (x/255 - mean) / std."""
+def to_pfllib_images(dataset: Dataset, x: np.ndarray) -> np.ndarray:
+    """uint8 NHWC images of ``dataset`` as PFLlib's generators store them: float32 NCHW,
+    normalised as `Dataset.normalize` does."""
     x = np.asarray(x)
     if x.dtype != np.uint8 or x.ndim != 4:
         raise UserError(f'to_pfllib_images needs uint8 images [n, H, W, C], got {x.dtype} {x.shape}.')
-    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
-    return np.ascontiguousarray(((x.astype(np.float32) / 255.0 - mean) / std).transpose(0, 3, 1, 2))
+    return np.ascontiguousarray(dataset.normalize(x).transpose(0, 3, 1, 2))
 
 
 def write_pfllib_folder(folder: str | os.PathLike, train: list, test: list, num_classes: int,

@@ -29,7 +29,7 @@ def main() -> None:
     fed = partition_dataset(ds, cfg.partition, data_seed(cfg))
 
     def clients(data):
-        return [(pfllib.to_pfllib_images(x, ds.mean, ds.std), y)
+        return [(pfllib.to_pfllib_images(ds, x), y)
                 for x, y in (client_data.unpad(data, i) for i in range(data.num_clients))]
 
     folder = pfllib.write_pfllib_folder(args.out, clients(fed.train), clients(fed.test), ds.num_classes,
