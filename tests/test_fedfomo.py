@@ -15,6 +15,8 @@ import pfl_reference as ref
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import fomo_weights as fw
+from fedjax_pfl.kernels.spectral_clustering import discretize_from, spectral_embedding
+from fedjax_pfl.kernels.sub_federations import affinity_graph
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData
@@ -157,7 +159,8 @@ def test_validation_split_is_deterministic_disjoint_and_from_train_only():
 
 
 @pytest.mark.parametrize("options", [{"num_received": 0}, {"epsilon": 1.5}, {"val_fraction": 0.0},
-                                     {"val_fraction": 1.0}, {"norm": "l3"}])
+                                     {"val_fraction": 1.0}, {"norm": "l3"}, {"num_federations": -1},
+                                     {"num_federations": 2, "offer_average": True}])
 def test_bad_options_raise_user_error(options):
     with pytest.raises(UserError):
         config_lib.method_options(FedFomoConfig, options)
@@ -169,7 +172,26 @@ def _val_positions(n, fraction=0.2):
     return np.floor((p + 1) * fraction) > np.floor(p * fraction)
 
 
-def _reference(model, rounds, key, offer_average=False):
+def _federation_candidates(affinity, last_round, stored, k, start):
+    """The authors' sub-federation models (k cluster averages and their mean) and their valid flags."""
+    rows = jnp.asarray(np.array(affinity), jnp.float32)
+    labels = np.asarray(discretize_from(spectral_embedding(affinity_graph(rows), k), start))
+    models, ok = [], []
+    for g in range(k):
+        members = [c for c in range(len(stored)) if labels[c] == g and last_round[c] >= 0]
+        latest = [c for c in members if last_round[c] == max((last_round[m] for m in members), default=-1)]
+        n = np.array([ref.SIZES[c] for c in latest], np.float64)
+        models.append(jax.tree.map(lambda *a: sum(w * np.asarray(x, np.float64) for w, x in zip(n / n.sum(), a)),
+                                   *[stored[c] for c in latest]) if latest else None)
+        ok.append(bool(latest))
+    chosen = [m for m in models if m is not None]
+    overall = jax.tree.map(lambda *a: sum(np.asarray(x, np.float64) for x in a) / len(a), *chosen)
+    models = [jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), m if m is not None else overall)
+              for m in models + [overall]]
+    return models, ok + [True]
+
+
+def _reference(model, rounds, key, offer_average=False, federations=0):
     xs, ys = ref.client_arrays(model.input_shape)
     n_clients = len(ref.SIZES)
     init_key, key = jax.random.split(key)
@@ -178,6 +200,9 @@ def _reference(model, rounds, key, offer_average=False):
     affinity = [0.1 * np.eye(n_clients)[c] for c in range(n_clients)]
     stored, available = [v0] * n_clients, np.zeros(n_clients, bool)
     average = v0  # offer_average: the train-size-weighted mean of last round's uploads
+    last_round = -np.ones(n_clients, int)  # federations: each client's last upload round
+    cluster_start = int(jax.random.randint(jax.random.fold_in(init_key, 1), (), 0, n_clients))
+    fed_models, fed_ok = [], []
 
     def ce(params, xb, yb):
         return losses.cross_entropy(model.apply({"params": params}, xb).logits, yb)
@@ -213,6 +238,8 @@ def _reference(model, rounds, key, offer_average=False):
             models = [own[c]] + [stored[i] for i in ids[1:]]
             if offer_average:  # a candidate without an affinity entry, once uploads have arrived
                 models, ok = models + [average], ok + [bool(available.any())]
+            if federations:  # k + 1 candidates without affinity entries, from round 1 on
+                models, ok = models + fed_models, ok + fed_ok
             base = first[c]
             lb = val_loss(base, xv, yv)
             raw = []
@@ -238,23 +265,27 @@ def _reference(model, rounds, key, offer_average=False):
         average = jax.tree.map(lambda *a: jnp.asarray(sum(w * np.asarray(x, np.float64) for w, x in zip(n / n.sum(), a)),
                                                       jnp.float32), *[own[c] for c in selected])
         available = np.isin(np.arange(n_clients), selected)
+        if federations:
+            last_round[selected] = t
+            fed_models, fed_ok = _federation_candidates(affinity, last_round, stored, federations, cluster_start)
     return own, affinity
 
 
-@pytest.mark.parametrize("offer_average", [False, True])
-def test_engine_equals_per_client_loop(offer_average):
+@pytest.mark.parametrize("offer_average,federations", [(False, 0), (True, 0), (False, 2)])
+def test_engine_equals_per_client_loop(offer_average, federations):
     model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
     key = jax.random.key(3)
-    rounds = 3 if offer_average else 2  # the average is first offered in round 1: two rounds use it
-    ref_own, ref_affinity = _reference(model, rounds, key, offer_average)
+    rounds = 2 if not (offer_average or federations) else 3  # server models from round 1: two rounds use them
+    ref_own, ref_affinity = _reference(model, rounds, key, offer_average, federations)
     xs, ys = ref.client_arrays(model.input_shape)
     data = ref.stacked(xs, ys)
-    method = get_method("fedfomo")(_setup(), FedFomoConfig(offer_average=offer_average))
+    method = get_method("fedfomo")(_setup(), FedFomoConfig(offer_average=offer_average,
+                                                           num_federations=federations))
     eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     server, clients, _ = eng.run(server, clients, key, rounds)
-    if offer_average:  # the reference without the average lands elsewhere: the option changes the run
+    if offer_average or federations:  # the reference without them lands elsewhere: the option changes the run
         plain_own, _ = _reference(model, rounds, jax.random.key(3))
         assert max(float(np.abs(_flat64(plain_own[c]) - _flat64(ref_own[c])).max()) for c in range(len(ref.SIZES))) > 1e-4
     for c in range(len(ref.SIZES)):
@@ -262,11 +293,21 @@ def test_engine_equals_per_client_loop(offer_average):
         # affinity sums ratios of float32 loss differences (cancellation): 1e-3 relative
         np.testing.assert_allclose(clients["affinity"][c], ref_affinity[c], rtol=1e-3, atol=1e-5)
     assert np.abs(np.asarray(clients["affinity"]) - 0.1 * np.eye(5)).max() > 0  # the affinity moved
+    if federations:  # the server's sub-federation models, from its own stored state, against float64
+        n = len(ref.SIZES)
+        stored = [tree_ops.gather(server["models"], c) for c in range(n)]
+        np.testing.assert_array_equal(server["affinity"], clients["affinity"])  # rows uploaded, none dropped
+        want, ok = _federation_candidates(server["affinity"], np.asarray(server["last_round"]), stored,
+                                          federations, int(server["cluster_start"]))
+        assert np.asarray(server["federations_valid"]).tolist() == ok and sum(ok) == federations + 1
+        for j, model in enumerate(want):
+            ref.assert_close(tree_ops.gather(server["federations"], j), model)
 
 
 # ------------------------------------------------------------------ learning
-def test_fedfomo_learns_on_fmnist(data_dir):
-    eng = ref.fmnist_engine(data_dir, "fedfomo", ())
+@pytest.mark.parametrize("extra", [(), ("method.num_federations=2",)])
+def test_fedfomo_learns_on_fmnist(data_dir, extra):
+    eng = ref.fmnist_engine(data_dir, "fedfomo", extra)
     first, last, metrics, server, _ = ref.run_engine(eng, 3)
     assert math.isfinite(float(metrics["train_loss"]))
     # measured over partition seeds 0-2: majority 0.55, FedAvg 0.50-0.61, FedFomo 0.94-0.97
@@ -274,3 +315,9 @@ def test_fedfomo_learns_on_fmnist(data_dir):
     assert first < 0.4 and last["accuracy"] > majority + 0.3, (first, last, majority)
     assert last["accuracy"] > fedavg + 0.2, (last, fedavg)  # the paper's claim on pathological label skew
     assert np.asarray(server["available"]).all()
+
+
+def test_more_sub_federations_than_clients_is_a_user_error(data_dir):
+    eng = ref.fmnist_engine(data_dir, "fedfomo", ("method.num_federations=6",))  # 6 clients
+    with pytest.raises(UserError, match="num_federations"):
+        eng.init(jax.random.key(0))

@@ -35,20 +35,26 @@ published numbers), where the paper is silent or differs:
   - the distance covers trainable parameters; the update moves all variables
     (BatchNorm statistics too, as the authors' state_dict update).
 The server's averages: the authors' server also offers every client its
-global model and the averages of 5 "sub-federations" (spectral clustering of
-the symmetrised affinity matrix, ``-nf 5`` in the README commands) as extra
-candidates. ``method.offer_average=true`` adds one of them: the mean of last
-round's arrived uploads weighted by train size (the authors' global model
-when there is one federation), weighed like any candidate but, as in their
-code with the first-model baseline, adding nothing to the affinity row. The
-sub-federations are not implemented. The default (false) is the paper's
-flat update over client models only, which the tables here ran.
+global model and the averages of 5 "sub-federations" (``-nf 5`` in their
+README commands) as extra candidates, weighed like any candidate but, as in
+their code with the first-model baseline, adding nothing to the affinity row.
+``method.num_federations=k`` does that (kernels/sub_federations.py): after
+each round the server clusters all clients into k groups by spectral
+clustering of the symmetrised softmax of their affinity rows (which clients
+upload with their model), averages each group's members of its latest round
+(weighted by train size), and offers the k averages and their mean. The
+clustering's start row is drawn once per run, as their fixed
+``random_state``. ``method.offer_average=true`` offers one model instead:
+the mean of last round's arrived uploads weighted by train size (the
+authors' global model when there is one federation). The default (neither)
+is the paper's flat update over client models only, which the tables here
+ran.
 
 Evaluation protocol: each client's own model after its local training (the
 authors evaluate ``client.model``); a client never selected keeps the initial model.
 
 Options (``method.<name>=value``): num_received, epsilon, epsilon_decay,
-val_fraction, norm, offer_average.
+val_fraction, norm, offer_average, num_federations.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import fomo_weights, model_store
+from fedjax_pfl.kernels import fomo_weights, model_store, spectral_clustering, sub_federations
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method, shared_init
 from fedjax_pfl.data.validation_split import split_train_validation
@@ -82,6 +88,13 @@ class FedFomoConfig(Options):
                        choices=fomo_weights.NORMS)
     offer_average: bool = option(False, "also offer the train-size-weighted mean of last round's uploads "
                                         "(the authors' global model; no affinity for it)")
+    num_federations: int = option(0, "k > 0: also offer the averages of k sub-federations (spectral clusters of "
+                                     "the affinity matrix) and their mean, as the authors' -nf k", at_least=0)
+
+    def check(self) -> None:
+        if self.offer_average and self.num_federations:
+            raise UserError("method.offer_average and method.num_federations both add the server's averages; "
+                            "set one (num_federations=k offers k sub-federation averages and their mean)")
 
 
 def _prepend(single, stacked):
@@ -100,8 +113,38 @@ class FedFomo(Method):
         server = {"models": copy(clients), "available": jnp.zeros((num_clients,), bool)}
         if self.hparams.offer_average:  # valid once a round's uploads arrived
             server["average"] = jax.tree.map(lambda a: jnp.copy(a[0]), clients)
+        if self.hparams.num_federations:
+            server.update(self._federations_init(key, clients, num_clients))
         return server, {"variables": clients, "first": copy(clients), "affinity": affinity,
                         "index": jnp.arange(num_clients, dtype=jnp.int32)}
+
+    def _federations_init(self, key, clients, num_clients):
+        """Server state of the sub-federations: every client's affinity row, last upload round and size."""
+        k = self.hparams.num_federations
+        if k >= num_clients:
+            raise UserError(f"method.num_federations={k} needs more clients than sub-federations "
+                            f"({num_clients} clients); lower it")
+        return {"affinity": SELF_AFFINITY * jnp.eye(num_clients, dtype=jnp.float32),
+                "last_round": jnp.full((num_clients,), -1, jnp.int32),
+                "sizes": jnp.zeros((num_clients,), jnp.float32),
+                "cluster_start": jax.random.randint(jax.random.fold_in(key, 1), (), 0, num_clients),
+                "federations": jax.tree.map(lambda a: jnp.zeros((k + 1,) + a.shape[1:], a.dtype), clients),
+                "federations_valid": jnp.zeros((k + 1,), bool)}
+
+    def _federations_update(self, server, info, affinity_rows):
+        """The server's new sub-federation state after this round's uploads (module docstring)."""
+        k = self.hparams.num_federations
+        store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)
+        affinity = store(server["affinity"], affinity_rows)
+        last_round = store(server["last_round"], jnp.full(info.selected.shape, info.round, jnp.int32))
+        sizes = store(server["sizes"], info.num_samples)
+        embedding = spectral_clustering.spectral_embedding(sub_federations.affinity_graph(affinity), k)
+        labels = spectral_clustering.discretize_from(embedding, server["cluster_start"])
+        weights, valid = sub_federations.cluster_weights(labels, last_round, sizes, k)
+        return {"affinity": affinity, "last_round": last_round, "sizes": sizes,
+                "cluster_start": server["cluster_start"],
+                "federations": sub_federations.federation_models(server["models"], weights, valid),
+                "federations_valid": jnp.concatenate([valid, jnp.any(valid)[None]])}
 
     def validation_loss(self, variables, data):
         """Mean CE of ``variables`` over the real samples of ``data``."""
@@ -134,6 +177,10 @@ class FedFomo(Method):
             candidates = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]], axis=0), candidates,
                                       server["average"])
             valid = jnp.concatenate([valid, jnp.any(server["available"])[None]])
+        if hp.num_federations:  # k sub-federation averages and their mean, no affinity entries either
+            candidates = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), candidates,
+                                      server["federations"])
+            valid = jnp.concatenate([valid, server["federations_valid"]])
         val_losses = jax.vmap(lambda v: self.validation_loss(v, validation))(_prepend(base, candidates))
         distances = jax.vmap(lambda c: fomo_weights.parameter_distance(c, base["params"], hp.norm))(candidates["params"])
         raw = fomo_weights.raw_weights(val_losses[0], val_losses[1:], distances, valid)
@@ -148,7 +195,10 @@ class FedFomo(Method):
         start, affinity = self.federated_start(server, client, validation, k_select, info.round)
         variables, loss = self.train(self.supervised_objective(), start, train_part, k_train, info.epochs)
         client = {**client, "variables": variables, "first": start, "affinity": affinity}
-        return client, {"variables": variables, "loss": loss}
+        upload = {"variables": variables, "loss": loss}
+        if self.hparams.num_federations:  # the server clusters every client's affinity row
+            upload["affinity"] = affinity
+        return client, upload
 
     def server_update(self, server, clients, uploads, info):
         models = model_store.store_arrived(server["models"], info.selected, info.uploaded, uploads["variables"])
@@ -157,4 +207,6 @@ class FedFomo(Method):
         if self.hparams.offer_average:
             new["average"] = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights,
                                                           server["average"])
+        if self.hparams.num_federations:
+            new.update(self._federations_update({**server, **new}, info, uploads["affinity"]))
         return new, clients
