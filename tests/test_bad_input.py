@@ -84,6 +84,8 @@ BAD_INPUTS = [  # (id, argv, needle in the message)
     ("flag_needs_a_number", ["--method", "fedavg", *TINY, "--lr", "fast"], "--lr"),
     ("bad_override_yaml", ["--method", "fedavg", *TINY, "train.lr=[1,"], "not valid YAML"),
     ("shared_body_on_mlr", ["--method", "fedper", *TINY], "no body parameters"),
+    ("unknown_augment", ["--method", "fedavg", *TINY, "train.augment=rotate"], "train.augment must be one of"),
+    ("augment_features", ["--method", "fedavg", *TINY, "train.augment=crop_flip"], "feature vectors"),
     ("eval_model_not_offered", ["--method", "fedavg", *TINY, "--eval-model", "local"], "eval.model"),
     ("data_dir_missing", ["--method", "fedavg", "--dataset", "mnist", "--data-dir", "{tmp}/nonexistent"],
      "is not a folder"),

@@ -38,6 +38,9 @@ import optax
 from fedjax_pfl.core import tree_ops
 
 
+AUGMENT_STREAM = 1  # fold_in constant of the augmentation keys (kernels/augmentation.py)
+
+
 class Batch(NamedTuple):
     x: jax.Array  # [B, ...] float32, normalised
     y: jax.Array  # [B] int32
@@ -196,6 +199,7 @@ def train_with_state(
     part: str = "all",
     drop_last: bool = False,
     opt_state=None,
+    augment: Callable | None = None,
 ):
     """Local SGD on ``part`` of ``variables`` for exactly ``epochs * ceil(n/B)`` steps (floor: ``drop_last``).
 
@@ -207,6 +211,9 @@ def train_with_state(
     epoch's partial batch is dropped, ``epochs * floor(n/B)`` steps (a client
     with n < B takes none: variables and optimizer state come back as given,
     loss 0). BatchNorm statistics are updated only when the body is trained.
+    ``augment(key, x)`` (kernels/augmentation.py), when given, transforms each
+    stored batch before ``normalize``, with a key folded from the step's key
+    (the objective's key stream is unchanged).
     Step ``s`` of epoch ``e`` draws its key as the ``e * ceil(n_max/B) + s``-th
     of ``split(step_key, max_epochs * ceil(n_max/B))``, so the keys do not
     depend on how many steps other clients take.
@@ -239,7 +246,8 @@ def train_with_state(
         i, params, opt_state, stats, loss_sum = carry
         index, mask = step_batch_index(orders, i, data.n, batch_size, spe)
         k = step_keys[(i // spe) * spe_max + i % spe]
-        batch = make_batch(data, index, mask, normalize)
+        prepare = normalize if augment is None else (lambda x: normalize(augment(jax.random.fold_in(k, AUGMENT_STREAM), x)))
+        batch = make_batch(data, index, mask, prepare)
 
         def loss_of(p):
             v = tree_ops.with_trainable(variables, part, p)

@@ -47,6 +47,7 @@ class LocalSetup:
     drop_last: bool = False  # train.drop_last: each epoch's partial batch is dropped (local_training)
     persistent_optimizer: bool = False  # train.persistent_optimizer: clients keep their optimizer state
     beyond_plain_sgd: tuple[str, ...] = ()  # the train settings that make `optimizer` more than SGD of learning_rate
+    augment: Callable | None = None  # train.augment: (key, stored batch) -> batch, before normalize (augmentation.py)
 
 
 class ClientRound(NamedTuple):
@@ -182,6 +183,7 @@ class Method:
             normalize=s.normalize,
             part=part,
             drop_last=s.drop_last,
+            augment=s.augment,
         )
 
     def train_kept(self, objective, client, variables, data, key, epochs, state="opt_state", *, part="all",
@@ -207,7 +209,7 @@ class Method:
         variables, loss, opt_state = local_training.train_with_state(
             objective, optimizer or s.optimizer, variables, data, key, batch_size=s.batch_size,
             max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize, part=part,
-            drop_last=s.drop_last, opt_state=client[state])
+            drop_last=s.drop_last, opt_state=client[state], augment=s.augment)
         return variables, loss, {state: opt_state}
 
     def with_optimizer_state(self, clients, variables, num_clients: int, state="opt_state", *, part="all",

@@ -140,6 +140,7 @@ class FedAS(SharedBodyMethod):
             normalize=self.setup.normalize,
             part="body",
             drop_last=self.setup.drop_last,
+            augment=self.setup.augment,
         )
 
     # ---- step 3: Fisher trace ----------------------------------------------

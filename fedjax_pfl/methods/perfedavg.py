@@ -109,7 +109,7 @@ class PerFedAvg(StepMethod):
         sizes = [self.alpha] * hp.eval_steps + [hp.beta] * hp.eval_beta_steps
         params = server["variables"]["params"]
         for size, k in zip(sizes, jax.random.split(key, len(sizes))):
-            batch = random_batch(k, data, self.setup.batch_size, self.setup.normalize)
+            batch = random_batch(k, data, self.setup.batch_size, self.setup.normalize, self.setup.augment)
             g = jax.grad(self.batch_loss)(params, batch)
             params = tree_ops.select(data.n > 0, tree_ops.sub(params, tree_ops.scale(g, size)), params)
         return {"params": params}

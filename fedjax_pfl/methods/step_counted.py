@@ -30,18 +30,22 @@ def random_batch_index(key, n, n_max: int, batch_size: int):
     return order[:batch_size], jnp.arange(batch_size) < n
 
 
-def random_batch(key, data, batch_size: int, normalize: Callable) -> local_training.Batch:
-    """One random batch of B distinct samples of one client's padded data."""
+def random_batch(key, data, batch_size: int, normalize: Callable, augment: Callable | None = None
+                 ) -> local_training.Batch:
+    """One random batch of B distinct samples of one client's padded data (``augment``: as local_training's)."""
     index, mask = random_batch_index(key, data.n, data.y.shape[0], batch_size)
+    if augment is not None:
+        k_augment = jax.random.fold_in(key, local_training.AUGMENT_STREAM)
+        normalize = (lambda plain: lambda x: plain(augment(k_augment, x)))(normalize)
     return local_training.make_batch(data, index, mask, normalize)
 
 
 def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: int, batch_size: int,
-                       normalize: Callable, batches_per_step: int = 1):
+                       normalize: Callable, batches_per_step: int = 1, augment: Callable | None = None):
     """Run ``step(carry, batches, key) -> (carry, loss)`` ``max_steps`` times, masked after ``steps``.
 
     Each step gets a tuple of ``batches_per_step`` fresh random batches of B
-    distinct samples; masked steps (index >= ``steps``, or a client with no
+    distinct samples (each augmented by ``augment`` when given); masked steps (index >= ``steps``, or a client with no
     samples) leave the carry unchanged. Returns (carry, mean loss over real steps).
     """
     keys = jax.random.split(key, max_steps)
@@ -51,7 +55,7 @@ def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: in
         carry, loss_sum = state
         k, ok = xs
         k_step, *k_batches = jax.random.split(k, batches_per_step + 1)
-        batches = tuple(random_batch(kb, data, batch_size, normalize) for kb in k_batches)
+        batches = tuple(random_batch(kb, data, batch_size, normalize, augment) for kb in k_batches)
         new, loss = step(carry, batches, k_step)
         carry = tree_ops.select(ok, new, carry)
         return (carry, loss_sum + jnp.where(ok, loss, 0.0)), None
@@ -105,7 +109,8 @@ class StepMethod(Method):
     def run_steps(self, step, carry, data, key, info, batches_per_step: int = 1):
         return random_batch_steps(step, carry, data, key, steps=self.steps_this_round(info),
                                   max_steps=self.local_steps(), batch_size=self.setup.batch_size,
-                                  normalize=self.setup.normalize, batches_per_step=batches_per_step)
+                                  normalize=self.setup.normalize, batches_per_step=batches_per_step,
+                                  augment=self.setup.augment)
 
     def logits(self, params, x, train: bool = False):
         return self.model.apply({"params": params}, x, train=train).logits

@@ -72,6 +72,7 @@ class TrainConfig:
     lr_decay: float = 1.0  # exponential factor per round (1.0: constant lr; PFAKD's authors: 0.9)
     persistent_optimizer: bool = False  # optimizer state of the parts a client keeps survives across rounds
     drop_last: bool = False  # drop each epoch's last partial train batch (PyTorch DataLoader drop_last)
+    augment: str = "none"  # training-batch augmentation: none | crop_flip (pad 4, random crop, flip; kernels/augmentation.py)
     max_experiments_per_call: int = 0  # seeds/grid points vmapped in one program; 0: as many as fit in memory
     all_clients_train: bool = False  # every client trains each round; only the sampled ones are aggregated (pFedMe code)
 
@@ -320,6 +321,7 @@ def validate_values(cfg: RunConfig) -> None:
     from fedjax_pfl.engine.client_mapping import MAPPINGS
     from fedjax_pfl.models.initialization import INITS
     from fedjax_pfl.data.dataset import NORMALIZATIONS
+    from fedjax_pfl.kernels.augmentation import AUGMENTATIONS
     from fedjax_pfl.runs.host_devices import parse as parse_devices
 
     t, p = cfg.train, cfg.partition
@@ -353,6 +355,9 @@ def validate_values(cfg: RunConfig) -> None:
     _check(cfg.data.synthetic_size_factor >= 1, f"data.synthetic_size_factor must be >= 1, got {cfg.data.synthetic_size_factor}")
     _check(cfg.data.synthetic_size_factor == 1 or cfg.data.name == "synthetic",
            f"data.synthetic_size_factor applies to data.name=synthetic only, not {cfg.data.name!r}; leave it at 1")
+    _check(t.augment in AUGMENTATIONS, f"train.augment must be one of {', '.join(AUGMENTATIONS)}, got {t.augment!r}")
+    _check(t.augment == "none" or cfg.data.name != "synthetic",
+           f"train.augment={t.augment} crops and flips images; data.name=synthetic has feature vectors: leave it none")
     _check(cfg.model.init in INITS, f"model.init must be one of {', '.join(INITS)}, got {cfg.model.init!r}")
     _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
     _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,

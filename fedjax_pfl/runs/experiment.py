@@ -29,6 +29,7 @@ from fedjax_pfl.methods.options import resolved
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.models.conv import resolve_conv_impl
 from fedjax_pfl.models.networks import build_model
+from fedjax_pfl.kernels.augmentation import augmentation
 from fedjax_pfl.kernels.optim import make_optimizer
 
 
@@ -156,6 +157,9 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
     def optimizer_factory(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, name=t.optimizer):
         return make_optimizer(name, lr, momentum, weight_decay)
 
+    if t.augment != "none" and len(dataset.input_shape) != 3:
+        raise UserError(f"train.augment={t.augment} crops and flips images [H, W, C]; {dataset.name} has inputs of "
+                        f"shape {tuple(dataset.input_shape)}: leave train.augment=none")
     return LocalSetup(
         model=model,
         optimizer=optimizer_factory(),
@@ -168,6 +172,7 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
         initial_learning_rate=t.lr,
         eval_model=cfg.eval.model,
         drop_last=t.drop_last,
+        augment=augmentation(t.augment),
         persistent_optimizer=t.persistent_optimizer,
         beyond_plain_sgd=beyond_plain_sgd(t),
     )
