@@ -254,3 +254,17 @@ def test_gpu_suite_budget_lists_what_it_did_not_start_and_a_suite_that_measured_
     assert report["records"] == [] and [r["method"] for r in report["not_run"]] == ["fedavg", "fedas"]
     assert "Not run (--budget-s 0 reached): jax fedavg fedavgcnn 4 auto direct; jax fedas" in (
         tmp_path / "out" / "suite.md").read_text()
+
+
+def test_augmentation_quick_reports_both_variants_and_their_ratio():
+    proc = subprocess.run([sys.executable, str(BENCH / "augmentation.py"), "--quick", "--clients", "3",
+                           "--samples", "60"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    records = {r["variant"]: r for r in lines if "variant" in r}
+    assert set(records) == {"train.augment=none", "train.augment=crop_flip"}
+    for r in records.values():
+        assert r["device"] and r["workload"]["clients"] == 3
+        _finite_positive(r, ["s_per_round", "rounds_per_s", "compile_s", "peak_memory_bytes"])
+    (ratio,) = [r["crop_flip_over_none_rounds_per_s"] for r in lines if "crop_flip_over_none_rounds_per_s" in r]
+    assert ratio == records["train.augment=crop_flip"]["rounds_per_s"] / records["train.augment=none"]["rounds_per_s"]
