@@ -35,7 +35,9 @@ missing in one line, and the exit status is what the other cells make it (0
 when they all finished); supply the files and run the same command again. Bad
 input: one line, exit 2; a cell that fails is reported and the others still
 run (exit 1); Ctrl-C stops after the round in flight, writes the table so far,
-exit 130.
+exit 130. ``--jobs N`` trains N cells at a time, each in its own process
+(runs/parallel_cells.py; its output in OUT/logs/), for a device one cell
+does not fill.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.output_folder import check_writable
+from fedjax_pfl.runs.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.runs.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
 TRAIN = "python -m fedjax_pfl.train"
@@ -74,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write table.md / table.csv from the finished runs already there; run nothing")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--one-by-one", action="store_true", help="never run a cell's seeds as one vmapped program")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells trained at once, each its own process with its output in OUT/logs/ (e.g. 4-5 on "
+                        "one large GPU); 1 (default): one after another in this process")
     return p
 
 
@@ -170,10 +176,14 @@ def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=
 
     if state == "rerun":
         shutil.rmtree(folder)  # an unfinished run of this very cell without a checkpoint
-    flags = (["--resume"] if state == "resume" else []) + ([] if progress else ["--no-progress"])
     cell = Command("interrupted")
     cell.folder = folder
-    return cell.run(lambda: cli.main([*argv, *flags], observe=observe))
+    return cell.run(lambda: cli.main([*argv, *cell_flags(state, progress)], observe=observe))
+
+
+def cell_flags(state: str, progress: bool) -> list[str]:
+    """The training command's flags for a cell in ``state``: --resume to continue, --no-progress."""
+    return (["--resume"] if state == "resume" else []) + ([] if progress else ["--no-progress"])
 
 
 def pick_seeds(text: str | None, spec: TableSpec) -> list[int]:
@@ -254,6 +264,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         raise UserError("name a table (see --list), or pass --table-file FILE")
     if args.dry_run and args.table_only:
         raise UserError("--dry-run writes nothing and --table-only writes the table: give one of them")
+    if not 1 <= args.jobs <= 256:
+        raise UserError(f"--jobs must be a whole number from 1 to 256 (cells trained at once), got {args.jobs}")
     spec = load_table(args.table_file) if args.table_file else find_table(args.name)
     if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
         raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
@@ -269,7 +281,7 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
     no_data = settings_without_data(cells, extra, args.data_dir)
     plans = plan_cells(cells, out, rounds, args, extra, no_data)
-    failed, status = [], 0
+    failed, status, side_by_side = [], 0, []
     for i, (label, plan_cells_, argv, state, folder) in enumerate(plans, 1):
         command = shlex.join([*TRAIN.split(), *argv, *(["--resume"] if state == "resume" else [])])
         if args.table_only and state not in ("finished", NO_DATA):
@@ -279,6 +291,11 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
               f"{'' if state == 'finished' else ': ' + command}", flush=True)
         if args.dry_run or state in ("finished", NO_DATA):
             continue
+        if args.jobs > 1:  # started below, side by side
+            if state == "rerun":
+                shutil.rmtree(folder)
+            side_by_side.append((Job(label, [*argv, *cell_flags(state, False)]), plan_cells_))
+            continue
         rc = run_cell(argv, state, folder, not args.no_progress, observe)
         if rc == 130:
             status = 130
@@ -287,6 +304,13 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
             break
         if rc != 0:
             failed += [c.folder_name for c in plan_cells_]
+    if side_by_side:
+        cells_of = {job.label: cells_ for job, cells_ in side_by_side}
+        bad, status = run_side_by_side([job for job, _ in side_by_side], args.jobs, out / "logs")
+        failed += [c.folder_name for label in bad for c in cells_of[label]]
+        if status == 130:
+            print("interrupted: the table below holds the cells run so far; run the same command again to continue",
+                  file=sys.stderr)
     for reason, names in _by_value(no_data).items():
         print(f"note: not run, dataset files missing ({', '.join(names)}): {reason}", file=sys.stderr)
     if args.dry_run:
