@@ -99,7 +99,12 @@ class FedFomoConfig(Options):
 
 def _prepend(single, stacked):
     """A tree [1 + M, ...]: ``single`` as row 0, then the rows of ``stacked`` [M, ...]."""
-    return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b], axis=0), single, stacked)
+    return _concat(jax.tree.map(lambda a: a[None], single), stacked)
+
+
+def _concat(first, second):
+    """A tree [M + K, ...]: the rows of ``first`` [M, ...], then those of ``second`` [K, ...]."""
+    return jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), first, second)
 
 
 class FedFomo(Method):
@@ -174,12 +179,10 @@ class FedFomo(Method):
             ids, valid = index[None], jnp.ones(1, bool)
         clients_valid = valid
         if hp.offer_average:  # one more candidate after the clients' models; it has no affinity entry
-            candidates = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]], axis=0), candidates,
-                                      server["average"])
+            candidates = _concat(candidates, jax.tree.map(lambda a: a[None], server["average"]))
             valid = jnp.concatenate([valid, jnp.any(server["available"])[None]])
         if hp.num_federations:  # k sub-federation averages and their mean, no affinity entries either
-            candidates = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), candidates,
-                                      server["federations"])
+            candidates = _concat(candidates, server["federations"])
             valid = jnp.concatenate([valid, server["federations_valid"]])
         val_losses = jax.vmap(lambda v: self.validation_loss(v, validation))(_prepend(base, candidates))
         distances = jax.vmap(lambda c: fomo_weights.parameter_distance(c, base["params"], hp.norm))(candidates["params"])
