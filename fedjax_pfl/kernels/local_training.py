@@ -41,6 +41,22 @@ from fedjax_pfl.core import tree_ops
 AUGMENT_STREAM = 1  # fold_in constant of the augmentation keys (kernels/augmentation.py)
 
 
+def batch_input(normalize: Callable, augment: Callable | None, key) -> Callable:
+    """stored batch -> model input: ``normalize``, after ``augment`` with a key folded from ``key`` if given.
+
+    Examples:
+        >>> flip = lambda k, x: x[:, ::-1]
+        >>> batch_input(lambda x: x / 2, flip, jax.random.key(0))(jnp.array([[2.0, 4.0]])).tolist()
+        [[2.0, 1.0]]
+        >>> batch_input(lambda x: x / 2, None, jax.random.key(0))(jnp.array([[2.0, 4.0]])).tolist()
+        [[1.0, 2.0]]
+    """
+    if augment is None:
+        return normalize
+    augment_key = jax.random.fold_in(key, AUGMENT_STREAM)
+    return lambda x: normalize(augment(augment_key, x))
+
+
 class Batch(NamedTuple):
     x: jax.Array  # [B, ...] float32, normalised
     y: jax.Array  # [B] int32
@@ -246,8 +262,7 @@ def train_with_state(
         i, params, opt_state, stats, loss_sum = carry
         index, mask = step_batch_index(orders, i, data.n, batch_size, spe)
         k = step_keys[(i // spe) * spe_max + i % spe]
-        prepare = normalize if augment is None else (lambda x: normalize(augment(jax.random.fold_in(k, AUGMENT_STREAM), x)))
-        batch = make_batch(data, index, mask, prepare)
+        batch = make_batch(data, index, mask, batch_input(normalize, augment, k))
 
         def loss_of(p):
             v = tree_ops.with_trainable(variables, part, p)

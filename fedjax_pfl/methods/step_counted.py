@@ -34,10 +34,7 @@ def random_batch(key, data, batch_size: int, normalize: Callable, augment: Calla
                  ) -> local_training.Batch:
     """One random batch of B distinct samples of one client's padded data (``augment``: as local_training's)."""
     index, mask = random_batch_index(key, data.n, data.y.shape[0], batch_size)
-    if augment is not None:
-        k_augment = jax.random.fold_in(key, local_training.AUGMENT_STREAM)
-        normalize = (lambda plain: lambda x: plain(augment(k_augment, x)))(normalize)
-    return local_training.make_batch(data, index, mask, normalize)
+    return local_training.make_batch(data, index, mask, local_training.batch_input(normalize, augment, key))
 
 
 def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: int, batch_size: int,
@@ -45,8 +42,8 @@ def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: in
     """Run ``step(carry, batches, key) -> (carry, loss)`` ``max_steps`` times, masked after ``steps``.
 
     Each step gets a tuple of ``batches_per_step`` fresh random batches of B
-    distinct samples (each augmented by ``augment`` when given); masked steps (index >= ``steps``, or a client with no
-    samples) leave the carry unchanged. Returns (carry, mean loss over real steps).
+    distinct samples (each augmented by ``augment`` when given); masked steps
+    (index >= ``steps``, or a client with no samples) leave the carry unchanged. Returns (carry, mean loss over real steps).
     """
     keys = jax.random.split(key, max_steps)
     valid = (jnp.arange(max_steps) < steps) & (data.n > 0)
