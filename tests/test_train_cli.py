@@ -241,6 +241,20 @@ def test_ctrl_c_stops_after_the_round_and_the_resume_may_extend_the_rounds(unint
     assert [(r["after_round"], r["rounds_before"], r["rounds"]) for r in config["resumed"]] == [(2, 3, 4)]
 
 
+def test_a_run_resumed_with_another_client_mapping_equals_the_uninterrupted_run(uninterrupted, tmp_path):
+    """The client mapping lays the same arithmetic out differently: a run checkpointed under vmap may
+    continue under map (e.g. on another machine) and ends as the uninterrupted run, up to float rounding."""
+    out = tmp_path / "run"
+    assert train.main(["--method", "fedper", *TINY, "--rounds", "2", "--checkpoint-every", "1", "--out", str(out),
+                       "--client-mapping", "vmap"]) == 0
+    assert train.main(["--out", str(out), "--resume", "--rounds", "4", "--no-progress", "--client-mapping",
+                       "map"]) == 0
+    _assert_close(json.loads((out / "summary.json").read_text()), json.loads((uninterrupted / "summary.json").read_text()))
+    for got, want in zip(_records(out), _records(uninterrupted), strict=True):
+        _assert_close(got, want)
+    assert json.loads((out / "config.json").read_text())["config"]["train"]["client_mapping"] == "map"
+
+
 def test_output_records_eval_model_and_uses_the_umask(uninterrupted):
     for name in ("config.json", "partition.json", "metrics.jsonl", "summary.json"):
         assert (uninterrupted / name).stat().st_mode & 0o777 == 0o640, name

@@ -390,8 +390,11 @@ def validate_values(cfg: RunConfig) -> None:
 # Keys a resumed run may change: where the data lives (the partition is compared
 # instead), whether it may be downloaded, and the number of rounds (extend only); the host device count
 # (checkpoints re-pad the client axis to any count).
+# What may differ between a run's segments (or between a run folder and the reproduce cell that finds it):
+# where files are, how long it runs, and how the same arithmetic is laid out on the machine (devices,
+# rounds per call, the client mapping: tests/test_engine.py holds the mappings equal).
 RESUME_MAY_CHANGE = ("data.data_dir", "data.allow_download", "train.rounds", "out", "train.rounds_per_call",
-                     "log.tensorboard", "devices.cpu")
+                     "log.tensorboard", "devices.cpu", "train.client_mapping", "train.chunk_size")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
