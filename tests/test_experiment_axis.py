@@ -141,7 +141,8 @@ def test_schedule_decays_the_run_optimizer_and_leaves_gpfl_guidance_at_train_lr(
     assert float(gpfl.setup.initial_learning_rate) == pytest.approx(0.1)
     params = {"body": {"w": jnp.ones(3)}, "head": {"w": jnp.ones(2)}, "gce": jnp.ones((2, 3)), "cov": {"w": jnp.ones(4)}}
     step = _first_step(gpfl.training_optimizer(), params)
-    for part, lr in (("body", 0.025), ("head", 0.025), ("gce", 0.1), ("cov", 0.1)):
+    mu = gpfl.hparams.mu  # the valve's and embeddings' weight decay: lr * (g + mu * p) with g = p = 1
+    for part, lr in (("body", 0.025), ("head", 0.025), ("gce", 0.1 * (1 + mu)), ("cov", 0.1 * (1 + mu))):
         for leaf in jax.tree.leaves(step[part]):
             np.testing.assert_allclose(np.asarray(leaf), -lr, rtol=1e-6, err_msg=part)
     head = {"w": jnp.ones(2)}

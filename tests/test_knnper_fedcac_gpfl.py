@@ -68,12 +68,16 @@ def _engine(name, options=None, mapping="vmap", test_seed=0):
     return engine_lib.Engine(method, stack_clients(x, y, idx), stack_clients(xt, yt, idxt), cfg)
 
 
-def _run(eng, rounds, key):
+def _run(eng, rounds, key, metrics=None):
+    """``rounds`` engine rounds -> (initial state, server, clients, key); each round's metrics appended to
+    ``metrics`` when given."""
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     initial = jax.tree.map(np.asarray, (server, clients))
     for t in range(rounds):
-        server, clients, _ = eng.round(server, clients, jax.random.fold_in(key, t), t)
+        server, clients, m = eng.round(server, clients, jax.random.fold_in(key, t), t)
+        if metrics is not None:
+            metrics.append(m)
     return initial, server, clients, key
 
 
@@ -83,23 +87,27 @@ def _plan(key, t):
 
 
 @functools.lru_cache(maxsize=None)
-def _step(loss_fn, plain=()):
+def _step(loss_fn, plain=(), decay=0.0):
     """One jit-compiled step of ``loss_fn(params, x, y, *extra)``: SGD with momentum 0.9 (v = 0.9 v + g,
-    p -= LR v); the top-level keys in ``plain`` take plain SGD, p -= LR g (GPFL's valve and embeddings)."""
+    p -= LR v); the top-level keys in ``plain`` take plain SGD with weight decay, p -= LR (g + decay p)
+    (GPFL's valve and embeddings)."""
 
     @jax.jit
     def step(params, velocity, xb, yb, *extra):
         grads = jax.grad(loss_fn)(params, _normalize(xb), yb, *extra)
         velocity = jax.tree.map(lambda v, g: 0.9 * v + g, velocity, grads)
-        direction = {k: grads[k] if k in plain else velocity[k] for k in params}
+        direction = {k: jax.tree.map(lambda g, p: g + decay * p, grads[k], params[k]) if k in plain
+                     else velocity[k] for k in params}
         return jax.tree.map(lambda p, d: p - LR * d, params, direction), velocity
 
     return step
 
 
-def _train(loss_fn, params, x, y, key, *extra, plain=()):
-    """Per-client local training over real batches in the client's own epoch order."""
-    step = _step(loss_fn, plain)
+def _train(loss_fn, params, x, y, key, *extra, plain=(), decay=0.0, step_losses=None):
+    """Per-client local training over real batches in the client's own epoch order. ``decay``: weight decay
+    of the ``plain`` keys (decay * p added to their gradient, as PyTorch's SGD weight_decay);
+    ``step_losses``: a list that gets ``loss_fn`` before each step."""
+    step = _step(loss_fn, plain, decay)
     state = jax.tree.map(jnp.zeros_like, params)
     n = x.shape[0]
     epoch_keys = jax.random.split(jax.random.split(key)[0], E)
@@ -107,6 +115,8 @@ def _train(loss_fn, params, x, y, key, *extra, plain=()):
         order = np.asarray(local_training.epoch_order(epoch_keys[e], n, max(SIZES)))[:n]
         for s in range(math.ceil(n / B)):
             b = order[s * B:(s + 1) * B]
+            if step_losses is not None:
+                step_losses.append(float(loss_fn(params, _normalize(x[b]), y[b], *extra)))
             params, state = step(params, state, x[b], y[b], *extra)
     return params
 
@@ -257,7 +267,8 @@ def test_gpfl_engine_equals_per_client_loop_and_predicts_through_the_valve():
     lamda, mu, rounds = 0.05, 0.1, 2
     eng = _engine("gpfl", {"lamda": lamda, "mu": mu})
     method = eng.method
-    (server0, clients0), server, clients, key = _run(eng, rounds, jax.random.key(6))
+    metrics = []
+    (server0, clients0), server, clients, key = _run(eng, rounds, jax.random.key(6), metrics)
     model, valve, (x, y, idx) = _model(), method.valve, _data()
     n = len(SIZES)
     body, gce, cov = server0["body"]["params"], server0["gce"], server0["cov"]
@@ -282,8 +293,7 @@ def test_gpfl_engine_equals_per_client_loop_and_predicts_through_the_valve():
         unit = lambda a: a / jnp.linalg.norm(a, axis=1, keepdims=True)
         angle = _nll(unit(f_g) @ unit(p["gce"]).T, yb)
         magnitude = jnp.sqrt(jnp.sum((f_g - frozen[yb]) ** 2))
-        reg = 0.5 * mu * sum(jnp.sum(a ** 2) for a in jax.tree.leaves((p["gce"], p["cov"])))
-        return ce + angle + lamda * magnitude + reg
+        return ce + angle + lamda * magnitude  # mu: weight decay in the valve's and embeddings' SGD
 
     for t in range(rounds):
         selected, keys = _plan(key, t)
@@ -291,7 +301,11 @@ def test_gpfl_engine_equals_per_client_loop_and_predicts_through_the_valve():
         for j, c in enumerate(selected):
             zg, zp = (jnp.asarray(z, jnp.float32) for z in conditionals(c, t, gce_before))
             start = jax.tree.map(jnp.asarray, {"body": body, "head": heads[c], "gce": gce, "cov": cov})
-            trained = _train(loss, start, x[idx[c]], y[idx[c]], keys[j], zg, zp, jnp.asarray(gce), plain=("gce", "cov"))
+            step_losses = []
+            trained = _train(loss, start, x[idx[c]], y[idx[c]], keys[j], zg, zp, jnp.asarray(gce),
+                             plain=("gce", "cov"), decay=mu, step_losses=step_losses)
+            # the reported train loss is the data loss, without the decay (as PFLlib reports it)
+            np.testing.assert_allclose(float(metrics[t]["client_loss"][j]), np.mean(step_losses), rtol=1e-4)
             uploads.append(trained)
             heads[c], own_gce[c], trained_round[c] = trained["head"], trained["gce"], t
         mean = _mean64(uploads, [SIZES[c] for c in selected])

@@ -10,7 +10,8 @@ client's conditional inputs z_G, z_P (below):
     f_P = CoV(f(x), z_P)    logits = h(f_P)
     f_G = CoV(f(x), z_G)
     loss = CE(logits, y) + angle(f_G, y; E) + lamda * magnitude(f_G, E_frozen[y])
-           + (mu / 2) (||E||^2 + ||CoV||^2)
+
+and weight decay mu on E and the CoV (in their optimizer, below)
 
 (global_guidance.py; E_frozen = the global GCE received this round, no
 gradient). Body, head, CoV and E are trained together for E epochs from the
@@ -33,8 +34,10 @@ Where this library follows the authors' code (TsingZ0/GPFL, clientgp.py,
 also PFLlib) over the paper: the magnitude-level term is the Frobenius norm
 of (f_G - E_frozen[y]) over the batch (``method.magnitude=paper``: the mean
 per-sample L2 norm); mu is the weight decay of the CoV and GCE optimizers
-only (here mu/2 ||.||^2 in the loss, which is the same for SGD and for
-PyTorch's Adam); the GCE is initialised N(0, 1) as torch's nn.Embedding.
+only (mu * param added to their gradient, as PyTorch's SGD weight_decay), so
+the reported train loss leaves it out as PFLlib's does (with a 256-d
+feature and mu = 0.1 the decay term alone is ~160 at initialisation, which
+read as a train loss of ~100 in round 1); the GCE is initialised N(0, 1) as torch's nn.Embedding.
 Defaults lamda = 0.01, mu = 0.1: the authors' run_me.sh for CNNs and MLPs.
 
 Optimizers (authors' code): body and head take the run's optimizer (its
@@ -56,7 +59,6 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl import aggregation, losses
-from fedjax_pfl.core import tree_ops
 from fedjax_pfl.models.conditional_valve import ConditionalValve, conditional_inputs, label_prior
 from fedjax_pfl.models.initialization import reinitialize
 from fedjax_pfl.kernels.global_guidance import REDUCTIONS, angle_level_guidance, magnitude_level_guidance
@@ -72,8 +74,8 @@ GUIDANCE = ("gce", "cov")  # trained beside body and head, under variables['para
 @dataclasses.dataclass(frozen=True)
 class GPFLConfig(Options):
     lamda: float = option(0.01, "weight of the magnitude-level global guidance", at_least=0.0)
-    mu: float = option(0.1, "weight decay (mu/2) ||.||^2 of the conditional valve and the category embeddings",
-                       at_least=0.0)
+    mu: float = option(0.1, "weight decay of the conditional valve's and the category embeddings' SGD "
+                       "(mu * param added to their gradient; not in the reported loss)", at_least=0.0)
     magnitude: str = option("code", "magnitude term as the Frobenius norm over the batch (authors' code) or the "
                             "mean per-sample L2 norm (paper)", choices=REDUCTIONS)
 
@@ -105,7 +107,8 @@ class GPFL(OwnPrediction, SharedBodyMethod):
         return server, clients
 
     def training_optimizer(self):
-        """The run's optimizer for body and head; plain SGD at the run's initial lr for CoV and GCE."""
+        """The run's optimizer for body and head; plain SGD with weight decay mu at the run's initial lr for
+        CoV and GCE."""
         s = self.setup
         lr = s.learning_rate if s.initial_learning_rate is None else s.initial_learning_rate
         if lr is None:
@@ -114,7 +117,8 @@ class GPFL(OwnPrediction, SharedBodyMethod):
         def labels(params):
             return {k: jax.tree.map(lambda _: "guidance" if k in GUIDANCE else "model", v) for k, v in params.items()}
 
-        return optax.multi_transform({"model": s.optimizer, "guidance": optax.sgd(lr)}, labels)
+        guidance = optax.chain(optax.add_decayed_weights(self.hparams.mu), optax.sgd(lr))
+        return optax.multi_transform({"model": s.optimizer, "guidance": guidance}, labels)
 
     def conditionals(self, server, client, data, round_index):
         """(z_G, z_P) of the client in round ``round_index`` (module docstring); zeros in round 0."""
@@ -140,7 +144,6 @@ class GPFL(OwnPrediction, SharedBodyMethod):
             loss = losses.cross_entropy(base.apply_head(model_vars, f_p), batch.y, batch.mask)
             loss += angle_level_guidance(f_g, batch.y, params["gce"], batch.mask)
             loss += hp.lamda * magnitude_level_guidance(f_g, frozen[batch.y], batch.mask, hp.magnitude)
-            loss += hp.mu * 0.5 * tree_ops.squared_norm({k: params[k] for k in GUIDANCE})
             return loss, out.batch_stats
 
         return loss_fn
