@@ -416,6 +416,15 @@ def test_non_finite_loss_names_the_first_bad_round_and_clients_between_evaluatio
     assert json.loads((out / "summary.json").read_text())["status"] == "failed"
 
 
+def test_non_finite_loss_names_the_methods_own_step_sizes(tmp_path, capsys):
+    """pFedMe diverges through its inner step size as well as train.lr: the hint names method.personal_lr."""
+    code = train.main(["--method", "pfedme", *TINY, "--rounds", "1", "method.personal_lr=1e38",
+                       "--out", str(tmp_path / "nan")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "training loss is not finite" in err and "(--lr, method.personal_lr)" in err
+
+
 def test_first_bad_round_reads_a_list_of_round_metrics():
     nan = float("nan")
     records = [{"round": 3, "client_loss": np.array([0.5, 0.4]), "selected": np.array([4, 1])},

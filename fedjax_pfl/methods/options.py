@@ -174,3 +174,12 @@ def resolved(options) -> dict:
         return {}
     return {f.name: (list(v) if isinstance(v := getattr(options, f.name), tuple) else v)
             for f in dataclasses.fields(options)}
+
+
+def step_size_options(options_type) -> list[str]:
+    """Names of a method's own step sizes (options named ``*_lr``, e.g. pFedMe's personal_lr): what a
+    diverged run may need lowered besides train.lr."""
+    if options_type is None:
+        return []
+    return [f.name for f in dataclasses.fields(options_type) if f.name.endswith("_lr")]
+

@@ -36,13 +36,15 @@ def first_bad_round(records: list[dict]):
     return None
 
 
-def check_rounds(records: list[dict]) -> None:
-    """DivergedError at the first non-finite client training loss of host per-round metrics."""
+def check_rounds(records: list[dict], step_sizes: list[str] = ()) -> None:
+    """DivergedError at the first non-finite client training loss of host per-round metrics; its hint
+    names the method's own ``step_sizes`` (option names) beside --lr."""
     bad = first_bad_round(records)
     if bad is not None:
         t, clients = bad
+        rates = ", ".join(["--lr", *(f"method.{name}" for name in step_sizes)])
         raise DivergedError(f"round {t + 1}: training loss is not finite for client(s) {', '.join(map(str, clients))}; "
-                            "lower the learning rate (--lr) or check the data normalisation")
+                            f"lower the learning rate ({rates}) or check the data normalisation")
 
 
 def evaluation_record(per_client: dict, round_metrics: dict, t: int, seconds: float, eval_model: str) -> dict:

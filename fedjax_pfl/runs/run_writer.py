@@ -20,6 +20,8 @@ from pathlib import Path
 
 from fedjax_pfl.core.errors import DivergedError, UserError
 from fedjax_pfl.engine import checkpoint
+from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods.options import step_size_options
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs.command import one_line
 from fedjax_pfl.runs import metrics_file
@@ -73,6 +75,7 @@ class RunWriter:
         self.status: dict = {"status": "running"}
         self.error: UserError | None = None  # why the run failed (DivergedError), raised by the caller
         self.snapshots = 0
+        self.step_sizes = step_size_options(get_method(cfg.method_name).hparams_type)  # named if it diverges
 
     @property
     def running(self) -> bool:
@@ -89,7 +92,7 @@ class RunWriter:
         """The host outputs of one call (rounds ``first .. stop-1``): checks, then one line per evaluation."""
         per_round = records_lib.rounds_of_call(metrics, stop - first)
         try:
-            records_lib.check_rounds(per_round)
+            records_lib.check_rounds(per_round, self.step_sizes)
             for t in sorted(evaluations):
                 self.log.write(records_lib.evaluation_record(evaluations[t], per_round[t - first], t, self.seconds(),
                                                              self.cfg.eval.model))
