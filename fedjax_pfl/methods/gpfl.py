@@ -37,7 +37,8 @@ per-sample L2 norm); mu is the weight decay of the CoV and GCE optimizers
 only (mu * param added to their gradient, as PyTorch's SGD weight_decay), so
 the reported train loss leaves it out as PFLlib's does (with a 256-d
 feature and mu = 0.1 the decay term alone is ~160 at initialisation, which
-read as a train loss of ~100 in round 1); the GCE is initialised N(0, 1) as torch's nn.Embedding.
+read as a train loss of ~100 in round 1); the GCE is initialised N(0, 1) as
+torch's nn.Embedding.
 Defaults lamda = 0.01, mu = 0.1: the authors' run_me.sh for CNNs and MLPs.
 
 Optimizers (authors' code): body and head take the run's optimizer (its

@@ -182,4 +182,3 @@ def step_size_options(options_type) -> list[str]:
     if options_type is None:
         return []
     return [f.name for f in dataclasses.fields(options_type) if f.name.endswith("_lr")]
-
