@@ -4,6 +4,7 @@ different tree or shape refused in one line, the padded client axis re-padded an
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_pfl.engine import checkpoint
@@ -53,6 +54,18 @@ def test_other_trees_and_shapes_are_one_line_user_errors(tmp_path, template, mes
     checkpoint.save(tmp_path / "c", _state(), 0)
     with pytest.raises(UserError, match=message):
         checkpoint.restore(tmp_path / "c", template, num_clients=3)
+
+
+def test_same_leaves_in_other_containers_is_a_one_line_user_error(tmp_path):
+    """GPFL's optimizer state gained an empty stage (sgd -> chain(decay, sgd)): the leaves and their paths
+    are equal, the tree is not; the error says so rather than calling the files damaged."""
+    params = {"w": jnp.ones(2)}
+    checkpoint.save(tmp_path / "c", (params, optax.sgd(0.1).init(params)), 0)
+    grown = (params, optax.chain(optax.add_decayed_weights(0.1), optax.sgd(0.1)).init(params))
+    with pytest.raises(UserError, match="holds a state of another structure than this run's"):
+        checkpoint.restore(tmp_path / "c", grown)
+    state, _, _ = checkpoint.restore(tmp_path / "c", (params, optax.sgd(0.1).init(params)))
+    np.testing.assert_array_equal(state[0]["w"], params["w"])
 
 
 def test_no_checkpoint_and_a_damaged_one_are_user_errors(tmp_path):

@@ -19,7 +19,9 @@ template's leaves (so a client-sharded state comes back sharded over the
 devices of the resumed run, whatever their count was when saving). Round
 keys are derived from the run key and the round index, so a resumed run
 continues exactly as an uninterrupted one. A truncated or corrupted
-checkpoint is a `UserError`, never a traceback.
+checkpoint is a `UserError`, never a traceback, and so is one whose state has
+the template's leaves in other containers (its node count, saved in ``meta``,
+differs: e.g. a method whose optimizer state gained an empty stage).
 
 Orbax is imported on first use (it costs a noticeable fraction of a second).
 """
@@ -66,14 +68,16 @@ def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
     import orbax.checkpoint as ocp
 
     names, leaves = _paths_and_leaves(state)
-    record = {"paths": names, "shapes": [list(np.shape(leaf)) for leaf in leaves], "meta": meta or {}}
+    record = {"paths": names, "shapes": [list(np.shape(leaf)) for leaf in leaves],
+              "nodes": jax.tree_util.tree_structure(state).num_nodes, "meta": meta or {}}
     with _manager(path) as manager:
         manager.save(round_index, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                           meta=ocp.args.JsonSave(record)))
 
 
 def _damaged(path: Path, error: Exception) -> UserError:
-    return UserError(f"checkpoint {path} is truncated or corrupted ({type(error).__name__}); it cannot be "
+    return UserError(f"checkpoint {path} is truncated or corrupted, or (written before checkpoints recorded "
+                     f"their structure) by another version of the code ({type(error).__name__}); it cannot be "
                      "resumed: start the run afresh in a new --out")
 
 
@@ -117,6 +121,7 @@ def restore(path: Path, template, num_clients: int | None = None):
     if not exists(path):
         raise UserError(f"no checkpoint at {path}; run without --resume to start afresh")
     names, leaves = _paths_and_leaves(template)
+    nodes = jax.tree_util.tree_structure(template).num_nodes
     try:
         with _manager(path) as manager:
             round_index = manager.latest_step()
@@ -124,6 +129,10 @@ def restore(path: Path, template, num_clients: int | None = None):
             if record["paths"] != names:
                 raise UserError(f"checkpoint {path} was written by a different method or model; "
                                 "resume with the configuration that wrote it")
+            if record.get("nodes", nodes) != nodes:  # same leaves, other containers (e.g. an optimizer's state)
+                raise UserError(f"checkpoint {path} holds a state of another structure than this run's (written "
+                                "by another version of the method or its optimizer); resume with the version "
+                                "that wrote it, or start afresh in a new --out")
             _check_shapes(path, record["shapes"], template, num_clients)
             target = jax.tree.map(_target, template)
             state = manager.restore(round_index, args=ocp.args.Composite(
