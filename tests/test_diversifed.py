@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+import fmnist_two_class
 import majority_baseline
 import pfl_reference as ref
 from fedjax_pfl.runs import config as config_lib
@@ -192,11 +193,7 @@ def test_diversifed_learns_on_fmnist(data_dir):
     """10 FMNIST clients, 2 classes each, 150/50 samples, MLP 64, Adam 1e-3, all clients, 3 rounds."""
     from fedjax_pfl.runs.experiment import build_experiment
 
-    overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
-                 "partition.num_clients=10", "partition.classes_per_client=2", "partition.train_per_client=150",
-                 "partition.test_per_client=50", "partition.test_from=split", "model.name=mlp", "model.hidden=[64]",
-                 "train.optimizer=adam", "train.lr=0.001", "train.batch_size=50", "train.local_epochs=3",
-                 "train.join_ratio=1.0", "train.rounds=3", "method_name=diversifed"]
+    overrides = fmnist_two_class.overrides(data_dir, "diversifed")
     cfg = config_lib.build(None, overrides)
     eng = build_experiment(cfg).engine
     first, last, metrics, server, _ = ref.run_engine(eng, cfg.train.rounds)
