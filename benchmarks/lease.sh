@@ -12,7 +12,7 @@
 # Data: $FEDJAX_PFL_DATA_DIR, else .dev/data (carried beside the checkout).
 # Finished cells already under reproductions/ are copied in first, so
 # `reproduce` skips them; a cut cell's checkpoint comes back in cells.tar.gz
-# and resumes when carried into the next visit's .dev/repro.
+# (WORK/TABLE/runs/CELL/seedN) and resumes when carried into the next visit's .dev/repro.
 set -uo pipefail
 
 budget=${1:?usage: bash benchmarks/lease.sh SECONDS [--dry-run]}
@@ -24,31 +24,32 @@ work=${LEASE_WORK:-.dev/repro}
 export PYTHONPATH=. XLA_PYTHON_CLIENT_PREALLOCATE=false
 export FEDJAX_PFL_DATA_DIR=${FEDJAX_PFL_DATA_DIR:-$PWD/.dev/data}
 python=$(command -v python3 || command -v python)
-mkdir -p "$out" "$work/table/runs" "$work/probes"
+mkdir -p "$out" "$work/probes"
 
 left() { echo $((deadline - $(date +%s))); }
 
-# what the next visit should run, longest wait first: TABLE METHOD SETTING [overrides...]
+# what the next visit should run, most wanted first: TABLE METHOD SETTING SEED [overrides...]
 CELLS=(
-  "pfakd_table1 fedrep cifar10_E10"
-  "pfakd_table1 fedpac cifar10_E10"
+  "pfakd_table1 fedrep cifar10_E10 0"
+  "pfakd_table1 fedpac cifar10_E10 0"
+  "fedpac_table1 pfedhn fmnist_100 1"
 )
 # probes: their own folder, not table cells (the PFAKD authors' main.py GPFL defaults)
 PROBES=(
-  "pfakd_table1 gpfl cifar10_E5 method.mu=1.0 method.lamda=0.0001"
-  "pfakd_table1 gpfl cifar10_E10 method.mu=1.0 method.lamda=0.0001"
+  "pfakd_table1 gpfl cifar10_E5 0 method.mu=1.0 method.lamda=0.0001"
+  "pfakd_table1 gpfl cifar10_E10 0 method.mu=1.0 method.lamda=0.0001"
 )
 
-run_cell() {  # FOLDER TABLE METHOD SETTING [overrides...]
-  local folder=$1 table=$2 method=$3 setting=$4; shift 4
-  local cmd=("$python" -m fedjax_pfl.reproduce "$table" --seeds 0 --methods "$method" --settings "$setting"
+run_cell() {  # FOLDER TABLE METHOD SETTING SEED [overrides...]: the table's run in FOLDER/TABLE
+  local folder=$1/$2 table=$2 method=$3 setting=$4 seed=$5; shift 5
+  local cmd=("$python" -m fedjax_pfl.reproduce "$table" --seeds "$seed" --methods "$method" --settings "$setting"
              --out "$folder" --no-progress train.client_mapping=vmap "$@")
   if [[ $dry == --dry-run ]]; then "${cmd[@]}" --dry-run || exit 2; return; fi
   local seconds; seconds=$(left)
   if (( seconds < 60 )); then echo "lease: no time left for $method $setting"; return; fi
-  echo "lease: $method $setting ($seconds s left) $(date -u +%T)"
+  echo "lease: $table $method $setting seed $seed ($seconds s left) $(date -u +%T)"
   timeout -s INT -k 15 "$seconds" "${cmd[@]}"
-  echo "lease: $method $setting rc=$? $(date -u +%T)"
+  echo "lease: $table $method $setting seed $seed rc=$? $(date -u +%T)"
 }
 
 if [[ $dry != --dry-run ]]; then
@@ -59,10 +60,11 @@ if [[ $dry != --dry-run ]]; then
   echo "lease: suite rc=$? $(date -u +%T)"
 fi
 for table in $(printf '%s\n' "${CELLS[@]%% *}" | sort -u); do  # finished cells: reproduce skips them
-  [[ -d reproductions/$table/runs ]] && cp -rn reproductions/"$table"/runs/. "$work/table/runs/"
+  mkdir -p "$work/$table/runs"
+  [[ -d reproductions/$table/runs ]] && cp -rn reproductions/"$table"/runs/. "$work/$table/runs/"
 done
-for cell in "${CELLS[@]}"; do run_cell "$work/table" $cell; done
+for cell in "${CELLS[@]}"; do run_cell "$work" $cell; done
 for probe in "${PROBES[@]}"; do run_cell "$work/probes" $probe; done
 [[ $dry == --dry-run ]] && exit 0
-tar -czf "$out/cells.tar.gz" -C "$work" table/runs probes
+tar -czf "$out/cells.tar.gz" -C "$work" .
 echo "lease: packed $(du -h "$out/cells.tar.gz" | cut -f1) $(date -u +%T)"

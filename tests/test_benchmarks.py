@@ -292,8 +292,9 @@ def test_lease_plan_names_only_cells_the_tables_have_and_still_lack(data_dir, tm
 
 
 def test_lease_refuses_a_cell_its_table_lacks(data_dir, tmp_path):
-    script = (BENCH / "lease.sh").read_text().replace('"pfakd_table1 fedrep cifar10_E10"',
-                                                      '"pfakd_table1 fedrep cifar10_E99"')
+    script = (BENCH / "lease.sh").read_text()
+    assert '"pfakd_table1 fedrep cifar10_E10 0"' in script  # else this test checks nothing: update its cell
+    script = script.replace('"pfakd_table1 fedrep cifar10_E10 0"', '"pfakd_table1 fedrep cifar10_E99 0"')
     bad = tmp_path / "lease.sh"
     bad.write_text(script)
     env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir), "LEASE_WORK": str(tmp_path / "work")}
