@@ -25,6 +25,7 @@ export PYTHONPATH=. XLA_PYTHON_CLIENT_PREALLOCATE=false
 export FEDJAX_PFL_DATA_DIR=${FEDJAX_PFL_DATA_DIR:-$PWD/.dev/data}
 python=$(command -v python3 || command -v python)
 mkdir -p "$out" "$work/probes"
+touch "$work/.start"  # records newer than this come back; the copied finished ones keep their times
 
 left() { echo $((deadline - $(date +%s))); }
 
@@ -61,10 +62,10 @@ if [[ $dry != --dry-run ]]; then
 fi
 for table in $(printf '%s\n' "${CELLS[@]%% *}" | sort -u); do  # finished cells: reproduce skips them
   mkdir -p "$work/$table/runs"
-  [[ -d reproductions/$table/runs ]] && cp -rn reproductions/"$table"/runs/. "$work/$table/runs/"
+  [[ -d reproductions/$table/runs ]] && cp -rnp reproductions/"$table"/runs/. "$work/$table/runs/"
 done
 for cell in "${CELLS[@]}"; do run_cell "$work" $cell; done
 for probe in "${PROBES[@]}"; do run_cell "$work/probes" $probe; done
 [[ $dry == --dry-run ]] && exit 0
-tar -czf "$out/cells.tar.gz" -C "$work" .
+(cd "$work" && find . -type f -newer .start -print0 | tar -czf "$out/cells.tar.gz" --null -T -)
 echo "lease: packed $(du -h "$out/cells.tar.gz" | cut -f1) $(date -u +%T)"
