@@ -471,6 +471,8 @@ def test_rewriting_a_table_where_some_run_folders_are_absent_keeps_their_cells(t
     three = paper_table.write_table(spec, spec.cells(seeds=[0, 1, 2]), folder, {"s": (2, 2)}, [0, 1, 2])
     assert "| global (paper) | 70.50 ± 0.50 (n=2) (2 finished, 1 not run) | 71.00 | -0.50 |" in three
     assert "(2 runs whose folders are not here" in three
+    # written again with the third seed still asked for: the kept cell stays kept (not dropped as unfinished)
+    assert paper_table.write_table(spec, spec.cells(seeds=[0, 1, 2]), folder, {"s": (2, 2)}, [0, 1, 2]) == three
     # other rounds: the earlier line does not stand for the cell
     other = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (3, 3)}, [0, 1])
     assert "| global (paper) | - (2 not run) | 71.00 | - |" in other and "Kept from" not in other
@@ -483,4 +485,7 @@ def test_an_earlier_line_stands_for_a_cell_only_when_it_matches(change):
             "folders": "runs/a/seed0;runs/a/seed1", "metric": "last", "best_mean": "0.6", "best_std": "0.0"}
     kept = earlier_table.kept_ours(line, "last", 2, [0, 1, 2], ["best"])
     assert kept["runs"] == 2 and kept["mean"] == 0.5 and kept["best_mean"] == 0.6 and kept["seeds"] == "0, 1"
+    # seeds that line did not run, written "not run" beside its finished ones, do not unmake it
+    assert earlier_table.kept_ours({**line, "status": "2 finished, 1 not run"}, "last", 2, [0, 1, 2]) == {
+        k: v for k, v in kept.items() if not k.startswith("best")}
     assert earlier_table.kept_ours({**line, **change}, "last", 2, [0, 1, 2], ["best"]) is None

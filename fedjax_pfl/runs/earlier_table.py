@@ -25,6 +25,7 @@ Nothing here imports JAX.
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,18 +84,33 @@ def run_rows(lines: list[str]) -> dict[str, str]:
     return rows
 
 
+def only_finished(status: str, runs: int) -> bool:
+    """Whether a status says ``runs`` finished runs and nothing else but seeds never run.
+
+    >>> only_finished("2 finished", 2), only_finished("2 finished, 1 not run", 2)
+    (True, True)
+    >>> only_finished("1 finished, 1 interrupted", 1)
+    False
+    """
+    first, *rest = [part.strip() for part in status.split(",")]
+    return first == f"{runs} finished" and all(re.fullmatch(r"\d+ not run", part) for part in rest)
+
+
 def kept_ours(line: dict | None, metric: str, rounds: int, seeds: list[int], also_metrics=()) -> dict | None:
     """The "ours" fields of an earlier csv line (numbers parsed), or None when it cannot stand for the cell now:
-    no finished runs, another metric or rounds, or seeds outside ``seeds``."""
+    no finished runs, a run not finished, another metric or rounds, or seeds outside ``seeds``. Seeds the
+    earlier table asked for but did not run (its "k not run") are left out of the kept status, which
+    `paper_table.kept_cells` counts again for the seeds asked for now."""
     if not line or line.get("metric") != metric or not line.get("runs", "0").isdigit():
         return None
     runs = int(line["runs"])
     seeds_run = [s.strip() for s in line.get("seeds", "").split(",") if s.strip()]
-    if (runs == 0 or line.get("status") != f"{runs} finished" or line.get("rounds") != str(rounds)
+    if (runs == 0 or not only_finished(line.get("status", ""), runs) or line.get("rounds") != str(rounds)
             or not set(seeds_run) <= {str(s) for s in seeds}):
         return None
     kept = {k: line[k] for k in OURS}
     kept["runs"] = runs
+    kept["status"] = f"{runs} finished"
     for name in ("mean", "std", *[f"{m}_{s}" for m in also_metrics for s in ("mean", "std")]):
         kept[name] = float(line.get(name) or "nan")
     return kept
