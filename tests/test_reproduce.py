@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import cli as train, config, data_check, paper_table, reproduce
 from fedjax_pfl.runs import earlier_table, machine, parallel_cells, results_writer, run_folder, table_spec
 from signal_after_round import signal_after
@@ -476,6 +477,25 @@ def test_rewriting_a_table_where_some_run_folders_are_absent_keeps_their_cells(t
     # other rounds: the earlier line does not stand for the cell
     other = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (3, 3)}, [0, 1])
     assert "| global (paper) | - (2 not run) | 71.00 | - |" in other and "Kept from" not in other
+
+
+def test_a_seed_only_the_earlier_table_holds_beside_a_run_folder_of_the_cell_is_an_error_not_a_loss(tmp_path):
+    """Seed 0 of a cell ran elsewhere (only table.csv holds it) and seed 1 has a run folder here: the table
+    cannot pool a mean it only has as a mean with runs here, and dropping seed 0 would lose it silently, so
+    writing the table is a one-line error that says which folder to bring; with it here, the cell has both."""
+    table = tmp_path / "flags.yaml"
+    table.write_text(FLAGS)
+    spec = table_spec.load_table(table)
+    for row in ("local", "global"):
+        _fake_run(tmp_path / "runs" / f"{row}-s" / "seed0", 0, [0.9, 0.7])
+    paper_table.write_table(spec, spec.cells(seeds=[0]), tmp_path, {"s": (2, 2)}, [0])
+    shutil.move(tmp_path / "runs" / "global-s" / "seed0", tmp_path / "elsewhere")
+    _fake_run(tmp_path / "runs" / "global-s" / "seed1", 1, [0.9, 0.8])
+    with pytest.raises(UserError, match=r"global/s: seed 0 is only in the earlier table.*runs/global-s/seed0"):
+        paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    shutil.move(tmp_path / "elsewhere", tmp_path / "runs" / "global-s" / "seed0")
+    text = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    assert "| global (paper) | 75.00 ± 5.00 (n=2) | 90.00 | -15.00 ⚠ |" in text
 
 
 @pytest.mark.parametrize("change", [{"status": "1 finished, 1 interrupted"}, {"rounds": "3"}, {"metric": "best"},

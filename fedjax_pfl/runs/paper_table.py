@@ -25,6 +25,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import run_folder
 from fedjax_pfl.runs.report import load_run, mean_std, write_csv
 from fedjax_pfl.runs.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
@@ -48,6 +49,21 @@ def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = Fal
             "rounds": ", ".join(dict.fromkeys(str(r.rounds_done) for r in runs)),
             "status": ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)),
             "folders": ";".join(str(Path(r.path).relative_to(runs_dir.parent)) for r in runs)}  # from table.csv
+
+
+def _refuse_to_drop(key: tuple, found: dict, cells: list[Cell], runs_dir: Path) -> None:
+    """UserError when the earlier table's line of a cell holds seeds whose folders are not here while other
+    seeds of the cell have folders here: the table keeps a mean, not its runs, so it cannot pool the two,
+    and writing the cell from the runs here alone would drop those seeds without a word."""
+    here = {c.folder_name for c in cells if (c.method.name, c.setting.name) == key
+            and run_folder.is_run(runs_dir / c.folder_name)}
+    absent = [f for f in found["folders"].split(";") if f and Path(f).relative_to("runs").as_posix() not in here]
+    if absent:
+        seeds = ", ".join(f.rsplit("seed", 1)[-1] for f in absent)
+        raise UserError(f"{key[0]}/{key[1]}: seed {seeds} is only in the earlier table (its folders "
+                        f"{', '.join(absent)} are not under {runs_dir.parent}) while this cell has run folders "
+                        "here; bring those folders into runs/ (or move this cell's new ones elsewhere), then "
+                        "write the table again")
 
 
 def entry(spec: TableSpec, row: MethodRow, setting: Setting, found: dict) -> dict:
@@ -86,8 +102,11 @@ def kept_cells(spec: TableSpec, cells: list[Cell], runs_dir: Path, earlier: Earl
     asked = Counter((c.method.name, c.setting.name) for c in cells)  # seeds per cell, in table order
     kept = {}
     for key, count in asked.items():
-        found = None if key in here else kept_ours(earlier.lines.get(key), spec.metric, rounds[key[1]][0], seeds,
-                                                    [m for m in spec.also_metrics if m != spec.metric])
+        found = kept_ours(earlier.lines.get(key), spec.metric, rounds[key[1]][0], seeds,
+                          [m for m in spec.also_metrics if m != spec.metric])
+        if found and key in here:
+            _refuse_to_drop(key, found, cells, runs_dir)
+            found = None
         if found:  # seeds asked for now that the earlier table did not run read "not run"
             missing = count - found["runs"]
             kept[key] = {**found, "status": found["status"] + (f", {missing} not run" if missing > 0 else "")}
