@@ -3,6 +3,7 @@
 import csv
 import re
 import json
+import shlex
 import shutil
 
 import jax
@@ -303,6 +304,34 @@ def test_a_missing_dataset_is_a_note_and_the_other_cells_run(tmp_path, monkeypat
     assert "| fedavg | - (1 not run) | - (1 no data) |" in text
     note = [ln for ln in text.splitlines() if ln.startswith("Not run, dataset files missing (c100)")]
     assert len(note) == 1 and "cifar-100-python.tar.gz" in note[0] and "--data-dir DIR" in note[0]
+
+
+
+def test_a_missing_dataset_whose_cells_all_ran_is_no_note(tmp_path, monkeypatch, capsys):
+    """Writing the table where the files are absent (a fresh clone) keeps finished cells and says nothing of
+    missing data for a setting with nothing left to run."""
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(empty))
+    monkeypatch.setenv("FEDJAX_PFL_CACHE_DIR", str(empty))
+    table = tmp_path / "missing.yaml"
+    table.write_text(MISSING.replace("methods: [fedavg]", "methods: [fedavg]\npaper_results: {fedavg: [null, 50]}"))
+    out = tmp_path / "r"
+    argv = ["--table-file", str(table), "--out", str(out), "--no-progress", "--settings", "c100"]
+    assert reproduce.main([*argv, "--dry-run"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "no data: " in ln]
+    cfg = reproduce.build_config(shlex.split(line.split("python -m fedjax_pfl.train ", 1)[1]))
+    folder = out / "runs" / "fedavg-c100" / "seed0"  # the run, made where the files were
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": config.to_dict(cfg)}))
+    (folder / "summary.json").write_text(json.dumps({"status": "finished"}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(
+        {"round": r, "accuracy": 0.5, "accuracy_weighted": 0.5, "accuracy_std": 0.0, "loss": 1.0, "seconds": r})
+        + "\n" for r in range(1, cfg.train.rounds + 1)))
+    assert reproduce.main([*argv, "--table-only"]) == 0
+    assert "dataset files missing" not in capsys.readouterr().err
+    text = (out / "table.md").read_text()
+    assert "| fedavg | 50.00 ± 0.00 (n=1) | 50.00 | +0.00 |" in text and "dataset files missing" not in text
 
 
 def _fake_run(folder, seed: int, accuracies: list[float], weighted: list[float] | None = None) -> None:

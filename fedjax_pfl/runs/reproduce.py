@@ -281,6 +281,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
     no_data = settings_without_data(cells, extra, args.data_dir)
     plans = plan_cells(cells, out, rounds, args, extra, no_data)
+    left = {cs[0].setting.name for _, cs, _, state, _ in plans if state == NO_DATA}
+    no_data = {name: reason for name, reason in no_data.items() if name in left}  # finished cells need no files
     failed, status, side_by_side = [], 0, []
     for i, (label, plan_cells_, argv, state, folder) in enumerate(plans, 1):
         command = shlex.join([*TRAIN.split(), *argv, *(["--resume"] if state == "resume" else [])])
