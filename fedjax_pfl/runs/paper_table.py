@@ -16,7 +16,9 @@ minutes, status, commit, machine and jax version. table.csv has one line per
 (row, setting) with fractions, not percent (the paper's number and the
 difference too). Writing the table again keeps what the earlier table in
 the folder says of cells whose run folders are absent here, and its
-hand-written preface (`earlier_table`). Nothing here imports JAX.
+hand-written preface (`earlier_table`); a cell with folders here for some
+seeds and others only in that table is a UserError (it keeps a mean, not
+runs to pool). Nothing here imports JAX.
 """
 
 from __future__ import annotations
