@@ -508,23 +508,39 @@ def test_rewriting_a_table_where_some_run_folders_are_absent_keeps_their_cells(t
     assert "| global (paper) | - (2 not run) | 71.00 | - |" in other and "Kept from" not in other
 
 
-def test_a_seed_only_the_earlier_table_holds_beside_a_run_folder_of_the_cell_is_an_error_not_a_loss(tmp_path):
-    """Seed 0 of a cell ran elsewhere (only table.csv holds it) and seed 1 has a run folder here: the table
-    cannot pool a mean it only has as a mean with runs here, and dropping seed 0 would lose it silently, so
-    writing the table is a one-line error that says which folder to bring; with it here, the cell has both."""
+def test_a_seed_only_the_earlier_table_holds_is_pooled_with_the_cells_run_folders_here(tmp_path):
+    """Seed 0 of a cell ran elsewhere (only table.csv holds it) and seed 1 has a run folder here: the cell pools
+    both exactly (n, mean and std of the kept runs give their sum and sum of squares), keeps seed 0's Runs
+    line and adds seed 1's; the result equals the table written with both folders here. A kept line whose mean
+    includes a seed whose folder is here, beside one that is not, is a one-line error (it cannot be taken apart)."""
     table = tmp_path / "flags.yaml"
     table.write_text(FLAGS)
     spec = table_spec.load_table(table)
     for row in ("local", "global"):
         _fake_run(tmp_path / "runs" / f"{row}-s" / "seed0", 0, [0.9, 0.7])
     paper_table.write_table(spec, spec.cells(seeds=[0]), tmp_path, {"s": (2, 2)}, [0])
+    first = (tmp_path / "table.md").read_text().splitlines()
     shutil.move(tmp_path / "runs" / "global-s" / "seed0", tmp_path / "elsewhere")
-    _fake_run(tmp_path / "runs" / "global-s" / "seed1", 1, [0.9, 0.8])
+    _fake_run(tmp_path / "runs" / "global-s" / "seed1", 1, [0.95, 0.8])
+    text = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    assert "| global (paper) | 75.00 ± 5.00 (n=2) | 90.00 | -15.00 ⚠ |" in text
+    assert "| local | 90.00 ± 0.00 (n=1) (1 finished, 1 not run) |" in text
+    assert [ln for ln in text.splitlines() if ln.startswith("| global-s/seed0 |")] == [
+        ln for ln in first if ln.startswith("| global-s/seed0 |")]
+    assert any(ln.startswith("| global-s/seed1 | 2 |") for ln in text.splitlines())
+    assert "(1 runs whose folders are not here, their results and Runs lines as that table gives them): " \
+        "global-s/seed0." in text
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "table.csv"))}
+    assert rows["global"]["seeds"] == "0, 1" and rows["global"]["status"] == "2 finished"
+    assert rows["global"]["folders"] == "runs/global-s/seed0;runs/global-s/seed1"
+    assert float(rows["global"]["std"]) == pytest.approx(0.05)
+    assert float(rows["global"]["best_mean"]) == pytest.approx(0.925) and float(rows["global"]["best_std"]) == pytest.approx(0.025)
+    # written again (the pooled line now names both seeds, seed 1's folder is here): refused, not mis-pooled
     with pytest.raises(UserError, match=r"global/s: seed 0 is only in the earlier table.*runs/global-s/seed0"):
         paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
     shutil.move(tmp_path / "elsewhere", tmp_path / "runs" / "global-s" / "seed0")
-    text = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
-    assert "| global (paper) | 75.00 ± 5.00 (n=2) | 90.00 | -15.00 ⚠ |" in text
+    both = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    assert both == text.replace("\n" + next(ln for ln in text.splitlines() if ln.startswith("Kept from")), "")
 
 
 @pytest.mark.parametrize("change", [{"status": "1 finished, 1 interrupted"}, {"rounds": "3"}, {"metric": "best"},

@@ -16,15 +16,13 @@ minutes, status, commit, machine and jax version. table.csv has one line per
 (row, setting) with fractions, not percent (the paper's number and the
 difference too). Writing the table again keeps what the earlier table in
 the folder says of cells whose run folders are absent here, and its
-hand-written preface (`earlier_table`); a cell with folders here for some
-seeds and others only in that table is a UserError (it keeps a mean, not
-runs to pool). Nothing here imports JAX.
+hand-written preface (`earlier_table`), pooling them exactly with the
+cell's other seeds whose folders are here. Nothing here imports JAX.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
@@ -33,39 +31,53 @@ from fedjax_pfl.runs.report import load_run, mean_std, write_csv
 from fedjax_pfl.runs.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
 from fedjax_pfl.runs.atomic_file import atomic_write
 from fedjax_pfl.runs.paper_numbers import FLAG_POINTS, difference, flagged
-from fedjax_pfl.runs.earlier_table import EarlierTable, kept_ours, read_earlier
+from fedjax_pfl.runs.earlier_table import EarlierTable, kept_ours, pooled, read_earlier
 
 
 def _fraction(value):
     return None if value is None else value / 100
 
 
-def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = False) -> dict:
-    """The "ours" fields of one (row, setting) from the runs of its seeds that exist (``cells``: its run row's)."""
+def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = False, kept: dict | None = None) -> dict:
+    """The "ours" fields of one (row, setting) from the runs of its seeds that exist (``cells``: its run row's),
+    pooled with ``kept``, the earlier table's finished runs of seeds whose folders are not here (`kept_cells`)."""
     runs = [load_run(runs_dir / c.folder_name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)]
-    means = {m: mean_std([getattr(r, m) for r in runs]) for m in (spec.metric, *spec.also_metrics)}
-    statuses = [r.status for r in runs] + [NO_DATA if no_data else "not run"] * (len(cells) - len(runs))
-    return {"runs": len(runs), "mean": means[spec.metric][0], "std": means[spec.metric][1],
+    kept = kept or {"runs": 0, "seeds": "", "rounds": "", "folders": ""}
+    metrics = [(m, "mean", "std") if m == spec.metric else (m, f"{m}_mean", f"{m}_std")
+               for m in (spec.metric, *spec.also_metrics)]
+    means = {m: (pooled((kept["runs"], kept[mean], kept[std]), [getattr(r, m) for r in runs]) if kept["runs"]
+                 else mean_std([getattr(r, m) for r in runs])) for m, mean, std in metrics}
+    statuses = ([r.status for r in runs] + ["finished"] * kept["runs"]
+                + [NO_DATA if no_data else "not run"] * (len(cells) - len(runs) - kept["runs"]))
+    seeds = [s for s in kept["seeds"].split(", ") if s] + [str(r.config.get("seed")) for r in runs]
+    folders = [f for f in kept["folders"].split(";") if f] + [str(Path(r.path).relative_to(runs_dir.parent))
+                                                               for r in runs]
+    order = sorted(range(len(seeds)), key=lambda i: int(seeds[i]) if seeds[i].isdigit() else -1)
+    return {"runs": len(runs) + kept["runs"], "mean": means[spec.metric][0], "std": means[spec.metric][1],
             **{f"{m}_{k}": v[i] for m, v in means.items() if m != spec.metric for i, k in enumerate(("mean", "std"))},
-            "seeds": ", ".join(str(r.config.get("seed")) for r in runs),
-            "rounds": ", ".join(dict.fromkeys(str(r.rounds_done) for r in runs)),
+            "seeds": ", ".join(seeds[i] for i in order),
+            "rounds": ", ".join(dict.fromkeys([r for r in kept["rounds"].split(", ") if r]
+                                              + [str(r.rounds_done) for r in runs])),
             "status": ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)),
-            "folders": ";".join(str(Path(r.path).relative_to(runs_dir.parent)) for r in runs)}  # from table.csv
+            "folders": ";".join(folders[i] for i in order)}  # from table.csv
 
 
-def _refuse_to_drop(key: tuple, found: dict, cells: list[Cell], runs_dir: Path) -> None:
-    """UserError when the earlier table's line of a cell holds seeds whose folders are not here while other
-    seeds of the cell have folders here: the table keeps a mean, not its runs, so it cannot pool the two,
-    and writing the cell from the runs here alone would drop those seeds without a word."""
+def _kept_to_pool(key: tuple, found: dict, cells: list[Cell], runs_dir: Path) -> dict | None:
+    """The earlier line ``found`` to pool with the cell's run folders here (`ours`) when none of its seeds has a
+    folder here; None when all have (the folders stand for the cell); a UserError when some have: that line
+    holds those seeds' results inside its mean, which cannot be taken apart from the others'."""
     here = {c.folder_name for c in cells if (c.method.name, c.setting.name) == key
             and run_folder.is_run(runs_dir / c.folder_name)}
-    absent = [f for f in found["folders"].split(";") if f and Path(f).relative_to("runs").as_posix() not in here]
-    if absent:
-        seeds = ", ".join(f.rsplit("seed", 1)[-1] for f in absent)
-        raise UserError(f"{key[0]}/{key[1]}: seed {seeds} is only in the earlier table (its folders "
-                        f"{', '.join(absent)} are not under {runs_dir.parent}) while this cell has run folders "
-                        "here; bring those folders into runs/ (or move this cell's new ones elsewhere), then "
-                        "write the table again")
+    folders = [Path(f).relative_to("runs").as_posix() for f in found["folders"].split(";") if f]
+    absent = [f"runs/{f}" for f in folders if f not in here]
+    if len(absent) == len(folders):
+        return found
+    if not absent:
+        return None
+    seeds = ", ".join(f.rsplit("seed", 1)[-1] for f in absent)
+    raise UserError(f"{key[0]}/{key[1]}: seed {seeds} is only in the earlier table (its folders "
+                    f"{', '.join(absent)} are not under {runs_dir.parent}) and its mean there includes seeds "
+                    "whose folders are here; bring those folders into runs/ too, then write the table again")
 
 
 def entry(spec: TableSpec, row: MethodRow, setting: Setting, found: dict) -> dict:
@@ -90,7 +102,7 @@ def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozense
     for c in cells:
         groups.setdefault((c.method.name, c.setting.name), []).append(c)
     settings = {c.setting.name: c.setting for c in cells}
-    found = {key: kept.get(key) or ours(spec, group, runs_dir, key[1] in no_data) for key, group in groups.items()}
+    found = {key: ours(spec, group, runs_dir, key[1] in no_data, kept.get(key)) for key, group in groups.items()}
     rows = spec.shown_rows({c.method.name for c in cells})
     return [entry(spec, row, setting, found[(spec.run_row(row).name, name)])
             for row in rows for name, setting in settings.items()]
@@ -98,20 +110,18 @@ def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozense
 
 def kept_cells(spec: TableSpec, cells: list[Cell], runs_dir: Path, earlier: EarlierTable, rounds: dict,
                seeds: list[int]) -> dict:
-    """(run row, setting) -> the earlier table's "ours" fields, for the cells none of whose seeds has a run
-    folder here and whose earlier line counts finished runs of the rounds used now (`earlier_table`)."""
+    """(run row, setting) -> the earlier table's "ours" fields of the cell, where its line counts finished runs
+    of the rounds used now (`earlier_table.kept_ours`) whose folders are not here; `ours` pools them with the
+    cell's run folders here, if any (`_kept_to_pool`)."""
     here = {(c.method.name, c.setting.name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)}
-    asked = Counter((c.method.name, c.setting.name) for c in cells)  # seeds per cell, in table order
     kept = {}
-    for key, count in asked.items():
+    for key in dict.fromkeys((c.method.name, c.setting.name) for c in cells):
         found = kept_ours(earlier.lines.get(key), spec.metric, rounds[key[1]][0], seeds,
                           [m for m in spec.also_metrics if m != spec.metric])
         if found and key in here:
-            _refuse_to_drop(key, found, cells, runs_dir)
-            found = None
-        if found:  # seeds asked for now that the earlier table did not run read "not run"
-            missing = count - found["runs"]
-            kept[key] = {**found, "status": found["status"] + (f", {missing} not run" if missing > 0 else "")}
+            found = _kept_to_pool(key, found, cells, runs_dir)
+        if found:
+            kept[key] = found
     return kept
 
 
