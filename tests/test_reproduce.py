@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import cli as train, config, data_check, paper_table, reproduce
+from fedjax_pfl.runs import cli as train, config, data_check, paper_table, report, reproduce
 from fedjax_pfl.runs import earlier_table, machine, parallel_cells, results_writer, run_folder, table_spec
 from signal_after_round import signal_after
 
@@ -510,9 +510,10 @@ def test_rewriting_a_table_where_some_run_folders_are_absent_keeps_their_cells(t
 
 def test_a_seed_only_the_earlier_table_holds_is_pooled_with_the_cells_run_folders_here(tmp_path):
     """Seed 0 of a cell ran elsewhere (only table.csv holds it) and seed 1 has a run folder here: the cell pools
-    both exactly (n, mean and std of the kept runs give their sum and sum of squares), keeps seed 0's Runs
-    line and adds seed 1's; the result equals the table written with both folders here. A kept line whose mean
-    includes a seed whose folder is here, beside one that is not, is a one-line error (it cannot be taken apart)."""
+    both (a one-run line's value is its mean), keeps seed 0's Runs line and adds seed 1's; the result equals
+    the table written with both folders here. The pooled line is taken apart run by run (table.csv's values
+    columns) when the table is written again; an older line of several runs without them cannot be, and is a
+    one-line error."""
     table = tmp_path / "flags.yaml"
     table.write_text(FLAGS)
     spec = table_spec.load_table(table)
@@ -535,12 +536,20 @@ def test_a_seed_only_the_earlier_table_holds_is_pooled_with_the_cells_run_folder
     assert rows["global"]["folders"] == "runs/global-s/seed0;runs/global-s/seed1"
     assert float(rows["global"]["std"]) == pytest.approx(0.05)
     assert float(rows["global"]["best_mean"]) == pytest.approx(0.925) and float(rows["global"]["best_std"]) == pytest.approx(0.025)
-    # written again (the pooled line now names both seeds, seed 1's folder is here): refused, not mis-pooled
-    with pytest.raises(UserError, match=r"global/s: seed 0 is only in the earlier table.*runs/global-s/seed0"):
-        paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
+    assert rows["global"]["values"] == "0.7;0.8" and rows["global"]["best_values"] == "0.9;0.95"
+    # written again (the line now holds both seeds, seed 1's folder here): seed 0 taken from it run by run
+    assert paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1]) == text
     shutil.move(tmp_path / "elsewhere", tmp_path / "runs" / "global-s" / "seed0")
     both = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
     assert both == text.replace("\n" + next(ln for ln in text.splitlines() if ln.startswith("Kept from")), "")
+    # an older table's line of two runs without their values cannot be taken apart: a one-line error
+    lines = list(csv.DictReader(open(tmp_path / "table.csv")))
+    for line in lines:
+        line["values"] = line["best_values"] = ""
+    report.write_csv(tmp_path / "table.csv", lines)
+    shutil.move(tmp_path / "runs" / "global-s" / "seed0", tmp_path / "elsewhere")
+    with pytest.raises(UserError, match=r"global/s: the earlier table holds seeds whose folders \(runs/global-s/seed0\)"):
+        paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
 
 
 @pytest.mark.parametrize("change", [{"status": "1 finished, 1 interrupted"}, {"rounds": "3"}, {"metric": "best"},
@@ -552,5 +561,5 @@ def test_an_earlier_line_stands_for_a_cell_only_when_it_matches(change):
     assert kept["runs"] == 2 and kept["mean"] == 0.5 and kept["best_mean"] == 0.6 and kept["seeds"] == "0, 1"
     # seeds that line did not run, written "not run" beside its finished ones, do not unmake it
     assert earlier_table.kept_ours({**line, "status": "2 finished, 1 not run"}, "last", 2, [0, 1, 2]) == {
-        k: v for k, v in kept.items() if not k.startswith("best")}
+        k: v for k, v in kept.items() if not k.startswith("best") and k != "values"} | {"values": None}
     assert earlier_table.kept_ours({**line, **change}, "last", 2, [0, 1, 2], ["best"]) is None

@@ -10,9 +10,10 @@ folder (`read_earlier`):
   here keeps its "ours" part (mean, std, seeds, rounds, status, folders;
   `kept_ours`) when that line counted finished runs only, of the rounds and
   metric used now, on seeds among those asked for; the paper's number and the
-  difference are computed afresh from the table file. When other seeds of the
-  cell have run folders here, the two are pooled exactly (`pooled`: a mean
-  and a population std over n runs hold their sum and sum of squares). table.csv does not
+  difference are computed afresh from the table file. Its per-run values
+  (``values``, one per folder; a one-run line's mean where an older table
+  lacks them) let `paper_table` pool those runs with the cell's other seeds
+  whose folders are here. table.csv does not
   record a cell's full configuration, so, unlike a run folder (`reproduce`
   refuses one of another configuration), a kept line is not checked against
   the table file's overrides: after changing those, remove the table files.
@@ -27,7 +28,6 @@ Nothing here imports JAX.
 from __future__ import annotations
 
 import csv
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,26 +116,32 @@ def kept_ours(line: dict | None, metric: str, rounds: int, seeds: list[int], als
     kept["status"] = f"{runs} finished"
     for name in ("mean", "std", *[f"{m}_{s}" for m in also_metrics for s in ("mean", "std")]):
         kept[name] = float(line.get(name) or "nan")
+    kept["values"] = run_values(line, runs, also_metrics)
     return kept
 
 
-def pooled(kept: tuple[int, float, float], values) -> tuple[float, float]:
-    """Mean and population std (ddof=0) of the ``kept`` runs, given as (n, mean, std), and the finite ``values``
-    together: exact, since n, mean and std give the runs' sum and sum of squares. With no finite values, the
-    kept mean and std as they are.
+def values_column(metric: str = "") -> str:
+    """table.csv's column of each run's value, in the order of its folders: ``values`` for the table's metric,
+    ``{metric}_values`` for another."""
+    return f"{metric}_values" if metric else "values"
 
-    >>> [round(x, 9) for x in pooled((1, 0.7, 0.0), [0.8])], [round(x, 9) for x in pooled((2, 0.5, 0.1), [0.5])]
-    ([0.75, 0.05], [0.5, 0.081649658])
-    >>> pooled((2, 0.5, 0.1), [float("nan")])
-    (0.5, 0.1)
+
+def run_values(line: dict, runs: int, also_metrics=()) -> dict[str, list[float]] | None:
+    """Each run's value per values column (`values_column`) of a csv line with ``runs`` runs; a one-run line
+    without them (an older table) has its means; None where they are not known.
+
+    >>> run_values({"values": "0.5;0.7", "best_values": "0.6;0.8"}, 2, ["best"])
+    {'values': [0.5, 0.7], 'best_values': [0.6, 0.8]}
+    >>> run_values({"mean": "0.5", "best_mean": "0.6"}, 1, ["best"]), run_values({"mean": "0.5"}, 2)
+    ({'values': [0.5], 'best_values': [0.6]}, None)
     """
-    n, mean, std = kept
-    values = [v for v in values if math.isfinite(v)]
-    if not values:
-        return mean, std
-    if not math.isfinite(mean):  # the kept runs had no value of this metric
-        n, mean, std = 0, 0.0, 0.0
-    count = n + len(values)
-    total = math.fsum([n * mean, *values]) / count
-    squares = math.fsum([n * (std * std + mean * mean), *[v * v for v in values]]) / count
-    return total, math.sqrt(max(squares - total * total, 0.0))
+    out = {}
+    for metric in ("", *also_metrics):
+        text = line.get(values_column(metric)) or ""
+        values = [float(v) for v in text.split(";")] if text else None
+        if values is None and runs == 1:
+            values = [float(line.get(f"{metric}_mean" if metric else "mean") or "nan")]
+        if values is None or len(values) != runs:
+            return None
+        out[values_column(metric)] = values
+    return out

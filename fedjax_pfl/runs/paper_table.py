@@ -14,7 +14,7 @@ notes follow (the table file's ``notes``, then one line per dataset whose
 files were missing), and a "Runs" section closes the file: each run's rounds,
 minutes, status, commit, machine and jax version. table.csv has one line per
 (row, setting) with fractions, not percent (the paper's number and the
-difference too). Writing the table again keeps what the earlier table in
+difference too), and each run's value in the order of its folders. Writing the table again keeps what the earlier table in
 the folder says of cells whose run folders are absent here, and its
 hand-written preface (`earlier_table`), pooling them exactly with the
 cell's other seeds whose folders are here. Nothing here imports JAX.
@@ -31,7 +31,7 @@ from fedjax_pfl.runs.report import load_run, mean_std, write_csv
 from fedjax_pfl.runs.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
 from fedjax_pfl.runs.atomic_file import atomic_write
 from fedjax_pfl.runs.paper_numbers import FLAG_POINTS, difference, flagged
-from fedjax_pfl.runs.earlier_table import EarlierTable, kept_ours, pooled, read_earlier
+from fedjax_pfl.runs.earlier_table import EarlierTable, kept_ours, read_earlier, values_column
 
 
 def _fraction(value):
@@ -40,44 +40,54 @@ def _fraction(value):
 
 def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = False, kept: dict | None = None) -> dict:
     """The "ours" fields of one (row, setting) from the runs of its seeds that exist (``cells``: its run row's),
-    pooled with ``kept``, the earlier table's finished runs of seeds whose folders are not here (`kept_cells`)."""
+    with ``kept``, the earlier table's finished runs of seeds whose folders are not here (`kept_cells`): as
+    that table gives them when no seed has a folder here, else pooled with those that have, run by run."""
     runs = [load_run(runs_dir / c.folder_name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)]
-    kept = kept or {"runs": 0, "seeds": "", "rounds": "", "folders": ""}
-    metrics = [(m, "mean", "std") if m == spec.metric else (m, f"{m}_mean", f"{m}_std")
-               for m in (spec.metric, *spec.also_metrics)]
-    means = {m: (pooled((kept["runs"], kept[mean], kept[std]), [getattr(r, m) for r in runs]) if kept["runs"]
-                 else mean_std([getattr(r, m) for r in runs])) for m, mean, std in metrics}
+    kept = kept or {"runs": 0, "seeds": "", "rounds": "", "folders": "", "values": {}}
+    metrics = {values_column("" if m == spec.metric else m): m for m in (spec.metric, *spec.also_metrics)}
+    values = {col: (kept["values"] or {}).get(col, []) + [getattr(r, m) for r in runs] for col, m in metrics.items()}
+    if runs or not kept["runs"]:
+        means = {col: mean_std(v) for col, v in values.items()}
+    else:  # the earlier line as it is (its runs' values may be unknown: a table from before they were written)
+        means = {col: (kept["mean"], kept["std"]) if col == "values" else (kept[f"{m}_mean"], kept[f"{m}_std"])
+                 for col, m in metrics.items()}
     statuses = ([r.status for r in runs] + ["finished"] * kept["runs"]
                 + [NO_DATA if no_data else "not run"] * (len(cells) - len(runs) - kept["runs"]))
     seeds = [s for s in kept["seeds"].split(", ") if s] + [str(r.config.get("seed")) for r in runs]
     folders = [f for f in kept["folders"].split(";") if f] + [str(Path(r.path).relative_to(runs_dir.parent))
                                                                for r in runs]
     order = sorted(range(len(seeds)), key=lambda i: int(seeds[i]) if seeds[i].isdigit() else -1)
-    return {"runs": len(runs) + kept["runs"], "mean": means[spec.metric][0], "std": means[spec.metric][1],
-            **{f"{m}_{k}": v[i] for m, v in means.items() if m != spec.metric for i, k in enumerate(("mean", "std"))},
+    return {"runs": len(runs) + kept["runs"], "mean": means["values"][0], "std": means["values"][1],
+            **{f"{m}_{k}": means[col][i] for col, m in metrics.items() if col != "values"
+               for i, k in enumerate(("mean", "std"))},
             "seeds": ", ".join(seeds[i] for i in order),
             "rounds": ", ".join(dict.fromkeys([r for r in kept["rounds"].split(", ") if r]
                                               + [str(r.rounds_done) for r in runs])),
             "status": ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)),
-            "folders": ";".join(folders[i] for i in order)}  # from table.csv
+            "folders": ";".join(folders[i] for i in order),  # from table.csv
+            **{col: ";".join(repr(v[i]) for i in order) if len(v) == len(folders) else ""
+               for col, v in values.items()}}
 
 
 def _kept_to_pool(key: tuple, found: dict, cells: list[Cell], runs_dir: Path) -> dict | None:
-    """The earlier line ``found`` to pool with the cell's run folders here (`ours`) when none of its seeds has a
-    folder here; None when all have (the folders stand for the cell); a UserError when some have: that line
-    holds those seeds' results inside its mean, which cannot be taken apart from the others'."""
+    """The runs of the earlier line ``found`` whose folders are not here, to pool with the cell's run folders
+    here (`ours`); None when all its folders are here (they stand for the cell); a UserError when its runs'
+    values are unknown (a table from before they were written) and the mean cannot be taken apart."""
     here = {c.folder_name for c in cells if (c.method.name, c.setting.name) == key
             and run_folder.is_run(runs_dir / c.folder_name)}
-    folders = [Path(f).relative_to("runs").as_posix() for f in found["folders"].split(";") if f]
-    absent = [f"runs/{f}" for f in folders if f not in here]
-    if len(absent) == len(folders):
-        return found
+    folders = [f for f in found["folders"].split(";") if f]
+    absent = [i for i, f in enumerate(folders) if Path(f).relative_to("runs").as_posix() not in here]
     if not absent:
         return None
-    seeds = ", ".join(f.rsplit("seed", 1)[-1] for f in absent)
-    raise UserError(f"{key[0]}/{key[1]}: seed {seeds} is only in the earlier table (its folders "
-                    f"{', '.join(absent)} are not under {runs_dir.parent}) and its mean there includes seeds "
-                    "whose folders are here; bring those folders into runs/ too, then write the table again")
+    if found["values"] is None:
+        raise UserError(f"{key[0]}/{key[1]}: the earlier table holds seeds whose folders "
+                        f"({', '.join(folders[i] for i in absent)}) are not under {runs_dir.parent} inside a mean "
+                        "without its runs' values, beside run folders of this cell here; bring those folders "
+                        "into runs/, then write the table again")
+    seeds = [s for s in found["seeds"].split(", ") if s]
+    return {**found, "runs": len(absent), "seeds": ", ".join(seeds[i] for i in absent),
+            "folders": ";".join(folders[i] for i in absent), "status": f"{len(absent)} finished",
+            "values": {col: [v[i] for i in absent] for col, v in found["values"].items()}}
 
 
 def entry(spec: TableSpec, row: MethodRow, setting: Setting, found: dict) -> dict:
@@ -91,7 +101,8 @@ def entry(spec: TableSpec, row: MethodRow, setting: Setting, found: dict) -> dic
             "paper_std": _fraction(paper and paper.std), "diff": _fraction(diff), "flag": flagged(diff),
             **{f"{m}_mean": found[f"{m}_mean"] for m in spec.also_metrics if m != spec.metric},
             **{f"{m}_std": found[f"{m}_std"] for m in spec.also_metrics if m != spec.metric},
-            **{k: found[k] for k in ("seeds", "rounds", "status", "folders")}}
+            **{k: found[k] for k in ("seeds", "rounds", "status", "folders")},
+            **{values_column(m): found[values_column(m)] for m in ("", *spec.also_metrics) if m != spec.metric}}
 
 
 def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozenset(), kept=None) -> list[dict]:
