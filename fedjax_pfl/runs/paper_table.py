@@ -14,10 +14,11 @@ notes follow (the table file's ``notes``, then one line per dataset whose
 files were missing), and a "Runs" section closes the file: each run's rounds,
 minutes, status, commit, machine and jax version. table.csv has one line per
 (row, setting) with fractions, not percent (the paper's number and the
-difference too), and each run's value in the order of its folders. Writing the table again keeps what the earlier table in
-the folder says of cells whose run folders are absent here, and its
-hand-written preface (`earlier_table`), pooling them exactly with the
-cell's other seeds whose folders are here. Nothing here imports JAX.
+difference too), and each run's value in the order of its folders.
+Writing the table again keeps what the earlier table in the folder says of
+cells whose run folders are absent here, and its hand-written preface
+(`earlier_table`), pooling those runs, value by value, with the cell's
+other seeds whose folders are here. Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ def _fraction(value):
     return None if value is None else value / 100
 
 
+_NOTHING_KEPT = {"runs": 0, "seeds": "", "rounds": "", "folders": "", "values": {}}  # `ours` for a cell with no kept runs
+
+
 def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = False, kept: dict | None = None) -> dict:
     """The "ours" fields of one (row, setting) from the runs of its seeds that exist (``cells``: its run row's),
     with ``kept``, the earlier table's finished runs of seeds whose folders are not here (`kept_cells`): as
     that table gives them when no seed has a folder here, else pooled with those that have, run by run."""
     runs = [load_run(runs_dir / c.folder_name) for c in cells if run_folder.is_run(runs_dir / c.folder_name)]
-    kept = kept or {"runs": 0, "seeds": "", "rounds": "", "folders": "", "values": {}}
+    kept = kept or _NOTHING_KEPT
     metrics = {values_column("" if m == spec.metric else m): m for m in (spec.metric, *spec.also_metrics)}
     values = {col: (kept["values"] or {}).get(col, []) + [getattr(r, m) for r in runs] for col, m in metrics.items()}
     if runs or not kept["runs"]:
