@@ -58,7 +58,7 @@ the authors' code; ``local`` evaluates the client's own trained body with
 its combined head.
 
 Many local epochs can make the first alignment round diverge: on PFAKD's
-Fashion-MNIST setting (``lam`` 1, E 10, SGD lr 0.01 momentum 0.9) the averaged
+Fashion-MNIST setting (``lam`` 1, E 10 or 20, SGD lr 0.01 momentum 0.9) the averaged
 body's features sit far from the global prototypes in round 2, the body blows
 up and every client ends up predicting its largest class; PFLlib's FedPAC
 falls the same way there at six seeds of six and climbs back as unevenly
