@@ -61,8 +61,9 @@ Many local epochs can make the first alignment round diverge: on PFAKD's
 Fashion-MNIST setting (``lam`` 1, E 10 or 20, SGD lr 0.01 momentum 0.9) the averaged
 body's features sit far from the global prototypes in round 2, the body blows
 up and every client ends up predicting its largest class; PFLlib's FedPAC
-falls the same way at E 10, at six seeds of six, and climbs back as unevenly
-(reproductions/pfakd_table1, its notes); ``lam=0`` or E 5 learn there.
+falls the same way at E 10, at six seeds of six, and climbs back as unevenly,
+and at E 20 at the one seed run (reproductions/pfakd_table1, its notes);
+``lam=0`` or E 5 learn there.
 
 Where the spec is silent (authors' code followed, or said why): statistics
 and prototypes use the model in inference mode (BatchNorm running averages);
