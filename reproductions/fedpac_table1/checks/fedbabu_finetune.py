@@ -1,17 +1,19 @@
 """What FedBABU's fine-tuning protocol does to its FMNIST 100-client cell: the cell's round-200 model, evaluated
 with other fine-tuning settings.
 
-Restores the checkpoint of the table's run (runs/fedbabu-fmnist_100/seed0, written by the reproduce command;
-checkpoints stay on the machine that ran it) and evaluates the same global body and head once per variant:
+Restores the checkpoint of the table's run (runs/fedbabu-fmnist_100/seed0, or the run folder given as the one
+argument, e.g. seed 1's; written by the reproduce command, checkpoints stay on the machine that ran it; the seed
+is read from the folder's config.json) and evaluates the same global body and head once per variant:
 the table's protocol (the whole model, 10 epochs, the run's SGD lr 0.01 momentum 0.5), no fine-tuning, the
 head alone, 5 and 20 epochs, and the FedBABU authors' (the whole model, 5 epochs, lr 1e-3 momentum 0.9).
 Prints one Markdown line per variant: the mean over the 100 clients of their test accuracy.
 
-    FEDJAX_PFL_DATA_DIR=../shared/data python reproductions/fedpac_table1/checks/fedbabu_finetune.py
+    FEDJAX_PFL_DATA_DIR=../shared/data python reproductions/fedpac_table1/checks/fedbabu_finetune.py [RUN_FOLDER]
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs.experiment import build_experiment
 
 RUN = Path("reproductions/fedpac_table1/runs/fedbabu-fmnist_100/seed0")
-CELL = ["method_name=fedbabu", "seed=0", "partition.num_clients=100", "train.join_ratio=0.3",
+CELL = ["method_name=fedbabu", "partition.num_clients=100", "train.join_ratio=0.3",
         "partition.samples_per_client=470", "partition.test_per_client=75"]
 VARIANTS = {
     "table: all, 10 epochs, lr 0.01 m 0.5": [],
@@ -35,22 +37,23 @@ VARIANTS = {
 }
 
 
-def main():
-    path = checkpoint.checkpoint_path(RUN)
+def main(run: Path = RUN):
+    path = checkpoint.checkpoint_path(run)
     if not checkpoint.exists(path):
-        sys.exit(f"error: no checkpoint in {RUN}; run the table's fedbabu fmnist_100 cell first")
+        sys.exit(f"error: no checkpoint in {run}; run the table's fedbabu fmnist_100 cell first")
+    seed = json.loads((run / "config.json").read_text())["config"]["seed"]
     print("| fine-tuning | accuracy (%) | seconds |\n|---|---|---|")
     for label, overrides in VARIANTS.items():
         began = time.perf_counter()
-        cfg = config_lib.build("configs/fedpac_fmnist.yaml", [*CELL, *overrides])
+        cfg = config_lib.build("configs/fedpac_fmnist.yaml", [*CELL, f"seed={seed}", *overrides])
         engine = build_experiment(cfg).engine
         init_key, key = jax.random.split(jax.random.key(cfg.seed))
         template = engine.init(init_key)
         (server, clients), _, meta = checkpoint.restore(path, template, num_clients=engine.num_clients)
         accuracy = engine.evaluate_summary(server, clients, jax.random.fold_in(key, 200))["accuracy"]
         print(f"| {label} | {100 * accuracy:.2f} | {time.perf_counter() - began:.0f} |", flush=True)
-    print(f"(checkpoint after round {meta.get('rounds_done')})")
+    print(f"(seed {seed}, checkpoint after round {meta.get('rounds_done')})")
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else RUN)
