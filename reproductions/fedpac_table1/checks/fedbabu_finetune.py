@@ -2,8 +2,8 @@
 with other fine-tuning settings.
 
 Restores the checkpoint of the table's run (runs/fedbabu-fmnist_100/seed0, or the run folder given as the one
-argument, e.g. seed 1's; written by the reproduce command, checkpoints stay on the machine that ran it; the seed
-is read from the folder's config.json) and evaluates the same global body and head once per variant:
+argument, e.g. seed 1's; written by the reproduce command, checkpoints stay on the machine that ran it; the
+cell's configuration, seed included, is read from the folder's config.json) and evaluates the same global body and head once per variant:
 the table's protocol (the whole model, 10 epochs, the run's SGD lr 0.01 momentum 0.5), no fine-tuning, the
 head alone, 5 and 20 epochs, and the FedBABU authors' (the whole model, 5 epochs, lr 1e-3 momentum 0.9).
 Prints one Markdown line per variant: the mean over the 100 clients of their test accuracy.
@@ -25,8 +25,6 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs.experiment import build_experiment
 
 RUN = Path("reproductions/fedpac_table1/runs/fedbabu-fmnist_100/seed0")
-CELL = ["method_name=fedbabu", "partition.num_clients=100", "train.join_ratio=0.3",
-        "partition.samples_per_client=470", "partition.test_per_client=75"]
 VARIANTS = {
     "table: all, 10 epochs, lr 0.01 m 0.5": [],
     "no fine-tuning (global body and head)": ["method.finetune_epochs=0"],
@@ -41,11 +39,12 @@ def main(run: Path = RUN):
     path = checkpoint.checkpoint_path(run)
     if not checkpoint.exists(path):
         sys.exit(f"error: no checkpoint in {run}; run the table's fedbabu fmnist_100 cell first")
-    seed = json.loads((run / "config.json").read_text())["config"]["seed"]
+    saved = json.loads((run / "config.json").read_text())["config"]
+    seed = saved["seed"]
     print("| fine-tuning | accuracy (%) | seconds |\n|---|---|---|")
     for label, overrides in VARIANTS.items():
         began = time.perf_counter()
-        cfg = config_lib.build("configs/fedpac_fmnist.yaml", [*CELL, f"seed={seed}", *overrides])
+        cfg = config_lib.build(overrides=overrides, start=saved)
         engine = build_experiment(cfg).engine
         init_key, key = jax.random.split(jax.random.key(cfg.seed))
         template = engine.init(init_key)
