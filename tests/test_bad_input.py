@@ -181,6 +181,19 @@ def test_a_real_process_prints_one_line_and_exits_2(tmp_path):
     _assert_one_line_error(proc.returncode, proc.stderr, "not valid YAML")
 
 
+def test_a_real_process_resuming_a_damaged_checkpoint_prints_one_line(tmp_path, finished_run):
+    """Orbax left reads of a damaged checkpoint running after the error, and about every second process
+    printed their 'Event loop is closed' traceback after the one-line error; the digests refuse the files
+    before Orbax reads them."""
+    for attempt in range(3):
+        (tmp_path / str(attempt)).mkdir()
+        paths = _setup(tmp_path / str(attempt), finished_run)
+        proc = subprocess.run([sys.executable, "-m", "fedjax_pfl.train", "--out", str(paths["corrupted"]),
+                               "--resume", "--rounds", "3", "--no-progress"], capture_output=True, text=True,
+                              timeout=120)
+        _assert_one_line_error(proc.returncode, proc.stderr, "truncated or corrupted")
+
+
 # ------------------------------------------------------------ the same table for every command
 
 TABLE = """

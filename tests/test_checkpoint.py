@@ -1,5 +1,8 @@
 """Orbax checkpoints (checkpoint.py) on small trees: the latest round kept, meta and round back, a
-different tree or shape refused in one line, the padded client axis re-padded and nothing else."""
+different tree or shape refused in one line, the padded client axis re-padded and nothing else, and
+any changed, cut or missing file of a saved round refused by its digests."""
+
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -76,3 +79,50 @@ def test_no_checkpoint_and_a_damaged_one_are_user_errors(tmp_path):
     meta.write_text("{")
     with pytest.raises(UserError, match="truncated or corrupted"):
         checkpoint.restore(tmp_path / "c", _state())
+
+
+def _flip_middle_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _saved_files(folder):
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != checkpoint.MANIFEST)
+
+
+def test_any_changed_byte_of_a_saved_round_is_refused_not_restored(tmp_path):
+    """Orbax restores some damaged array files without complaint (a flipped byte in the data of a
+    run's checkpoint resumed it with wrong weights); the sizes and SHA-256 digests written beside
+    each saved round catch every changed file before Orbax reads it."""
+    index = 0
+    while True:  # each file in turn; Orbax names (and may split) its data files afresh at each save
+        checkpoint.save(tmp_path / "d", _state(), 0)
+        files = _saved_files(tmp_path / "d" / "0")
+        if index >= len(files):
+            break
+        damaged = files[index]
+        _flip_middle_byte(damaged)
+        with pytest.raises(UserError, match=f"truncated or corrupted .*{damaged.name}: its SHA-256 differs"):
+            checkpoint.restore(tmp_path / "d", _state())
+        damaged.write_bytes(damaged.read_bytes()[:-1])
+        with pytest.raises(UserError, match=f"truncated or corrupted .*{damaged.name}: .* bytes, saved"):
+            checkpoint.restore(tmp_path / "d", _state())
+        shutil.rmtree(tmp_path / "d")
+        index += 1
+    assert index >= 3  # array data, array metadata, the meta record at least
+
+
+def test_a_missing_file_is_refused_and_a_round_saved_without_digests_still_restores(tmp_path):
+    checkpoint.save(tmp_path / "c", _state(), 0)
+    data = next(p for p in _saved_files(tmp_path / "c" / "0") if p.parent.name == "d")
+    kept = data.read_bytes()
+    data.unlink()
+    with pytest.raises(UserError, match=f"truncated or corrupted.*{data.name}.*missing"):
+        checkpoint.restore(tmp_path / "c", _state())
+    data.write_bytes(kept)
+    (tmp_path / "c" / "0" / checkpoint.MANIFEST).unlink()  # as checkpoints written before the digests
+    state, t, _ = checkpoint.restore(tmp_path / "c", _state())
+    assert t == 0
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state())):
+        np.testing.assert_array_equal(a, b)

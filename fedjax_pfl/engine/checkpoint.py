@@ -23,11 +23,22 @@ checkpoint is a `UserError`, never a traceback, and so is one whose state has
 the template's leaves in other containers (its node count, saved in ``meta``,
 differs: e.g. a method whose optimizer state gained an empty stage).
 
+Digests: Orbax restores some damaged array files without complaint (a byte
+flipped in the data of a run's checkpoint resumed it with wrong weights), and
+on others leaves reads running that print a traceback after the error. So
+once a round is saved, process 0 writes `MANIFEST` into its folder: the size
+and SHA-256 of every file there; `restore` checks them before Orbax reads a
+byte and refuses a changed, truncated or missing file. A round saved before
+the digests existed (no `MANIFEST`) restores as before.
+
 Orbax is imported on first use (it costs a noticeable fraction of a second).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from pathlib import Path
 
 import jax
@@ -37,6 +48,7 @@ from fedjax_pfl.core.errors import UserError
 
 FOLDER = "checkpoint"
 KEEP = 1  # saved rounds kept (Orbax deletes older ones only after the newest is complete)
+MANIFEST = "digests.json"  # in each saved round's folder: {relative path: [size, sha256]} of its other files
 
 
 def checkpoint_path(out: Path) -> Path:
@@ -73,9 +85,57 @@ def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
     with _manager(path) as manager:
         manager.save(round_index, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                           meta=ocp.args.JsonSave(record)))
+    if jax.process_index() == 0:  # Orbax's save returns once every process's files are in place
+        _write_manifest(Path(path) / str(round_index))
 
 
-def _damaged(path: Path, error: Exception) -> UserError:
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _digests(folder: Path) -> dict[str, list]:
+    return {str(p.relative_to(folder)): [p.stat().st_size, _sha256(p)]
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def _write_manifest(folder: Path) -> None:
+    """`MANIFEST` of ``folder``, written whole or not at all (a temporary file renamed)."""
+    partial = folder / (MANIFEST + ".partial")
+    partial.write_text(json.dumps(_digests(folder), indent=0))
+    os.replace(partial, folder / MANIFEST)
+
+
+def _check_manifest(path: Path, folder: Path) -> None:
+    """UserError naming the first file of ``folder`` that is missing or differs from its `MANIFEST`."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return  # saved before the digests existed
+    try:
+        expected = json.loads(manifest.read_text())
+    except ValueError as e:
+        raise _damaged(path, e) from None
+    for name, (size, sha256) in expected.items():
+        file = folder / name
+        if not file.is_file():
+            problem = "missing"
+        elif file.stat().st_size != size:
+            problem = f"{file.stat().st_size} bytes, saved {size}"
+        elif _sha256(file) != sha256:
+            problem = "its SHA-256 differs from when it was saved"
+        else:
+            continue
+        raise _damaged(path, f"{name}: {problem}")
+
+
+def _damaged(path: Path, error: Exception | str) -> UserError:
+    """``error``: what Orbax raised, or which file differs from the round's `MANIFEST`."""
+    if isinstance(error, str):
+        return UserError(f"checkpoint {path} is truncated or corrupted ({error}); it cannot be resumed: start the "
+                         "run afresh in a new --out")
     return UserError(f"checkpoint {path} is truncated or corrupted, or (written before checkpoints recorded "
                      f"their structure) by another version of the code ({type(error).__name__}); it cannot be "
                      "resumed: start the run afresh in a new --out")
@@ -125,6 +185,7 @@ def restore(path: Path, template, num_clients: int | None = None):
     try:
         with _manager(path) as manager:
             round_index = manager.latest_step()
+            _check_manifest(path, path / str(round_index))
             record = manager.restore(round_index, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             if record["paths"] != names:
                 raise UserError(f"checkpoint {path} was written by a different method or model; "
