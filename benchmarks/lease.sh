@@ -33,7 +33,6 @@ left() { echo $((deadline - $(date +%s))); }
 CELLS=(
   "pfakd_table1 fedrep cifar10_E10 0"
   "pfakd_table1 fedpac cifar10_E10 0"
-  "fedpac_table1 pfedhn fmnist_100 1"
 )
 # probes: their own folder, not table cells (the PFAKD authors' main.py GPFL defaults)
 PROBES=(
