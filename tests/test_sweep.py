@@ -7,12 +7,14 @@ tolerance; sweep.json must aggregate the points' own summaries.
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import sweep
+from fedjax_pfl.engine import engine as engine_lib, mapping_choice
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
         "--local-epochs", "1", "--batch-size", "8", "--rounds", "3", "--no-progress", "--offline",
@@ -104,3 +106,42 @@ def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path, capsys
     code = train.main([*TINY, "--method", "fedavg", "--seeds", "0,1", "vary_data_with_seed=true",
                        "--out", str(tmp_path / "ragged")])
     assert code == 2 and "different array shapes" in capsys.readouterr().err
+
+
+
+def test_auto_mapping_is_timed_on_the_sweeps_own_program_and_runs_it(tmp_path, monkeypatch):
+    """train.client_mapping=auto: a sweep of 20 rounds or more times the candidates on its batched round (all
+    points at once), runs every point with the winner and records it (before, sweeps took map untimed)."""
+    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None: [("vmap", None)])
+    timed, used = [], []
+    compiled, batched = engine_lib.Engine.compiled_round_batched, engine_lib.Engine.run_rounds_batched
+    monkeypatch.setattr(engine_lib.Engine, "compiled_round_batched",
+                        lambda self, servers, *a: timed.append(jax.tree.leaves(servers)[0].shape[0])
+                        or compiled(self, servers, *a))
+    monkeypatch.setattr(engine_lib.Engine, "run_rounds_batched",
+                        lambda self, *a, **k: used.append(self.mapping) or batched(self, *a, **k))
+    args = [a if a != "3" else "20" for a in TINY]
+    assert train.main(["--method", "fedavg", *args, "--seeds", "0,1", "--out", str(tmp_path / "sw")]) == 0
+    assert timed == [2]  # once, on both seeds' stacked state
+    assert used and set(used) == {"vmap"}
+    for seed in (0, 1):
+        record = _json(tmp_path / "sw" / f"seed{seed}" / "config.json")["resolved"]["train.client_mapping"]
+        assert record["timed"] and record["chosen"] == "vmap" and "round_s" in record["candidates"]["vmap"]
+
+
+def test_batched_round_equals_each_experiments_own_round():
+    """`Engine.compiled_round_batched` (what a sweep times) computes each experiment's `compiled_round`."""
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment
+    cfg = config_lib.build(overrides=["data.name=synthetic", "model.name=mlr", "partition.num_clients=6",
+                                      "partition.scheme=natural", "train.batch_size=8", "train.local_epochs=1",
+                                      "method_name=fedavg"])
+    engine = build_experiment(cfg).engine
+    keys = jax.random.split(jax.random.key(3), 2)
+    servers, clients = engine.init_batched(keys)
+    together = engine.compiled_round_batched(servers, clients, keys, 4)()
+    for e in range(2):
+        one = jax.tree.map(lambda a: a[e], (servers, clients))
+        alone = engine.compiled_round(*one, engine_lib.round_keys(keys[e], 4)[0], 4)()
+        for a, b in zip(jax.tree.leaves(alone), jax.tree.leaves(jax.tree.map(lambda a: a[e], together))):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)

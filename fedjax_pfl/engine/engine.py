@@ -177,6 +177,17 @@ class Engine:
         program = jax.jit(self._round_impl).lower(*args).compile()
         return lambda: program(*args)
 
+    def compiled_round_batched(self, servers, clients, keys, round_index: int = 0, values: dict | None = None,
+                               data=None):
+        """`compiled_round` of E experiments on the leading axis of `run_rounds_batched` (its ``servers``,
+        ``clients``, run ``keys``, ``values`` and ``data``): their round ``round_index`` vmapped, as that
+        program runs it."""
+        train, axis = (self.train, None) if data is None else (data[0], 0)
+        round_key = jax.vmap(lambda k: round_keys(k, round_index)[0])(keys)
+        args = (servers, clients, train, round_key, jnp.int32(round_index), values or {})
+        program = jax.jit(jax.vmap(self._round_impl, in_axes=(0, 0, axis, 0, None, 0))).lower(*args).compile()
+        return lambda: program(*args)
+
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):
         """The method of round ``round_index`` with ``values`` (method_values.py) and the lr schedule applied.

@@ -155,17 +155,24 @@ def _stacked_data(exps: list):
 
 
 class BatchedProgram:
-    """The compiled rounds of a chunk of points on one experiment axis (`Engine.run_rounds_batched`)."""
+    """The compiled rounds of a chunk of points on one experiment axis (`Engine.run_rounds_batched`).
 
-    def __init__(self, exps: dict, points: list[Point]):
+    ``mapping``: the client mapping's record (engine/mapping_choice.py). With ``train.client_mapping=auto``
+    the candidates are timed on this program's own first round, all points at once, and the fastest runs
+    it (untimed where the run is short, as a single run)."""
+
+    def __init__(self, exps: dict, points: list[Point], report=None):
         cfg = points[0].cfg
-        self.engine = exps[cfg.data_seed].engine
+        engine = exps[cfg.data_seed].engine
         self.data = _stacked_data([exps[p.cfg.data_seed] for p in points]) if len(exps) > 1 else None
         self.rounds, self.eval_every = cfg.train.rounds, cfg.eval_every
         keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.cfg.seed))) for p in points])
         self.keys = keys[:, 1]
-        self.servers, self.clients = self.engine.init_batched(keys[:, 0])
+        self.servers, self.clients = engine.init_batched(keys[:, 0])
         self.values = _stack_values(points)
+        self.engine, self.mapping = mapping_choice.choose_or_default(
+            engine, cfg.train.client_mapping, cfg.train.rounds, self.servers, self.clients, self.keys, 0,
+            report=report, values=self.values, batched=True, data=self.data)
 
     def call(self, first: int, count: int, stop: int):
         self.servers, self.clients, metrics, evaluations = self.engine.run_rounds_batched(
@@ -180,29 +187,22 @@ class BatchedProgram:
         return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
 
 
-def sweep_mapping(engine, cfg) -> dict:
-    """The client mapping's record of a sweep point (engine/mapping_choice.py): sweeps never time the candidates."""
-    requested = cfg.train.client_mapping
-    why = ("set by train.client_mapping" if requested != "auto"
-           else f"the {jax.default_backend()} default (sweeps do not time)")
-    return mapping_choice.untimed(engine, requested, why)
-
-
 def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe=None) -> list[dict]:
     """Run one chunk of points to the end (or to Ctrl-C) -> their summaries."""
+    program = BatchedProgram(exps, points, report=lambda line: print(line, flush=True))
+    print(mapping_choice.describe(program.mapping), flush=True)
     writers = []
     for point in points:
         exp = exps[point.cfg.data_seed]
         writers.append(RunWriter(point.out, point.out, point.cfg, exp.data_files, exp.partition_summary,
-                                 resolved=resolved_settings(point.cfg, sweep_mapping(exp.engine, point.cfg))))
+                                 resolved=resolved_settings(point.cfg, program.mapping)))
     cfg = points[0].cfg
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
-    engine = exps[cfg.data_seed].engine
-    display = RunProgress(cfg.train.rounds, 0, training_clients(engine) * len(points), progress)
+    display = RunProgress(cfg.train.rounds, 0, training_clients(program.engine) * len(points), progress)
     stop.aborts = [writer.abort for writer in writers]
     try:
         with stop:
-            run_calls(BatchedProgram(exps, points), writers, planner, 0, stop, display, observe)
+            run_calls(program, writers, planner, 0, stop, display, observe)
     except BaseException as e:
         for writer in writers:
             writer.crashed(e)
