@@ -13,7 +13,8 @@ import pytest
 
 from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import sweep
+from fedjax_pfl.runs import config as config_lib, sweep
+from fedjax_pfl.runs.experiment import build_experiment
 from fedjax_pfl.engine import engine as engine_lib, mapping_choice
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
@@ -83,8 +84,6 @@ def test_a_value_the_method_branches_on_in_python_is_refused(tmp_path, capsys):
 
 
 def test_chunks_follow_the_memory_guard_setting():
-    from fedjax_pfl.runs import config as config_lib
-
     cfg = config_lib.build(overrides=["train.max_experiments_per_call=2"])
     assert sweep.experiments_per_call(None, cfg, 5) == 2
     with pytest.raises(UserError, match="resume a point"):
@@ -129,10 +128,28 @@ def test_auto_mapping_is_timed_on_the_sweeps_own_program_and_runs_it(tmp_path, m
         assert record["timed"] and record["chosen"] == "vmap" and "round_s" in record["candidates"]["vmap"]
 
 
+def test_later_chunks_of_the_same_size_take_the_first_ones_timed_mapping(tmp_path, monkeypatch):
+    """Chunks of equal size run the same program shape: only the first is timed, the others reuse its choice
+    (recorded as reused); a smaller last chunk is timed on its own."""
+    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None: [("vmap", None)])
+    timed = []
+    compiled = engine_lib.Engine.compiled_round_batched
+    monkeypatch.setattr(engine_lib.Engine, "compiled_round_batched",
+                        lambda self, servers, *a: timed.append(jax.tree.leaves(servers)[0].shape[0])
+                        or compiled(self, servers, *a))
+    args = [a if a != "3" else "20" for a in TINY]
+    assert train.main(["--method", "fedavg", *args, "--seeds", "0,1,2,3,4", "train.max_experiments_per_call=2",
+                       "--out", str(tmp_path / "sw")]) == 0
+    assert timed == [2, 1]
+    records = [_json(tmp_path / "sw" / f"seed{s}" / "config.json")["resolved"]["train.client_mapping"]
+               for s in range(5)]
+    assert [r["chosen"] for r in records] == ["vmap"] * 5
+    assert [("reused" in r) for r in records] == [False, False, True, True, False]
+    assert records[2]["candidates"] == records[0]["candidates"]
+
+
 def test_batched_round_equals_each_experiments_own_round():
     """`Engine.compiled_round_batched` (what a sweep times) computes each experiment's `compiled_round`."""
-    from fedjax_pfl.runs import config as config_lib
-    from fedjax_pfl.runs.experiment import build_experiment
     cfg = config_lib.build(overrides=["data.name=synthetic", "model.name=mlr", "partition.num_clients=6",
                                       "partition.scheme=natural", "train.batch_size=8", "train.local_epochs=1",
                                       "method_name=fedavg"])

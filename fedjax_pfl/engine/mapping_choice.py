@@ -139,14 +139,20 @@ def untimed(engine, requested: str, why: str) -> dict:
             "chunk_size": chunk, "timed": False, "why": why}
 
 
+def reuse(engine, record: dict, why: str):
+    """(this engine with the mapping an earlier timing chose, its record marked ``reused``: ``why``), for a
+    program of the same shape as the timed one (a sweep's later chunk of as many points)."""
+    return engine.with_mapping(record["mapping"], record["chunk_size"]), {**record, "reused": why}
+
+
 def describe(record: dict) -> str:
     """One log line: the chosen mapping and, when timed, each candidate's seconds per round and the choice's cost."""
     if not record["timed"]:
         return f"client mapping {record['requested']}: {record['chosen']} ({record['why']})"
     parts = [f"{n} {c['round_s']:.3g} s" if "round_s" in c else f"{n} failed" for n, c in record["candidates"].items()]
     skipped = f"; not the others: {record['skipped']}" if "skipped" in record else ""
-    return (f"client mapping auto: {record['chosen']} (one round each: {', '.join(parts)}; "
-            f"choosing took {record['seconds']:.1f} s{skipped})")
+    took = f"reused: {record['reused']}" if "reused" in record else f"choosing took {record['seconds']:.1f} s"
+    return f"client mapping auto: {record['chosen']} (one round each: {', '.join(parts)}; {took}{skipped})"
 
 
 def choose_or_default(engine, requested: str, rounds_left: int, server, clients, key, round_index: int,

@@ -159,9 +159,10 @@ class BatchedProgram:
 
     ``mapping``: the client mapping's record (engine/mapping_choice.py). With ``train.client_mapping=auto``
     the candidates are timed on this program's own first round, all points at once, and the fastest runs
-    it (untimed where the run is short, as a single run)."""
+    it (untimed where the run is short, as a single run); ``earlier``: the timed record of an earlier chunk of
+    as many points, whose choice this one reuses (the same program shape) instead of timing again."""
 
-    def __init__(self, exps: dict, points: list[Point], report=None):
+    def __init__(self, exps: dict, points: list[Point], report=None, earlier: dict | None = None):
         cfg = points[0].cfg
         engine = exps[cfg.data_seed].engine
         self.data = _stacked_data([exps[p.cfg.data_seed] for p in points]) if len(exps) > 1 else None
@@ -170,9 +171,13 @@ class BatchedProgram:
         self.keys = keys[:, 1]
         self.servers, self.clients = engine.init_batched(keys[:, 0])
         self.values = _stack_values(points)
-        self.engine, self.mapping = mapping_choice.choose_or_default(
-            engine, cfg.train.client_mapping, cfg.train.rounds, self.servers, self.clients, self.keys, 0,
-            report=report, values=self.values, batched=True, data=self.data)
+        if earlier is not None and earlier["timed"]:
+            self.engine, self.mapping = mapping_choice.reuse(
+                engine, earlier, f"timed on an earlier chunk of {len(points)} points")
+        else:
+            self.engine, self.mapping = mapping_choice.choose_or_default(
+                engine, cfg.train.client_mapping, cfg.train.rounds, self.servers, self.clients, self.keys, 0,
+                report=report, values=self.values, batched=True, data=self.data)
 
     def call(self, first: int, count: int, stop: int):
         self.servers, self.clients, metrics, evaluations = self.engine.run_rounds_batched(
@@ -187,9 +192,14 @@ class BatchedProgram:
         return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
 
 
-def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe=None) -> list[dict]:
-    """Run one chunk of points to the end (or to Ctrl-C) -> their summaries."""
-    program = BatchedProgram(exps, points, report=lambda line: print(line, flush=True))
+def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe=None,
+              mappings: dict | None = None) -> list[dict]:
+    """Run one chunk of points to the end (or to Ctrl-C) -> their summaries. ``mappings``: chunk size ->
+    client mapping record, read (an earlier chunk of this size: its choice is reused) and updated."""
+    mappings = {} if mappings is None else mappings
+    program = BatchedProgram(exps, points, report=lambda line: print(line, flush=True),
+                             earlier=mappings.get(len(points)))
+    mappings.setdefault(len(points), program.mapping)
     print(mapping_choice.describe(program.mapping), flush=True)
     writers = []
     for point in points:
@@ -283,8 +293,9 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
           f"({jax.default_backend()}); {host_devices.describe(host_devices.record())} ...", flush=True)
     start = time.perf_counter()
     summaries: list[dict] = []
+    mappings: dict = {}  # chunk size -> the client mapping chosen for the first chunk of that size
     for i in range(0, len(points), per_call):
-        summaries += run_chunk(exps, points[i:i + per_call], progress, stop, observe)
+        summaries += run_chunk(exps, points[i:i + per_call], progress, stop, observe, mappings)
         if stop.requested:
             break
     summary = sweep_summary(points[:len(summaries)], summaries)
