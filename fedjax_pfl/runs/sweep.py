@@ -192,11 +192,10 @@ class BatchedProgram:
         return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
 
 
-def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe=None,
-              mappings: dict | None = None) -> list[dict]:
+def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe,
+              mappings: dict) -> list[dict]:
     """Run one chunk of points to the end (or to Ctrl-C) -> their summaries. ``mappings``: chunk size ->
     client mapping record, read (an earlier chunk of this size: its choice is reused) and updated."""
-    mappings = {} if mappings is None else mappings
     program = BatchedProgram(exps, points, report=lambda line: print(line, flush=True),
                              earlier=mappings.get(len(points)))
     mappings.setdefault(len(points), program.mapping)
