@@ -126,3 +126,21 @@ def test_a_missing_file_is_refused_and_a_round_saved_without_digests_still_resto
     assert t == 0
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state())):
         np.testing.assert_array_equal(a, b)
+
+
+def test_refusing_a_damaged_round_starts_no_background_work_that_could_outlive_the_error(tmp_path, monkeypatch):
+    """A CheckpointManager cleans leftover temporary folders on a thread of its own; a process that
+    exits on the one-line error while that thread runs printed its 'cannot schedule new futures after
+    shutdown' traceback after the error (seen once in a CI run). The digests are checked before
+    Orbax is touched, so the refusal starts no thread."""
+    import threading
+
+    checkpoint.save(tmp_path / "d", _state(), 0)
+    _flip_middle_byte(_saved_files(tmp_path / "d" / "0")[0])
+    started = []
+    original_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda thread: (started.append(thread.name),
+                                                                   original_start(thread))[1])
+    with pytest.raises(UserError, match="its SHA-256 differs"):
+        checkpoint.restore(tmp_path / "d", _state())
+    assert started == []

@@ -67,12 +67,19 @@ def _paths_and_leaves(tree):
     return [jax.tree_util.keystr(path) for path, _ in flat], [leaf for _, leaf in flat]
 
 
-def _manager(path: Path):
+def _manager(path: Path, saving: bool):
+    """Orbax's manager; only a saving one creates the folder and cleans leftover temporary folders (on a
+    thread of its own, which a process exiting on an error must not leave running)."""
     import orbax.checkpoint as ocp
 
-    options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, enable_async_checkpointing=False, create=True,
-                                           cleanup_tmp_directories=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, enable_async_checkpointing=False, create=saving,
+                                           cleanup_tmp_directories=saving)
     return ocp.CheckpointManager(Path(path).absolute(), options=options)
+
+
+def _latest_round(path: Path) -> int:
+    """The newest completed round saved in ``path`` (temporary folders have other names)."""
+    return max(int(p.name) for p in Path(path).iterdir() if p.name.isdigit() and p.is_dir())
 
 
 def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
@@ -82,7 +89,7 @@ def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
     names, leaves = _paths_and_leaves(state)
     record = {"paths": names, "shapes": [list(np.shape(leaf)) for leaf in leaves],
               "nodes": jax.tree_util.tree_structure(state).num_nodes, "meta": meta or {}}
-    with _manager(path) as manager:
+    with _manager(path, saving=True) as manager:
         manager.save(round_index, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                           meta=ocp.args.JsonSave(record)))
     if jax.process_index() == 0:  # Orbax's save returns once every process's files are in place
@@ -183,9 +190,9 @@ def restore(path: Path, template, num_clients: int | None = None):
     names, leaves = _paths_and_leaves(template)
     nodes = jax.tree_util.tree_structure(template).num_nodes
     try:
-        with _manager(path) as manager:
-            round_index = manager.latest_step()
-            _check_manifest(path, path / str(round_index))
+        round_index = _latest_round(path)
+        _check_manifest(path, path / str(round_index))  # before Orbax reads a byte or starts a thread
+        with _manager(path, saving=False) as manager:
             record = manager.restore(round_index, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             if record["paths"] != names:
                 raise UserError(f"checkpoint {path} was written by a different method or model; "
