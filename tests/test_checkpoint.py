@@ -3,6 +3,7 @@ different tree or shape refused in one line, the padded client axis re-padded an
 any changed, cut or missing file of a saved round refused by its digests."""
 
 import shutil
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -133,8 +134,6 @@ def test_refusing_a_damaged_round_starts_no_background_work_that_could_outlive_t
     exits on the one-line error while that thread runs printed its 'cannot schedule new futures after
     shutdown' traceback after the error (seen once in a CI run). The digests are checked before
     Orbax is touched, so the refusal starts no thread."""
-    import threading
-
     checkpoint.save(tmp_path / "d", _state(), 0)
     _flip_middle_byte(_saved_files(tmp_path / "d" / "0")[0])
     started = []

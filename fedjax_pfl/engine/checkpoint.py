@@ -58,8 +58,7 @@ def checkpoint_path(out: Path) -> Path:
 
 def exists(path: Path) -> bool:
     """Whether ``path`` holds a completed checkpoint (a round's folder, not a temporary one)."""
-    path = Path(path)
-    return path.is_dir() and any(p.name.isdigit() and p.is_dir() for p in path.iterdir())
+    return bool(_round_folders(path))
 
 
 def _paths_and_leaves(tree):
@@ -77,9 +76,15 @@ def _manager(path: Path, saving: bool):
     return ocp.CheckpointManager(Path(path).absolute(), options=options)
 
 
+def _round_folders(path: Path) -> list[int]:
+    """The completed rounds saved in ``path``: its digit-named folders (temporary ones have other names)."""
+    path = Path(path)
+    return [int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir()] if path.is_dir() else []
+
+
 def _latest_round(path: Path) -> int:
-    """The newest completed round saved in ``path`` (temporary folders have other names)."""
-    return max(int(p.name) for p in Path(path).iterdir() if p.name.isdigit() and p.is_dir())
+    """The newest completed round saved in ``path``."""
+    return max(_round_folders(path))
 
 
 def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
