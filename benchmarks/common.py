@@ -4,7 +4,7 @@ import resource
 
 import jax
 
-from fedjax_pfl.runs.machine import describe as device_name  # noqa: F401 (the benchmarks' name)
+from fedjax_pfl.outputs.machine import describe as device_name  # noqa: F401 (the benchmarks' name)
 
 
 def peak_memory_bytes() -> int:

@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:  # the checkout's own fedjax_pfl, whatever is inst
 # re-point here when a command moves.
 CLI_PARSERS = (
     ("fedjax_pfl.runs.cli", "build_parser", "python -m fedjax_pfl.train"),
-    ("fedjax_pfl.runs.reproduce", "build_parser", "python -m fedjax_pfl.reproduce"),
+    ("fedjax_pfl.papers.reproduce", "build_parser", "python -m fedjax_pfl.reproduce"),
     ("fedjax_pfl.runs.report", "build_parser", "python -m fedjax_pfl.report"),
 )
 RUN_CONFIG = ("fedjax_pfl.runs.config", "RunConfig")
@@ -195,7 +195,7 @@ class ReproductionTable:
 
 
 def parse_table(folder: str, text: str) -> ReproductionTable:
-    """A table.md (runs/paper_table.py): title, the lines before the first table, and each table under its
+    """A table.md (papers/paper_table.py): title, the lines before the first table, and each table under its
     '## ' heading."""
     lines = text.splitlines()
     title = next((ln[2:].strip() for ln in lines if ln.startswith("# ")), folder)

@@ -2,7 +2,7 @@
 
 import sys
 
-from fedjax_pfl.runs.reproduce import main
+from fedjax_pfl.papers.reproduce import main
 
 if __name__ == "__main__":
     sys.exit(main())

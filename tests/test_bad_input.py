@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from fedjax_pfl.runs import cli as train
-from fedjax_pfl.runs import report, reproduce
+from fedjax_pfl.runs import report
+from fedjax_pfl.papers import reproduce
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files
 from fedjax_pfl.core.errors import UserError

@@ -100,7 +100,7 @@ def test_reproduction_rows_reach_the_method_pages(hooks, tmp_path):
 def test_grouped_paper_table_rows_reach_the_method_pages(hooks, tmp_path):
     """A table.md as `reproduce` writes it (a table per group of settings, rows labelled as the paper prints
     them, a row showing another row's runs): each method page gets its rows under each group's heading."""
-    from fedjax_pfl.runs import paper_table, table_spec
+    from fedjax_pfl.papers import paper_table, table_spec
 
     spec = table_spec.find_table("fedpac_table1")
     lines = [{"method": m.name, "label": m.shown, "group": s.group, "column": s.column, "mean": 0.9, "std": 0.01,

@@ -2,7 +2,8 @@
 
 Layers, lowest first (a module may import its own folder and any lower layer):
 
-    core -> data, models -> kernels -> losses, aggregation -> methods -> engine -> runs -> commands
+    core -> data, models, outputs -> kernels -> losses, aggregation -> methods -> engine -> runs -> papers
+         -> commands
 
 Every import counts, at module level or inside a function.
 """
@@ -19,13 +20,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fedjax_pfl"
 # group -> rank; groups of one rank may not import each other
 RANKS = {
     "core": 0,
-    "data": 1, "models": 1,
+    "data": 1, "models": 1, "outputs": 1,
     "kernels": 2,
     "losses": 3, "aggregation": 3,
     "methods": 4,
     "engine": 5,
     "runs": 6,
-    "train": 7, "reproduce": 7, "report": 7, "__init__": 7,
+    "papers": 7,
+    "train": 8, "reproduce": 8, "report": 8, "__init__": 8,
 }
 COMMANDS = {"__init__", "losses", "aggregation", "train", "reproduce", "report"}
 

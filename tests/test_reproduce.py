@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import cli as train, config, data_check, paper_table, report, reproduce
-from fedjax_pfl.runs import earlier_table, machine, parallel_cells, results_writer, run_folder, table_spec
+from fedjax_pfl.runs import cli as train, config, report
+from fedjax_pfl.papers import data_check, paper_table, reproduce
+from fedjax_pfl.papers import earlier_table, parallel_cells, table_spec
+from fedjax_pfl.outputs import machine, results_writer, run_folder
 from signal_after_round import signal_after
 
 TINY = """

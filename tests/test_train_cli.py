@@ -18,7 +18,7 @@ from signal_after_round import signal_after
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import cli as train
-from fedjax_pfl.runs import machine
+from fedjax_pfl.outputs import machine
 from fedjax_pfl.core.errors import DivergedError
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.runs.call_planner import CallPlanner
@@ -335,7 +335,7 @@ def test_round_numbers_count_from_one_everywhere(uninterrupted):
 
 
 def test_a_run_folder_that_counted_rounds_from_zero_is_read_from_one(uninterrupted, tmp_path):
-    from fedjax_pfl.runs import run_folder
+    from fedjax_pfl.outputs import run_folder
 
     old = tmp_path / "old"
     old.mkdir()
@@ -449,7 +449,7 @@ def test_options_and_overrides_in_any_order(tmp_path):
 
 
 def test_summary_labels_the_best_round_on_both_accuracies():
-    from fedjax_pfl.runs.run_output import final_summary
+    from fedjax_pfl.outputs.run_output import final_summary
 
     rows = [(0, 0.5, 0.7), (1, 0.6, 0.65), (2, 0.55, 0.6)]
     summary = final_summary([{"round": r, "accuracy": a, "accuracy_weighted": w, "accuracy_std": 0.1, "loss": 1.0}

@@ -22,7 +22,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs.command import INTERRUPTED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.experiment import validate
-from fedjax_pfl.runs.output_folder import default_run_folder
+from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import saved_run
 from fedjax_pfl.runs.single_run import run_single
 from fedjax_pfl.runs.stop_request import StopRequest

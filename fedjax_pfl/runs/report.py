@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_pfl.runs.run_output import final_summary
-from fedjax_pfl.runs import run_folder
-from fedjax_pfl.runs.output_folder import check_writable
-from fedjax_pfl.runs.results_writer import matplotlib_available
-from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.outputs.run_output import final_summary
+from fedjax_pfl.outputs import run_folder
+from fedjax_pfl.outputs.output_folder import check_writable
+from fedjax_pfl.outputs.results_writer import matplotlib_available
+from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.runs.command import Command, OneLineParser
-from fedjax_pfl.runs.metrics_file import read_metrics
+from fedjax_pfl.outputs.metrics_file import read_metrics
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
 NOT_RESULT_SETTINGS = ("seed", "out", "data.data_dir", "data.allow_download", "checkpoint_every", "log")
@@ -247,7 +247,7 @@ def report(paths, out: Path, redraw: bool = False) -> str:
     if not matplotlib_available():
         print("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]')", file=sys.stderr)
         return text
-    from fedjax_pfl.runs import figures
+    from fedjax_pfl.outputs import figures
 
     labels, title = curve_labels(rows)
     curves = [{**group_curve(g), "label": label} for g, label in zip(groups, labels)]

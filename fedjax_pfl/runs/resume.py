@@ -17,9 +17,9 @@ from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs import run_output
+from fedjax_pfl.outputs import run_output
 from fedjax_pfl.runs.experiment import resolved_method_options
-from fedjax_pfl.runs.metrics_file import read_metrics
+from fedjax_pfl.outputs.metrics_file import read_metrics
 
 
 def saved_run(out: Path | None, cfg=None) -> dict:

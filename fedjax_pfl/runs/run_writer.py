@@ -24,11 +24,11 @@ from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.options import step_size_options
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs.command import one_line
-from fedjax_pfl.runs import metrics_file
+from fedjax_pfl.outputs import metrics_file
 from fedjax_pfl.runs import records as records_lib
-from fedjax_pfl.runs import run_output
-from fedjax_pfl.runs.metrics_file import read_metrics
-from fedjax_pfl.runs.results_writer import ResultsWriter
+from fedjax_pfl.outputs import run_output
+from fedjax_pfl.outputs.metrics_file import read_metrics
+from fedjax_pfl.outputs.results_writer import ResultsWriter
 
 
 def write_start(files: Path, cfg, data_files, partition_summary: dict, saved: dict | None = None,

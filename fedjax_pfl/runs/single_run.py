@@ -21,11 +21,11 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import resume as resume_lib
-from fedjax_pfl.runs import run_output
+from fedjax_pfl.outputs import run_output
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs.experiment import build_experiment, resolved_settings
 from fedjax_pfl.runs.loop import run_calls
-from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
+from fedjax_pfl.outputs.output_folder import check_run_folder, default_run_folder
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.stop_request import StopRequest

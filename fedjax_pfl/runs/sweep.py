@@ -46,15 +46,15 @@ import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import mapping_choice, method_values
-from fedjax_pfl.runs import run_output
+from fedjax_pfl.outputs import run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs.experiment import build_experiment, resolved_settings, validate
 from fedjax_pfl.runs.loop import run_calls
-from fedjax_pfl.runs.output_folder import check_run_folder, default_run_folder
+from fedjax_pfl.outputs.output_folder import check_run_folder, default_run_folder
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.single_run import training_clients

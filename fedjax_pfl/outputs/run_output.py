@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_pfl.runs import machine
-from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.outputs import machine
+from fedjax_pfl.outputs.atomic_file import atomic_write
 
 
 def write_json(path: Path, obj) -> None:

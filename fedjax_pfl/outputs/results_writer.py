@@ -23,8 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fedjax_pfl.runs import run_folder, tables
-from fedjax_pfl.runs.tensorboard_log import TensorBoardLog
+from fedjax_pfl.outputs import run_folder, tables
+from fedjax_pfl.outputs.tensorboard_log import TensorBoardLog
 
 NO_MATPLOTLIB = ("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]'; "
                  "then python -m fedjax_pfl.report --redraw {out} draws them)")
@@ -95,7 +95,7 @@ class ResultsWriter:
     def _draw(self, generation: int, records: list[dict], clients: list[dict] | None) -> None:
         if generation != self._generation:  # a newer snapshot is queued; draw that one instead
             return
-        from fedjax_pfl.runs import figures
+        from fedjax_pfl.outputs import figures
 
         if clients is None:  # resumed run: the clients.csv of its earlier part
             clients = run_folder.read_clients(self.out)

@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from fedjax_pfl.runs.atomic_file import atomic_write
-from fedjax_pfl.runs.run_output import jsonable, read_json
+from fedjax_pfl.outputs.atomic_file import atomic_write
+from fedjax_pfl.outputs.run_output import jsonable, read_json
 
 # config.json's mark of a run whose records count rounds from 1 (``round`` 1 is the first round). A run
 # folder without it was written when ``round`` was the engine's index from 0; its records are read +1.

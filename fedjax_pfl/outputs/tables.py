@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.outputs.atomic_file import atomic_write
 
 CLIENT_COLUMNS = ("client", "train_size", "test_size", "accuracy", "loss")
 

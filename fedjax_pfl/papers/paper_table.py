@@ -27,12 +27,12 @@ import math
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import run_folder
+from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.runs.report import load_run, mean_std, write_csv
-from fedjax_pfl.runs.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
-from fedjax_pfl.runs.atomic_file import atomic_write
-from fedjax_pfl.runs.paper_numbers import FLAG_POINTS, difference, flagged
-from fedjax_pfl.runs.earlier_table import EarlierTable, kept_ours, read_earlier, values_column
+from fedjax_pfl.papers.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
+from fedjax_pfl.outputs.atomic_file import atomic_write
+from fedjax_pfl.papers.paper_numbers import FLAG_POINTS, difference, flagged
+from fedjax_pfl.papers.earlier_table import EarlierTable, kept_ours, read_earlier, values_column
 
 
 def _fraction(value):

@@ -4,7 +4,7 @@ A table file names the paper and table, the accuracy it reports (``metric``:
 ``best``, ``last`` or ``mean_last_10`` of summary.json, each also as
 ``..._weighted``: pooled over the clients' test samples; ``also_metrics``:
 more of them shown beside, without paper numbers), the seeds, the settings
-(columns), the methods (rows), the paper's numbers (runs/paper_numbers.py)
+(columns), the methods (rows), the paper's numbers (papers/paper_numbers.py)
 and free-text ``notes``::
 
     paper: "FedPAC (Xu et al., ICLR 2023)"
@@ -58,7 +58,7 @@ from pathlib import Path
 
 from fedjax_pfl.runs.config import load_yaml
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs.paper_numbers import PaperNumber, parse_row
+from fedjax_pfl.papers.paper_numbers import PaperNumber, parse_row
 
 TABLES_DIR = Path(__file__).resolve().parents[2] / "configs" / "tables"
 METRICS = {"best": "best accuracy over rounds (optimistic: the round is picked by test accuracy)",

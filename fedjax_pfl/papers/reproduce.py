@@ -1,9 +1,9 @@
 """A paper's table in one command: ``python -m fedjax_pfl.reproduce NAME [options] [key.sub=value ...]``.
 
 Runs every cell (row x setting x seed) of the table configs/tables/NAME.yaml
-(`fedjax_pfl.runs.table_spec`) through the training command, in this process
+(`fedjax_pfl.papers.table_spec`) through the training command, in this process
 (``runs.cli.main``, so JAX starts once), printing each cell's
-equivalent shell command, and writes the table (`fedjax_pfl.runs.paper_table`:
+equivalent shell command, and writes the table (`fedjax_pfl.papers.paper_table`:
 per cell ours as mean ± std over seeds, the paper's number, the difference,
 flagged beyond 1.5 points):
 
@@ -36,7 +36,7 @@ when they all finished); supply the files and run the same command again. Bad
 input: one line, exit 2; a cell that fails is reported and the others still
 run (exit 1); Ctrl-C stops after the round in flight, writes the table so far,
 exit 130. ``--jobs N`` trains N cells at a time, each in its own process
-(runs/parallel_cells.py; its output in OUT/logs/), for a device one cell
+(papers/parallel_cells.py; its output in OUT/logs/), for a device one cell
 does not fill.
 """
 
@@ -51,11 +51,11 @@ from pathlib import Path
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import run_folder
+from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
-from fedjax_pfl.runs.output_folder import check_writable
-from fedjax_pfl.runs.parallel_cells import Job, run_side_by_side
-from fedjax_pfl.runs.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
+from fedjax_pfl.outputs.output_folder import check_writable
+from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
+from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
 TRAIN = "python -m fedjax_pfl.train"
 
@@ -220,8 +220,8 @@ def first_cells(cells: list[Cell]) -> dict[str, Cell]:
 
 
 def settings_without_data(cells: list[Cell], extra: list[str], data_dir: str | None) -> dict[str, str]:
-    """Setting name -> why its dataset cannot be loaded (runs/data_check.py), for the settings of ``cells``."""
-    from fedjax_pfl.runs.data_check import missing_data
+    """Setting name -> why its dataset cannot be loaded (papers/data_check.py), for the settings of ``cells``."""
+    from fedjax_pfl.papers.data_check import missing_data
 
     data = ["--data-dir", data_dir] if data_dir else []
     first = first_cells(cells)
@@ -256,7 +256,7 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status.
 
     ``command.folder`` is set to the output folder (for error.log)."""
-    from fedjax_pfl.runs.paper_table import write_table
+    from fedjax_pfl.papers.paper_table import write_table
 
     if args.table_file and args.name:
         raise UserError("give a table NAME or --table-file, not both")

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs.metrics_file import read_metrics
+from fedjax_pfl.outputs.metrics_file import read_metrics
 
 
 def is_run(path: Path) -> bool:

@@ -22,8 +22,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from fedjax_pfl.runs.run_folder import partition_label
-from fedjax_pfl.runs.atomic_file import atomic_write
+from fedjax_pfl.outputs.run_folder import partition_label
+from fedjax_pfl.outputs.atomic_file import atomic_write
 
 DPI = 120
 RUN_FIGURES = ("accuracy.png", "loss.png", "client_accuracy.png", "partition.png")
