@@ -251,10 +251,11 @@ def markdown(spec: TableSpec, lines: list[dict], head: list[str], notes: list[st
 
 
 def write_table(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, seeds: list[int],
-                extra: list[str] = (), no_data: dict | None = None) -> str:
+                extra: list[str] = (), no_data: dict | None = None, notes: list[str] = ()) -> str:
     """Write table.md and table.csv into ``out`` (runs under out/runs); returns the markdown.
 
-    ``no_data`` maps a setting whose dataset files are missing to the reason (one note line per reason)."""
+    ``no_data`` maps a setting whose dataset files are missing to the reason (one note line per reason);
+    ``notes``: more notes, after the table file's."""
     no_data = no_data or {}
     earlier = read_earlier(out)
     kept = kept_cells(spec, cells, out / "runs", earlier, rounds, seeds)
@@ -266,8 +267,8 @@ def write_table(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, see
     reasons: dict[str, list[str]] = {}
     for setting, reason in no_data.items():
         reasons.setdefault(reason, []).append(setting)
-    notes = [f"Not run, dataset files missing ({', '.join(s)}): {r}; supply them (--data-dir DIR) and run the "
-             "same command again." for r, s in reasons.items()]
+    notes = [*notes, *(f"Not run, dataset files missing ({', '.join(s)}): {r}; supply them (--data-dir DIR) and run "
+                       "the same command again." for r, s in reasons.items())]
     kept_rows = {name: row for name, row in earlier.run_rows.items() if name in kept_runs}
     text = markdown(spec, lines, header(spec, rounds, seeds, extra, earlier.preface), notes,
                     runs_section(cells, out / "runs", kept_rows))

@@ -37,13 +37,23 @@ input: one line, exit 2; a cell that fails is reported and the others still
 run (exit 1); Ctrl-C stops after the round in flight, writes the table so far,
 exit 130. ``--jobs N`` trains N cells at a time, each in its own process
 (papers/parallel_cells.py; its output in OUT/logs/), for a device one cell
-does not fill.
+does not fill. ``--cells A,B,...`` runs exactly those cells
+(``<method>-<setting>/seed<k>``), in that order.
+
+Leases of a device (papers/lease.py): ``--plan-for-seconds S`` writes the
+next lease's plan for the cells not finished (lease_plan.md, lease_plan.sh,
+lease_plan.json beside the table, and the table with the plan in its notes;
+``--device-kind`` names the device, default nvidia-h200); on the lent machine
+each command runs ``bash OUT/lease_plan.sh SECONDS``, which calls this
+command with ``--cells`` and then ``--pack-records ARCHIVE``; back here
+``--bring-back ARCHIVE`` lands the finished runs' records in OUT/runs and
+writes the table and the plan again (for the cells this command selects, the
+whole table by default).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import shutil
 import sys
@@ -51,9 +61,11 @@ from pathlib import Path
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
+from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
+                                            consecutive_groups, paper_rounds, seeds_argv)
+from fedjax_pfl.papers import lease
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
@@ -80,90 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1,
                    help="cells trained at once, each its own process with its output in OUT/logs/ (e.g. 4-5 on "
                         "one large GPU); 1 (default): one after another in this process")
+    p.add_argument("--cells", help="comma-separated cells to run, in this order (<method>-<setting>/seed<k>, as "
+                                   "their run folders): what a lease plan's commands pass")
+    p.add_argument("--plan-for-seconds", type=float, metavar="S",
+                   help="plan the next lease: the cells not finished, most wanted first, packed into device commands "
+                        "for S seconds of commands; writes OUT/lease_plan.md, .sh, .json and the table; runs nothing")
+    p.add_argument("--device-kind", default="nvidia-h200",
+                   help="the lent device the plan is for (its measured seconds: benchmarks/seconds_per_round.json)")
+    p.add_argument("--pack-records", metavar="ARCHIVE",
+                   help="(on the lent machine) pack the records of the runs under --out that reproductions/NAME does "
+                        "not hold finished into ARCHIVE (tar.gz); runs nothing")
+    p.add_argument("--bring-back", action="append", metavar="ARCHIVE",
+                   help="land a lease's records.tar.gz (or a folder holding one) in OUT/runs, then write the table "
+                        "(and the plan again, if OUT/lease_plan.json is there); repeatable")
     return p
-
-
-def _display_path(path: Path) -> str:
-    """``path`` relative to the working directory when it lies below it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def base_argv(cell: Cell, extra: list[str] = ()) -> list[str]:
-    """The training command's arguments that define the cell (no rounds, output or checkpoints)."""
-    config = ["--config", _display_path(cell.setting.config)] if cell.setting.config else []
-    return [*config, "--method", cell.method.method, "--seed", str(cell.seed), *cell.overrides, *extra]
-
-
-def checkpoint_every(rounds: int) -> int:
-    """Cells checkpoint every tenth of their rounds, so an interrupted cell loses at most that."""
-    return max(1, math.ceil(rounds / 10))
-
-
-def build_config(argv: list[str]) -> config_lib.RunConfig:
-    """The RunConfig the training command builds from ``argv``, validated (names resolved), no data read."""
-    from fedjax_pfl.runs import cli
-    from fedjax_pfl.runs.experiment import validate
-
-    args, overrides = cli.parse_args(argv)
-    cfg = cli.config_from_args(args, overrides)
-    validate(cfg)
-    return cfg
-
-
-def paper_rounds(cell: Cell, extra: list[str] = ()) -> int:
-    return build_config(base_argv(cell, extra)).train.rounds
-
-
-def cell_argv(cell: Cell, folder: Path, rounds: int, extra: list[str] = (), data_dir: str | None = None) -> list[str]:
-    """The full training command line of a cell."""
-    data = ["--data-dir", data_dir] if data_dir else []
-    # as overrides, last: they win over the table's and the user's overrides
-    return [*base_argv(cell, extra), "--out", str(folder), *data, f"train.rounds={rounds}",
-            f"checkpoint_every={checkpoint_every(rounds)}"]
-
-
-def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
-    """'new', 'finished' (skip), 'resume' (checkpoint) or 'rerun' (unfinished, no checkpoint) for ``cfg`` in ``folder``.
-
-    UserError when the folder holds a run of another configuration.
-    """
-    if not run_folder.is_run(folder):
-        return "new"
-    from fedjax_pfl.runs.resume import with_resolved_options
-
-    saved = with_resolved_options(run_folder.read_config(folder))
-    new = config_lib.to_dict(cfg)
-    changed = config_lib.resume_differences(saved, new)
-    if saved.get("train", {}).get("rounds") != cfg.train.rounds:
-        changed.append(f"train.rounds: {saved.get('train', {}).get('rounds')!r} -> {cfg.train.rounds!r}")
-    if changed:
-        raise UserError(f"{folder} holds a run of another configuration ({'; '.join(changed)}); "
-                        "pass another --out, or remove that folder")
-    summary = run_folder.read_summary(folder) or {}
-    records = run_folder.read_records(folder)
-    if summary.get("status") in ("finished", "failed") or (records and records[-1]["round"] == cfg.train.rounds):
-        return "finished"  # (the second: killed after its last evaluation, before summary.json)
-    from fedjax_pfl.engine import checkpoint  # (imports jax: not at module level)
-
-    return "resume" if checkpoint.exists(checkpoint.checkpoint_path(folder)) else "rerun"
-
-
-def batchable(cfg: config_lib.RunConfig) -> bool:
-    """Whether the seeds of this setting can share one program: every client's sizes are fixed."""
-    p = cfg.partition
-    return p.scheme != "natural" and bool(p.train_per_client) and bool(p.test_per_client)
-
-
-def seeds_argv(argv: list[str], seeds: list[int], folder: Path) -> list[str]:
-    """A cell's command turned into one ``--seeds`` run writing ``folder``/seed<k>."""
-    at = argv.index("--seed")
-    rest = [a for i, a in enumerate(argv) if i not in (at, at + 1)]
-    out = rest.index("--out")
-    rest[out + 1] = str(folder)
-    return [*rest, "--seeds", ",".join(map(str, seeds)), "vary_data_with_seed=true"]
 
 
 def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=None) -> int:
@@ -233,7 +175,7 @@ def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str
     """(label, cells, argv, state, folder) per program to run, in table order: a cell's new seeds as one
     program where they can share it, cells whose dataset is missing in state 'no data'."""
     plans = []
-    for group in _groups(cells):
+    for group in consecutive_groups(cells):
         argvs = [cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra, args.data_dir)
                  for c in group]
         configs = [build_config(a) for a in argvs]
@@ -245,41 +187,100 @@ def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str
         if together:
             folder = out / "runs" / group[0].group_name
             plans.append((f"{group[0].group_name} seeds {','.join(str(c.seed) for c in new)} (one program)", new,
-                          seeds_argv(argvs[group.index(new[0])], [c.seed for c in new], folder), "new", folder))
+                          seeds_argv(argvs[group.index(new[0])], [c.seed for c in new], folder, configs[0]), "new",
+                          folder))
         for c, a, st in zip(group, argvs, states):
             if not (together and st == "new"):
                 plans.append((c.folder_name, [c], a, st, out / "runs" / c.folder_name))
     return plans
 
 
+def check_modes(args) -> None:
+    """One-line UserErrors for options that do not go together."""
+    chosen = [flag for flag, on in (("--dry-run", args.dry_run), ("--table-only", args.table_only),
+                                    ("--plan-for-seconds", args.plan_for_seconds is not None),
+                                    ("--pack-records", args.pack_records is not None),
+                                    ("--bring-back", bool(args.bring_back))) if on]
+    if len(chosen) > 1:
+        raise UserError(f"{' and '.join(chosen)} do different things (--dry-run writes nothing, --table-only writes "
+                        "the table, the lease options plan, pack or land runs): give one of them")
+    if args.cells is not None and (args.methods or args.settings or args.seeds):
+        raise UserError("--cells names the cells itself: give it without --methods, --settings and --seeds")
+    if args.pack_records is not None and not args.out:
+        raise UserError("--pack-records packs the runs under --out: give --out WORK, the lease's work folder")
+
+
+def listed_cells(text: str, spec: TableSpec) -> list[Cell]:
+    """``--cells``: folder names ``<method>-<setting>/seed<k>`` of the table's cells, in the given order."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    groups = {c.group_name: c for c in spec.cells(seeds=[0])}
+    cells = []
+    for name in names:
+        group, _, seed = name.partition("/seed")
+        if group not in groups or not seed.isdigit() or int(seed) > config_lib.MAX_WHOLE:
+            raise UserError(f"--cells: {name!r} is not a cell of {spec.name} (give <method>-<setting>/seed<k>, e.g. "
+                            f"{next(iter(groups))}/seed0)")
+        cell = groups[group]
+        cells.append(Cell(cell.method, cell.setting, int(seed)))
+    if not cells or len({c.folder_name for c in cells}) != len(cells):
+        raise UserError(f"--cells must name distinct cells, got {text!r}")
+    return cells
+
+
 def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
-    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status.
+    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status. The lease options
+    (papers/lease.py) plan the next lease, pack a lease's records or land them instead.
 
     ``command.folder`` is set to the output folder (for error.log)."""
-    from fedjax_pfl.papers.paper_table import write_table
+    from fedjax_pfl.papers.earlier_table import read_earlier
+    from fedjax_pfl.papers.paper_table import kept_cells, write_table
 
     if args.table_file and args.name:
         raise UserError("give a table NAME or --table-file, not both")
     if not (args.table_file or args.name):
         raise UserError("name a table (see --list), or pass --table-file FILE")
-    if args.dry_run and args.table_only:
-        raise UserError("--dry-run writes nothing and --table-only writes the table: give one of them")
+    check_modes(args)
     if not 1 <= args.jobs <= 256:
         raise UserError(f"--jobs must be a whole number from 1 to 256 (cells trained at once), got {args.jobs}")
     spec = load_table(args.table_file) if args.table_file else find_table(args.name)
     if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
         raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
-    methods = parse_list(args.methods, [m.name for m in spec.methods], "method(s)")
-    settings = parse_list(args.settings, [s.name for s in spec.settings], "setting(s)")
-    seeds = pick_seeds(args.seeds, spec)
+    if args.plan_for_seconds is not None:
+        lease.checked_kind(args)  # a bad --plan-for-seconds or --device-kind: before anything is read or written
     out = Path(args.out or Path("reproductions") / spec.name)
+    if args.pack_records is not None:
+        return lease.pack_command(out, args.pack_records)
     if not args.dry_run:
         check_writable(out)
     command.folder = out
-    cells = spec.cells(methods, settings, seeds)
+    if args.bring_back:
+        lease.land_command(args.bring_back, out)
+        extra = lease.replan_args(args, extra, out)
+    table_extra = extra
+    planning = args.plan_for_seconds is not None
+    if planning:
+        lease.checked_kind(args)
+        extra = lease.lease_overrides(extra)
+    if args.cells is not None:
+        cells = listed_cells(args.cells, spec)
+        seeds = sorted({c.seed for c in cells})
+    else:
+        methods = parse_list(args.methods, [m.name for m in spec.methods], "method(s)")
+        settings = parse_list(args.settings, [s.name for s in spec.settings], "setting(s)")
+        seeds = pick_seeds(args.seeds, spec)
+        cells = spec.cells(methods, settings, seeds)
     published = {name: paper_rounds(c, extra) for name, c in first_cells(cells).items()}
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
     no_data = settings_without_data(cells, extra, args.data_dir)
+    if planning:
+        kept = kept_cells(spec, cells, out / "runs", read_earlier(out), rounds, seeds)
+        table_args = [args.name] if args.name else ["--table-file", args.table_file]
+        plan = lease.plan_next_lease(spec, cells, out, rounds, args, extra, no_data, kept, table_args,
+                                     lease.made_by(table_command(args, table_extra), args))
+        print((out / "lease_plan.md").read_text(), end="")
+        print(f"wrote {out}/lease_plan.md, lease_plan.sh, lease_plan.json ({len(plan.planned)} step(s) planned)")
+        write_and_print(spec, cells, out, rounds, seeds, args, extra, no_data, write_table, show=False)
+        return 0
     plans = plan_cells(cells, out, rounds, args, extra, no_data)
     left = {cs[0].setting.name for _, cs, _, state, _ in plans if state == NO_DATA}
     no_data = {name: reason for name, reason in no_data.items() if name in left}  # finished cells need no files
@@ -317,16 +318,23 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         print(f"note: not run, dataset files missing ({', '.join(names)}): {reason}", file=sys.stderr)
     if args.dry_run:
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    head_extra = [f"Command: `{table_command(args, extra)}`."]
-    head_extra += [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
-    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data)
-    print(text, end="")
-    print(f"wrote {out}/ (table.md, table.csv, runs/)")
+    write_and_print(spec, cells, out, rounds, seeds, args, extra, no_data, write_table)
     if failed:
         print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
         return status or 1
     return status
+
+
+def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, seeds: list[int], args,
+                    extra: list[str], no_data: dict, write_table, show: bool = True) -> None:
+    """Write table.md / table.csv (with the next lease's note when OUT holds a plan) and print the table
+    (``show``) or only where it went."""
+    out.mkdir(parents=True, exist_ok=True)
+    head_extra = [f"Command: `{table_command(args, extra)}`."]
+    head_extra += [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
+    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data, lease.plan_note(out))
+    print(text if show else "", end="")
+    print(f"wrote {out}/ (table.md, table.csv, runs/)")
 
 
 def table_command(args, extra: list[str]) -> str:
@@ -348,14 +356,6 @@ def _by_value(mapping: dict) -> dict:
     for key, value in mapping.items():
         out.setdefault(value, []).append(key)
     return out
-
-
-def _groups(cells: list[Cell]) -> list[list[Cell]]:
-    """The cells grouped by (method, setting), in table order."""
-    groups: dict[str, list[Cell]] = {}
-    for cell in cells:
-        groups.setdefault(cell.group_name, []).append(cell)
-    return list(groups.values())
 
 
 def main(argv=None, observe=None) -> int:

@@ -22,6 +22,7 @@ and free-text ``notes``::
       - {name: fedpac, label: "fedpac (paper)"}
       - {name: fedpac_replicate, label: "fedpac (Replicate)", runs_of: fedpac}
     paper_results: {fedpac: [91.83, 92.72], fedpac_replicate: {fmnist_20: 91.95}}
+    headline: {row: fedpac, settings: [fmnist_20]}
     notes: |
       Free text printed under the table.
 
@@ -45,8 +46,11 @@ with ``runs_of: OTHER`` runs nothing: it shows OTHER's runs against its own
 paper numbers (a paper printing two numbers for one method, e.g. its own and
 a rerun). A cell is one (row, setting, seed); its run is the training
 command's ``--config``, ``--method``, ``--seed`` and the overrides, in that
-order of precedence (setting, then row, then per-setting). Nothing here
-imports JAX.
+order of precedence (setting, then row, then per-setting). ``headline``
+(optional) marks the paper's own row and the setting(s) it leads with: a
+lease plan (papers/lease_plan.py) runs those cells first, then the rows whose
+published numbers lie nearest the headline row's (they decide its rank).
+Nothing here imports JAX.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ METRICS = {"best": "best accuracy over rounds (optimistic: the round is picked b
 NO_DATA = "no data"  # the state of a cell whose dataset files were not found (reproduce.py, paper_table.py)
 _NAME = re.compile(r"^[A-Za-z0-9_.]+$")
 _KEYS = ("paper", "table", "metric", "also_metrics", "seeds", "settings", "grid", "methods", "paper_results",
-         "notes", "note")
+         "headline", "notes", "note")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +138,8 @@ class TableSpec:
     paper_results: dict  # row name -> setting name -> PaperNumber (the cells the paper gives)
     notes: str = ""
     also_metrics: tuple[str, ...] = ()
+    headline_row: str | None = None  # the paper's own row (``headline.row``)
+    headline_settings: tuple[str, ...] = ()  # the setting(s) the paper leads with (``headline.settings``)
 
     def row(self, name: str) -> MethodRow:
         return next(m for m in self.methods if m.name == name)
@@ -303,10 +309,25 @@ def load_table(path: str | Path) -> TableSpec:
     if not isinstance(raw_paper, dict) or set(raw_paper) - {m.name for m in methods}:
         raise UserError(f"{path}: paper_results must map method names (rows) to the paper's numbers per setting")
     paper_results = {m: parse_row(v, names, f"{path}: paper_results.{m}") for m, v in raw_paper.items()}
+    headline_row, headline_settings = _headline(data.get("headline"), {m.name for m in methods if m.runs_of is None},
+                                                names, path)
     return TableSpec(name=path.stem, path=path, paper=str(data.get("paper", "")), table=str(data.get("table", "")),
                      metric=metric, seeds=tuple(seeds), settings=settings, methods=methods,
                      paper_results=paper_results,
-                     notes=_text(data.get("notes", data.get("note")), f"{path}: notes").strip(), also_metrics=also)
+                     notes=_text(data.get("notes", data.get("note")), f"{path}: notes").strip(), also_metrics=also,
+                     headline_row=headline_row, headline_settings=headline_settings)
+
+
+def _headline(entry, rows: set, settings: list[str], path: Path) -> tuple[str | None, tuple[str, ...]]:
+    """(row, settings) of the table's ``headline`` mapping; (None, ()) without one."""
+    if entry is None:
+        return None, ()
+    entry = _mapping(entry, ("row", "settings"), f"{path}: headline")
+    row, chosen = entry.get("row"), entry.get("settings")
+    if row not in rows or not isinstance(chosen, list) or not chosen or set(chosen) - set(settings):
+        raise UserError(f"{path}: headline needs row (one of {', '.join(sorted(rows))}) and settings (a list of "
+                        f"the table's settings: {', '.join(settings)})")
+    return row, tuple(chosen)
 
 
 def table_names(folder: Path = TABLES_DIR) -> list[str]:

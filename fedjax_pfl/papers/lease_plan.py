@@ -1,0 +1,307 @@
+"""A lease plan: a table's missing cells, most wanted first, packed into the commands one lease holds.
+
+A lease lends one device for a few commands (each at most the kind's
+``command_limit_seconds``, 600 s), and what runs when it ends is lost. The plan:
+
+1. **Order** (`priority`): the first seed of every cell before any further
+   seed; among the settings, the table's ``headline`` settings first, then
+   those of the same group (the rest of the headline's column block), then
+   the others, each in table order; within a setting, the headline row first,
+   then the rows whose published numbers lie nearest its own (the cells that
+   decide its rank), rows without a published number last. Without a
+   ``headline``: column by column, settings and rows in table order.
+2. **Steps** (`plan_steps`): one cell each; a cell's further seeds that can
+   share one program (papers/reproduce.py ``batchable``) as one step.
+3. **Packing** (`pack`): the lease's seconds are cut into equal commands, none
+   longer than the limit; each command spends its ``command_start`` margin
+   (Python, JAX, the data), each step its ``cell_start`` (clients, compiling,
+   checkpoints) and its rounds times the estimated seconds per round
+   (papers/round_seconds.py), and ``stop`` + ``pack`` are kept free at the
+   end. A step too long for what a command has left continues in the next
+   command of the same lease (its checkpoint stays on the machine, which
+   keeps its files while it stays warm; --resume), paying its start again;
+   a step that cannot end inside the lease is not planned, and later steps
+   that fit fill the time. Steps without an estimate are never planned.
+4. **Commands** (`script`): every command of the lease runs the same list,
+   the planned steps in plan order and then the steps left over (standby):
+   ``reproduce --cells`` skips the finished cells, resumes a cut one, and is
+   stopped by SIGINT at the command's deadline (after the round in flight,
+   with a checkpoint), so a wrong estimate only moves where a command stops.
+   The records of the runs it made come back in one archive under $OUT
+   (papers/lease_records.py).
+
+Nothing here runs anything or imports JAX: the states and estimates come in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.papers.table_spec import Cell, TableSpec
+
+STANDBY_CELLS = 40  # at most this many steps left over are listed after the planned ones
+MIN_PART_SECONDS = 60.0  # a command's leftover shorter than this is not worth starting a step in
+CALL_SLACK = 10.0  # seconds of a device call's timeout_s its command leaves to the tool (SECONDS = timeout_s - 10)
+
+
+@dataclasses.dataclass(frozen=True)
+class Margins:
+    """Seconds a command spends outside the rounds (the record's ``margins_seconds``, its ``why``)."""
+
+    command_start: float
+    cell_start: float
+    stop: float
+    pack: float
+
+    @property
+    def outside(self) -> float:
+        """A command's seconds outside its steps: the call's slack, start-up, stop and packing."""
+        return CALL_SLACK + self.command_start + self.stop + self.pack
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # (eq=False: a step is itself, hashed by identity)
+class Step:
+    """One program to run: a cell, or a cell's seeds as one program."""
+
+    cells: tuple[Cell, ...]
+    state: str  # 'new', 'resume' (from its checkpoint) or 'rerun' (unfinished, no checkpoint)
+    rounds: int  # rounds it has to run
+    seconds_per_round: float | None  # per seed; None: unknown
+    source: str  # where the estimate comes from
+
+    @property
+    def label(self) -> str:
+        first = self.cells[0]
+        seeds = ",".join(str(c.seed) for c in self.cells)
+        return f"{first.group_name} seed{'s' if len(self.cells) > 1 else ''} {seeds}"
+
+    def seconds(self, margins: Margins) -> float | None:
+        """Its start plus its rounds (a program of k seeds counted as k times one: not measured batched)."""
+        if self.seconds_per_round is None:
+            return None
+        return margins.cell_start + self.rounds * self.seconds_per_round * len(self.cells)
+
+
+@dataclasses.dataclass
+class Command:
+    """One device command of the lease: its seconds and the (step, seconds of it) expected in it."""
+
+    seconds: float
+    parts: list = dataclasses.field(default_factory=list)
+
+    def estimate(self, margins: Margins) -> float:
+        return margins.outside + sum(seconds for _, seconds in self.parts)
+
+
+@dataclasses.dataclass
+class Plan:
+    commands: list[Command]
+    left: list[Step]  # not planned in this lease (no time, or no estimate), in order
+
+    @property
+    def planned(self) -> list[Step]:
+        return list(dict.fromkeys(step for c in self.commands for step, _ in c.parts))
+
+    def run_list(self) -> list[Step]:
+        """What every command of the lease runs, in order: the planned steps, then standby."""
+        return self.planned + self.left[:STANDBY_CELLS]
+
+
+def _rival_key(spec: TableSpec, row: str, setting: str, index: int) -> tuple:
+    """Rank of a row within a setting: the headline row, then nearest published number, then none."""
+    if spec.headline_row is None:
+        return (0, 0, 0.0, index)
+    own, ref = spec.paper_value(row, setting), spec.paper_value(spec.headline_row, setting)
+    distance = abs(own.mean - ref.mean) if own is not None and ref is not None else 0.0
+    return (row != spec.headline_row, own is None, distance, index)
+
+
+def _setting_key(spec: TableSpec, name: str, index: int) -> tuple:
+    groups = {s.group for s in spec.settings if s.name in spec.headline_settings and s.group}
+    group = next(s.group for s in spec.settings if s.name == name)
+    return (0 if name in spec.headline_settings else 1 if group in groups else 2, index)
+
+
+def priority(spec: TableSpec, cells: list[Cell]) -> list[Cell]:
+    """``cells`` in the order a lease should run them (module docstring, 1)."""
+    first_seed = cells[0].seed if cells else 0
+    setting_index = {s.name: i for i, s in enumerate(spec.settings)}
+    row_index = {m.name: i for i, m in enumerate(spec.methods)}
+
+    def key(c: Cell) -> tuple:
+        return (c.seed != first_seed, _setting_key(spec, c.setting.name, setting_index[c.setting.name]),
+                _rival_key(spec, c.method.name, c.setting.name, row_index[c.method.name]), c.seed)
+
+    return sorted(cells, key=key)
+
+
+def plan_steps(cells: list[Cell], states: dict, rounds_left: dict, estimates: dict, together: set) -> list[Step]:
+    """Steps of ``cells`` (in order): ``states``/``rounds_left`` per folder name (finished and 'no data' cells
+    give none), ``estimates`` per group name -> round_seconds.Estimate, ``together``: the group names whose
+    new seeds share one program."""
+    steps, i = [], 0
+    while i < len(cells):
+        cell, j = cells[i], i + 1
+        state = states[cell.folder_name]
+        while (state == "new" and cell.group_name in together and j < len(cells)
+               and cells[j].group_name == cell.group_name and states[cells[j].folder_name] == "new"):
+            j += 1
+        if state in ("new", "resume", "rerun"):
+            estimate = estimates[cell.group_name]
+            steps.append(Step(tuple(cells[i:j]), state, rounds_left[cell.folder_name], estimate.seconds_per_round,
+                              estimate.source))
+        i = j
+    return steps
+
+
+def windows(lease_seconds: float, limit: float) -> list[float]:
+    """The lease cut into the fewest equal commands of at most ``limit`` seconds each."""
+    count = max(1, math.ceil(lease_seconds / limit))
+    return [math.floor(lease_seconds / count)] * count
+
+
+def check_budget(lease_seconds, margins: Margins) -> None:
+    """UserError (one line) for a --plan-for-seconds that is no number or holds no command worth running."""
+    least = margins.outside + margins.cell_start + MIN_PART_SECONDS
+    if not isinstance(lease_seconds, (int, float)) or not math.isfinite(lease_seconds) or lease_seconds < least:
+        raise UserError(f"--plan-for-seconds must be the lease's seconds for commands, at least {least:.0f} (one "
+                        f"command's start, stop and packing margins and one step's start and a minute); got "
+                        f"{lease_seconds!r}")
+
+
+def pack(steps: list[Step], lease_seconds: float, limit: float, margins: Margins) -> Plan:
+    """The steps laid into the lease's commands in order (module docstring, 3); commands left empty at the end
+    are dropped."""
+    commands = [Command(w) for w in windows(lease_seconds, limit)]
+    room = [c.seconds - margins.outside for c in commands]
+    at, used, left = 0, 0.0, []
+    for step in steps:
+        need = step.seconds(margins)
+        placed = _place(need, at, used, room, margins) if need is not None else None
+        if placed is None:
+            left.append(step)
+            continue
+        for index, seconds in placed:
+            commands[index].parts.append((step, seconds))
+        last, seconds = placed[-1]
+        used = (used if last == at else 0.0) + seconds
+        at = last
+    while len(commands) > 1 and not commands[-1].parts:  # commands the plan does not need
+        commands.pop()
+    return Plan(commands, left)
+
+
+def _place(need: float, at: int, used: float, room: list[float], margins: Margins) -> list | None:
+    """[(command index, seconds)] of a step of ``need`` seconds started at ``used`` seconds into command
+    ``at``, continued in the next commands (paying its start again); None when it cannot end in the lease."""
+    parts, rest = [], need
+    while at < len(room):
+        free = room[at] - used
+        if rest <= free:
+            return parts + [(at, rest)]
+        if at + 1 < len(room) and free >= MIN_PART_SECONDS:
+            parts.append((at, free))
+            rest += margins.cell_start - free
+        at, used = at + 1, 0.0
+    return None
+
+
+def _step_line(step: Step, seconds: float | None, margins: Margins) -> str:
+    rate = "?" if step.seconds_per_round is None else f"{step.seconds_per_round:.2f}"
+    total = step.seconds(margins)
+    part = "" if seconds is None or total is None or abs(seconds - total) < 0.5 else f" (of {total:.0f})"
+    spent = "?" if seconds is None else f"{seconds:.0f}{part}"
+    return f"| {step.label} | {step.state} | {step.rounds} | {rate} | {spent} | {step.source} |"
+
+
+def markdown(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margins: Margins, command: str,
+             script_path: str) -> str:
+    """The plan for people: what each command is expected to run, what waits, and how to run it."""
+    heads = ["| step | state | rounds | s/round (per seed) | seconds | estimate from |", "|---|---|---|---|---|---|"]
+    lines = [f"# Lease plan: {spec.name} on {kind}", "",
+             f"Made by `{command}` from the cells not finished when it ran, in the order of "
+             "fedjax_pfl/papers/lease_plan.py (the headline setting first, then the rows nearest the headline "
+             "row's published number). Seconds are estimates (papers/round_seconds.py); margins per command: "
+             f"start {margins.command_start:.0f}, stop {margins.stop:.0f}, packing {margins.pack:.0f}; per step: "
+             f"start {margins.cell_start:.0f} (benchmarks/seconds_per_round.json says why).", "",
+             f"{len(plan.commands)} command(s) for {lease_seconds:.0f} s; {len(plan.planned)} step(s) planned "
+             f"({sum(len(s.cells) for s in plan.planned)} cells), {len(plan.left)} left for later leases.", "",
+             "Run: one device call per command, each as soon as the last returns (the machine keeps a cut cell's "
+             "checkpoint only while it stays warm), with `carry: [\".dev/data\"]` (the dataset files: `mkdir -p "
+             ".dev/data && cp -r ../shared/data/cifar10_jpeg .dev/data/`; `.dev/` ignored in .git/info/exclude), "
+             f"`timeout_s` the command's seconds and the command `bash {script_path} SECONDS` (SECONDS = "
+             f"timeout_s - {CALL_SLACK:.0f}). Then here, for each call's records: "
+             f"`python -m fedjax_pfl.reproduce {spec.name} --bring-back FILES_AT/records.tar.gz` (lands the "
+             "finished runs in runs/, rewrites table.md and this plan).", ""]
+    for i, command in enumerate(plan.commands, 1):
+        lines += [f"## Command {i}: {command.seconds:.0f} s, estimated {command.estimate(margins):.0f} s", "",
+                  f"    bash {script_path} {command.seconds - CALL_SLACK:.0f}", "", *heads,
+                  *[_step_line(step, seconds, margins) for step, seconds in command.parts], ""]
+    if plan.left:
+        shown = plan.left[:STANDBY_CELLS]
+        lines += [f"## Left for later leases ({len(plan.left)} steps; the first {len(shown)} run as standby when "
+                  "a command has time left)", "", *heads, *[_step_line(s, s.seconds(margins), margins) for s in shown],
+                  ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str], run_args: list[str], made_by: str,
+           script_path: str) -> str:
+    """The bash script every device command of the lease runs (module docstring, 4): ``table_args`` name the
+    table (NAME or --table-file FILE), ``run_args`` the options and overrides of its cells."""
+    cells = [c.folder_name for step in plan.run_list() for c in step.cells]
+    table = shlex.join(["-m", "fedjax_pfl.reproduce", *table_args])
+    run = shlex.join([*run_args, "--no-progress"])
+    keep = margins.stop + margins.pack
+    usage = f"bash {script_path} SECONDS (the device call's timeout_s minus {CALL_SLACK:.0f})"
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        f"# One device command of the next lease for {spec.name}: trains the cells below in order (finished ones",
+        "# skipped, a cut one resumed from its checkpoint) until SECONDS minus the stop and packing margins, in a",
+        "# work folder beside the checkout (kept while the machine stays warm), then packs the records of its runs",
+        f"# into $OUT/records.tar.gz. Written by: {made_by}",
+        "set -uo pipefail",
+        f"seconds=${{1:?usage: {usage}}}",
+        f"run_for=$((seconds - {keep:.0f}))",
+        f"(( run_for > {margins.command_start + margins.cell_start:.0f} )) || {{ echo \"usage: {usage}; "
+        "SECONDS too small\"; exit 2; }",
+        "export PYTHONPATH=. XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1",
+        "export FEDJAX_PFL_DATA_DIR=${FEDJAX_PFL_DATA_DIR:-$PWD/.dev/data}",
+        "out=${OUT:-/tmp/lease_out}",
+        f"work=${{LEASE_WORK:-/tmp/fedjax_pfl_lease}}/{spec.name}",
+        "python=$(command -v python3 || command -v python)",
+        "mkdir -p \"$out\" \"$work\"",
+        "{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; uptime; } 2>&1 | tee \"$out/lease.log\"",
+        "cells=" + shlex.quote(",".join(cells)),
+        f"timeout -s INT -k {margins.stop:.0f} \"$run_for\" \"$python\" {table} {run} --out \"$work\" --cells \"$cells\" "
+        "2>&1 | tee -a \"$out/lease.log\"",
+        "echo \"lease: reproduce rc=${PIPESTATUS[0]} $(date -u +%T)\" | tee -a \"$out/lease.log\"",
+        f"\"$python\" {table} --out \"$work\" --pack-records \"$out/records.tar.gz\" 2>&1 | tee -a \"$out/lease.log\"",
+        ""])
+
+
+def as_json(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margins: Margins, extra: list[str]) -> dict:
+    """The plan as data: what made it (to make it again after a lease), the commands and the run list."""
+    def step(s: Step, seconds: float | None) -> dict:
+        return {"cells": [c.folder_name for c in s.cells], "state": s.state, "rounds": s.rounds,
+                "seconds_per_round": s.seconds_per_round, "seconds": seconds, "estimate_from": s.source}
+
+    return {"table": spec.name, "kind": kind, "plan_for_seconds": lease_seconds, "overrides": list(extra),
+            "margins_seconds": dataclasses.asdict(margins),
+            "commands": [{"seconds": c.seconds, "estimate": c.estimate(margins),
+                          "steps": [step(s, sec) for s, sec in c.parts]} for c in plan.commands],
+            "left": [step(s, s.seconds(margins)) for s in plan.left],
+            "run_list": [c.folder_name for s in plan.run_list() for c in s.cells]}
+
+
+def margins_of(kind: dict) -> Margins:
+    """The record's margins of a device kind."""
+    raw = kind.get("margins_seconds") or {}
+    try:
+        return Margins(*(float(raw[k]) for k in ("command_start", "cell_start", "stop", "pack")))
+    except (KeyError, TypeError, ValueError):
+        raise UserError("the seconds-per-round record's margins_seconds needs command_start, cell_start, stop and "
+                        "pack (seconds)") from None
