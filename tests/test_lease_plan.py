@@ -5,6 +5,7 @@ import dataclasses
 import json
 import random
 import shlex
+import subprocess
 import tarfile
 
 import pytest
@@ -15,25 +16,15 @@ from fedjax_pfl.papers import lease_plan, lease_records, reproduce, round_second
 from fedjax_pfl.papers.lease_plan import Margins, Step
 from fedjax_pfl.runs import config as config_lib
 from signal_after_round import signal_after
+from test_reproduce import TINY as REPRODUCE_TINY
 
 MARGINS = Margins(command_start=40, cell_start=25, stop=30, pack=10)
 
-TINY = """
-paper: "Tiny paper"
-table: "Table 0"
-metric: best
-seeds: [0, 1]
-settings:
-  - name: synth
-    overrides: [data.name=synthetic, partition.scheme=natural, partition.num_clients=3, model.name=mlr,
-                train.rounds=4, train.local_epochs=1, train.batch_size=16, train.join_ratio=1.0,
-                train.rounds_per_call=1]
-methods:
-  - local
-  - {name: global, method: fedavg}
-paper_results: {local: {synth: 55.5}, global: {synth: 60.0}}
-headline: {row: global, settings: [synth]}
-"""
+# test_reproduce's tiny table, with a paper number for both rows and the headline on the second
+TINY = (REPRODUCE_TINY.replace("seeds: [0, 1, 2]", "seeds: [0, 1]")
+        .replace("paper_results: {local: {synth: 55.5}}", "paper_results: {local: {synth: 55.5}, global: {synth: 60.0}}")
+        + "headline: {row: global, settings: [synth]}\n")
+assert "headline" in TINY and "global: {synth: 60.0}" in TINY
 
 # a record whose one workload is the tiny table's: FedAvg at 2 s a round on the "kind" tiny-device
 RECORD = {"kinds": {"tiny-device": {
@@ -183,6 +174,9 @@ def test_a_lease_cut_mid_cell_resumes_to_the_numbers_of_an_uninterrupted_run_and
     assert [s["seconds"] for s in plan["commands"][0]["steps"]] == pytest.approx([33.0, local])
     script = (out / "lease_plan.sh").read_text()
     assert "cells=global-synth/seed0,local-synth/seed0" in script
+    assert subprocess.run(["bash", "-n", out / "lease_plan.sh"]).returncode == 0
+    too_short = subprocess.run(["bash", out / "lease_plan.sh", "100"], capture_output=True, text=True)
+    assert too_short.returncode == 2 and "SECONDS too small" in too_short.stdout
     assert "Next lease (tiny-device" in (out / "table.md").read_text()
     # the lease's commands, as the script runs them: the first cut after the first cell's round 2 (SIGINT)
     line = next(ln for ln in script.splitlines() if ln.startswith("timeout "))

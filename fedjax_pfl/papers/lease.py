@@ -138,7 +138,7 @@ def plan_note(out: Path) -> list[str]:
             f"{len(plan['commands'])} device command(s) with carry `.dev/data` (the dataset files), one right after "
             "another: "
             f"{calls}. Expected to finish {len(cells)} cell(s): {shown or 'none'}; "
-            f"{len(plan['left'])} step(s) wait for later leases. Then land each command's records with "
+            f"{plan['left_steps']} step(s) wait for later leases. Then land each command's records with "
             f"`python -m fedjax_pfl.reproduce {plan['table']} --bring-back FILES_AT/records.tar.gz`."]
 
 

@@ -256,7 +256,7 @@ def script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str],
     table = shlex.join(["-m", "fedjax_pfl.reproduce", *table_args])
     run = shlex.join([*run_args, "--no-progress"])
     keep = margins.stop + margins.pack
-    usage = f"bash {script_path} SECONDS (the device call's timeout_s minus {CALL_SLACK:.0f})"
+    usage = f"bash {script_path} SECONDS (the timeout_s of the device call minus {CALL_SLACK:.0f})"
     return "\n".join([
         "#!/usr/bin/env bash",
         f"# One device command of the next lease for {spec.name}: trains the cells below in order (finished ones",
@@ -284,7 +284,8 @@ def script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str],
 
 
 def as_json(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margins: Margins, extra: list[str]) -> dict:
-    """The plan as data: what made it (to make it again after a lease), the commands and the run list."""
+    """The plan as data: what made it (to make it again after a lease), the commands, the standby steps (the
+    first `STANDBY_CELLS` of those left) and the run list."""
     def step(s: Step, seconds: float | None) -> dict:
         return {"cells": [c.folder_name for c in s.cells], "state": s.state, "rounds": s.rounds,
                 "seconds_per_round": s.seconds_per_round, "seconds": seconds, "estimate_from": s.source}
@@ -293,7 +294,7 @@ def as_json(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margin
             "margins_seconds": dataclasses.asdict(margins),
             "commands": [{"seconds": c.seconds, "estimate": c.estimate(margins),
                           "steps": [step(s, sec) for s, sec in c.parts]} for c in plan.commands],
-            "left": [step(s, s.seconds(margins)) for s in plan.left],
+            "left_steps": len(plan.left), "standby": [step(s, s.seconds(margins)) for s in plan.left[:STANDBY_CELLS]],
             "run_list": [c.folder_name for s in plan.run_list() for c in s.cells]}
 
 

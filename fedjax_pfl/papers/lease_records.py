@@ -2,18 +2,21 @@
 
 A device command may return only a few small files, so a lease's run folders
 do not come back whole: `pack` writes one archive of each run's record (the
-files `kept_record` names: summary.json, config.json, metrics.jsonl; no
+files `record_files` gives: summary.json, config.json, metrics.jsonl; no
 checkpoint, partition, clients.csv or figures) of every run in the lease's
 work folder (it holds only the plan's cells, which were not finished here).
 `land` puts those records into the table's runs/ here: a
 finished (or failed) run lands in its cell's folder unless a finished run is
 there already; a run the lease's end cut is reported and left out (its
 checkpoint stayed on the machine: the next lease runs that cell again).
-`kept_record` is the one place that says what a committed run record holds.
+`record_files` is the one place that says what a committed run record holds
+(a compact form of the record goes there: what it returns is what is packed,
+and landing writes what was packed).
 """
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import tarfile
@@ -24,13 +27,13 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
 
 KEPT = ("summary.json", "config.json", "metrics.jsonl")
-_MEMBER = re.compile(r"^runs/[A-Za-z0-9_.]+-[A-Za-z0-9_.]+/seed[0-9]+/(summary\.json|config\.json|metrics\.jsonl)$")
+_MEMBER = re.compile(r"^runs/[A-Za-z0-9_.]+-[A-Za-z0-9_.]+/seed[0-9]+/(" + "|".join(map(re.escape, KEPT)) + ")$")
 LANDED_STATES = ("finished", "failed")
 
 
-def kept_record(folder: Path) -> list[Path]:
-    """The files of a run folder that a committed run record keeps."""
-    return [Path(folder) / name for name in KEPT if (Path(folder) / name).is_file()]
+def record_files(folder: Path) -> dict[str, bytes]:
+    """The committed record of a run folder: {file name: its bytes}, the `KEPT` files it has, as they are."""
+    return {name: (Path(folder) / name).read_bytes() for name in KEPT if (Path(folder) / name).is_file()}
 
 
 def _status(folder: Path) -> str:
@@ -50,8 +53,10 @@ def pack(runs_dir: Path, archive: Path) -> list[str]:
     with tarfile.open(archive, "w:gz") as tar:
         for folder in run_folders(runs_dir):
             name = f"{folder.parent.name}/{folder.name}"
-            for path in kept_record(folder):
-                tar.add(path, arcname=f"runs/{name}/{path.name}")
+            for file, data in record_files(folder).items():
+                info = tarfile.TarInfo(f"runs/{name}/{file}")
+                info.size, info.mtime = len(data), int((folder / file).stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
             packed.append(name)
     return packed
 
@@ -95,7 +100,7 @@ def land(archives: list[Path], runs_dir: Path) -> dict[str, list[str]]:
                     if target.exists():
                         shutil.rmtree(target)  # an unfinished run of that cell here: the lease finished it
                     target.mkdir(parents=True)
-                    for path in kept_record(folder):
+                    for path in sorted(p for p in folder.iterdir() if p.is_file()):  # what was packed
                         shutil.copyfile(path, target / path.name)
                     done["landed"].append(name)
     here = set(done["landed"]) | set(done["kept"])  # a run one archive has cut and a later one finished
