@@ -11,10 +11,9 @@ plan as data, and what made it). Every cell of the plan runs with
 would time its candidates in every cell (35-55 s each on an H200,
 benchmarks/RESULTS.md), and at 20 clients it chose vmap.
 
-On the lent machine the script trains the listed cells in a work folder
-outside the checkout (the checkout is replaced at every call; a folder
-beside it stays while the machine is warm, and a cut cell's checkpoint with
-it) and ``--pack-records`` packs their records into $OUT/records.tar.gz
+On the lent machine the script trains the listed cells in runs/lease/NAME
+(ignored by git, so the machine keeps it between calls while it stays warm,
+and a cut cell's checkpoint with it) and ``--pack-records`` packs their records into $OUT/records.tar.gz
 (papers/lease_records.py). Here ``--bring-back`` lands them in the table's
 runs/, then the table and the plan are written again.
 """
