@@ -146,3 +146,33 @@ def test_the_checks_catch_a_planted_violation(tmp_path, source, expected):
     else:
         (target, _), = found
         assert RANKS[group(target)] > RANKS["engine"]
+
+
+def test_methods_reach_a_faces_rules_only_through_the_face():
+    """A rule that losses.py or aggregation.py names has one import path: methods use the face, not kernels/."""
+    from fedjax_pfl import aggregation, losses
+
+    faces = {n: "aggregation" for n in aggregation.__all__} | {n: "losses" for n in losses.__all__}
+    found = []
+    for path in sorted((PACKAGE / "methods").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        kernel_modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedjax_pfl.kernels"):
+                for a in node.names:
+                    if node.module == "fedjax_pfl.kernels":
+                        kernel_modules.add(a.asname or a.name)
+                    elif a.name in faces:
+                        found.append(f"{path.name} imports {a.name} from {node.module}")
+        found += [f"{path.name}:{n.lineno} uses {n.value.id}.{n.attr} (use {faces[n.attr]}.{n.attr})"
+                  for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                  and n.value.id in kernel_modules and n.attr in faces]
+    assert not found, "\n".join(found)
+
+
+def test_the_faces_only_name_what_kernels_define():
+    """losses.py and aggregation.py define nothing of their own: every public name is a kernel's."""
+    for face in ("losses", "aggregation"):
+        tree = ast.parse((PACKAGE / f"{face}.py").read_text())
+        own = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not own, f"{face}.py defines {own}: move them to kernels/"

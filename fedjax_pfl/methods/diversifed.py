@@ -5,7 +5,7 @@ server keeps the latest uploaded parameters of EVERY client (``server['params']`
 leaves [N, ...]). In round t, for the selected clients only (`prepare`):
 
     D = pairwise distances of all N stored models   (one Gram matmul)
-    Xi = mixing matrix from dL/dD                    (model_distance.mixing_matrix)
+    Xi = mixing matrix from dL/dD                    (aggregation.mixing_matrix)
     u_i = sum_j xi_ij w_j                             (one [S, N] x [N, P] matmul)
 
 so a client's anchor u_i is pulled toward models closer than its softmax
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fedjax_pfl import aggregation
 from fedjax_pfl.kernels import model_distance
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
 from fedjax_pfl.methods.options import Options, option
@@ -76,6 +77,6 @@ class DiversiFed(AnchoredPersonalMethod):
     def anchors(self, server, selected):
         """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
         hp = self.hparams
-        u, xi, _ = model_distance.mix_models(server["params"], hp.tau, hp.eta,
+        u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta,
                                              normalization=hp.normalization, rows=selected)
         return u, xi
