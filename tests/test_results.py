@@ -148,7 +148,7 @@ def _fake_run(folder, seed, accuracies, method="fedavg", status="finished", seco
     (folder / "config.json").write_text(json.dumps({"config": config_lib.to_dict(cfg), "versions": {}}))
     seconds = seconds or [1.0 + t for t in range(len(accuracies))]
     lines = [json.dumps({"round": t, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.1, "loss": 1.0,
-                         "train_loss": 1.0, "seconds": s}) for t, (a, s) in enumerate(zip(accuracies, seconds))]
+                         "train_loss": 1.0, "seconds": s}) for t, (a, s) in enumerate(zip(accuracies, seconds), 1)]
     (folder / "metrics.jsonl").write_text("".join(l + "\n" for l in lines))
     if status is not None:
         (folder / "summary.json").write_text(json.dumps({"status": status}))

@@ -16,11 +16,7 @@ import os
 from pathlib import Path
 
 from fedjax_pfl.outputs.atomic_file import atomic_write
-from fedjax_pfl.outputs.run_output import jsonable, read_json
-
-# config.json's mark of a run whose records count rounds from 1 (``round`` 1 is the first round). A run
-# folder without it was written when ``round`` was the engine's index from 0; its records are read +1.
-NUMBERING = {"rounds_counted_from": 1}
+from fedjax_pfl.outputs.run_output import jsonable
 
 
 @dataclasses.dataclass
@@ -51,19 +47,9 @@ def parse_record(line: str) -> dict | None:
     return record
 
 
-def counted_from_zero(run_dir: Path) -> bool:
-    """Whether the run in ``run_dir`` numbered its records from 0 (its config.json lacks `NUMBERING`)."""
-    config = read_json(Path(run_dir) / "config.json")
-    return isinstance(config, dict) and config.get("rounds_counted_from") != 1
-
-
 def read_metrics(path: Path) -> MetricsFile:
-    """Every valid record of ``path`` (none when it does not exist) and the damaged lines' numbers.
-
-    Rounds are counted from 1, also for a run folder written before (`counted_from_zero`).
-    """
+    """Every valid record of ``path`` (none when it does not exist) and the damaged lines' numbers."""
     path = Path(path)
-    shift = int(counted_from_zero(path.parent))
     records, damaged, line_of = [], [], []
     if path.is_file():
         text = path.read_bytes().decode("utf-8", errors="replace")
@@ -74,7 +60,7 @@ def read_metrics(path: Path) -> MetricsFile:
             if record is None:
                 damaged.append(number)
             else:
-                records.append({**record, "round": record["round"] + shift})
+                records.append(record)
                 line_of.append(number)
     return MetricsFile(path, records, damaged, line_of)
 

@@ -60,7 +60,7 @@ def read_config(run_dir: Path) -> dict:
 def read_provenance(run_dir: Path) -> dict:
     """Where a run came from: {"commits", "machines", "jax"}, each the distinct values (first seen first)
     that config.json's ``versions`` records for the run and for every resumed segment; '-' where not
-    recorded (``machines``: runs written before config.json named the machine)."""
+    recorded (no commit for a run of a package installed outside a git checkout)."""
     data = _read_json(Path(run_dir) / "config.json") or {}
     segments = [data.get("versions") or {}] + [(r or {}).get("versions") or {} for r in data.get("resumed") or []]
 
