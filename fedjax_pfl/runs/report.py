@@ -33,7 +33,7 @@ from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.outputs.results_writer import matplotlib_available
 from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.runs.command import Command, OneLineParser
-from fedjax_pfl.outputs.metrics_file import read_metrics
+from fedjax_pfl.outputs.metrics_file import read_metrics, run_metrics
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
 NOT_RESULT_SETTINGS = ("seed", "out", "data.data_dir", "data.allow_download", "checkpoint_every", "log")
@@ -65,7 +65,7 @@ class RunResult:
 def load_run(path: Path) -> RunResult:
     """A run folder's results; a damaged metrics.jsonl line is reported on stderr and skipped."""
     config = run_folder.read_config(path)
-    metrics = read_metrics(Path(path) / "metrics.jsonl")
+    metrics = read_metrics(run_metrics(path))
     if metrics.warning():
         print("warning: " + metrics.warning(), file=sys.stderr)
     records = metrics.records

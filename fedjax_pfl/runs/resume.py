@@ -18,6 +18,7 @@ from pathlib import Path
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.outputs import run_output
+from fedjax_pfl.outputs.compact_record import is_compact
 from fedjax_pfl.outputs.metrics_file import read_metrics
 
 
@@ -28,6 +29,9 @@ def saved_run(out: Path | None, cfg=None) -> dict:
     saved = run_output.read_json(Path(out) / "config.json")
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         raise UserError(f"nothing to resume in {out} (no readable config.json); run without --resume to start afresh")
+    if is_compact(out):
+        raise UserError(f"{out} is a compact record of a stopped run (metrics.jsonl.xz, no partition.json): it "
+                        "cannot be resumed; train it again in another --out")
     return saved
 
 
