@@ -176,3 +176,16 @@ def test_the_faces_only_name_what_kernels_define():
         tree = ast.parse((PACKAGE / f"{face}.py").read_text())
         own = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
         assert not own, f"{face}.py defines {own}: move them to kernels/"
+
+
+def test_the_output_files_package_imports_without_jax():
+    """outputs/ (run folders, metrics, tables, figures) imports with JAX unavailable, so a report can be made
+    where no accelerator or training code runs."""
+    import subprocess
+    import sys
+
+    names = sorted(p.stem for p in (PACKAGE / "outputs").glob("*.py") if p.stem != "__init__")
+    code = ("import sys; sys.modules['jax'] = None; sys.modules['jaxlib'] = None\n"
+            + "".join(f"import fedjax_pfl.outputs.{n}\n" for n in names))
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
