@@ -11,7 +11,8 @@ import pytest
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import compact_record, figures, metrics_file, run_folder
 from fedjax_pfl.papers import reproduce
-from fedjax_pfl.runs import cli as train, report
+from fedjax_pfl.runs import cli as train
+from fedjax_pfl.outputs import report
 
 TABLE = """
 paper: "Tiny paper"

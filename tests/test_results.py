@@ -16,7 +16,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import figures, run_folder
-from fedjax_pfl.runs import report
+from fedjax_pfl.outputs import report
 from fedjax_pfl.outputs.results_writer import ResultsWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -313,7 +313,7 @@ def test_resume_drops_a_torn_line_of_a_round_after_the_checkpoint(stopped_after_
 
 @pytest.mark.parametrize("line", [1, 2, 3], ids=["first", "middle", "last"])
 def test_report_warns_on_a_damaged_line_and_reads_every_valid_record(stopped_after_three, tmp_path, capsys, line):
-    from fedjax_pfl.runs import report
+    from fedjax_pfl.outputs import report
 
     run = _damaged_copy(stopped_after_three, tmp_path, line)
     loaded = report.load_run(run)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
-from fedjax_pfl.runs.report import load_run, mean_std, write_csv
+from fedjax_pfl.outputs.report import load_run, mean_std, write_csv
 from fedjax_pfl.papers.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
 from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.papers.paper_numbers import FLAG_POINTS, difference, flagged

@@ -57,7 +57,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.outputs.compact_record import compact_runs
-from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.core.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
@@ -378,7 +378,7 @@ def _groups(cells: list[Cell]) -> list[list[Cell]]:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command's exit status (runs/command.py); ``observe(rounds_done)`` is passed to every cell's run
+    """The command's exit status (core/command.py); ``observe(rounds_done)`` is passed to every cell's run
     (runs/cli.py)."""
     command = Command("interrupted; run the same command again to continue")
 
