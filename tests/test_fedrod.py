@@ -1,7 +1,8 @@
 """FedRoD: the balanced softmax against a float64 reference, the two-head loss and where its
-gradients stop, prediction as generic plus personal logits, and the linear-head check.
+gradients stop, prediction as generic plus personal logits, the linear-head check, and
+BatchNorm statistics that padding rows do not reach.
 
-The federation: tests/split_model_federation.py. The engine against a
+The federations: tests/split_model_federation.py, tests/batchnorm_padding.py. The engine against a
 per-client loop: tests/test_engine_equals_loop_split_models.py; learning on
 real Fashion-MNIST: tests/test_learning_fmnist_four_clients.py.
 """
@@ -11,11 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import batchnorm_padding as padding
+import plain_sgd_federation as plain_fed
 import split_model_federation as fed
 from fedjax_pfl import losses
+from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods.fedrod import PERSONAL
 from fedjax_pfl.models.networks import build_model
 
 
@@ -80,3 +85,11 @@ def test_fedrod_loss_matches_float64_reference_and_personal_loss_stops_at_featur
 def test_fedrod_refuses_a_nonlinear_head():
     with pytest.raises(UserError, match="one Dense layer"):
         get_method("fedrod")(fed.setup(build_model("pfakd_cnn", (28, 28, 1), fed.C)))
+
+
+def test_fedrod_batchnorm_statistics_ignore_padding_rows():
+    method = plain_fed.method("fedrod", padding.bn_setup())
+    server, clients = method.init(jax.random.key(0), 1)
+    generic = server["variables"]
+    variables = {**generic, "params": {**generic["params"], PERSONAL: tree_ops.gather(clients["head"], 0)}}
+    padding.assert_same_over_padding(method.objective(jnp.asarray([3.0, 1.0, 2.0])), variables)  # loss and batch_stats

@@ -1,8 +1,10 @@
 """Per-FedAvg: the client step (first-order and Hessian-free) against an explicit per-step
 reference loop, evaluation after one adaptation step, the server's size-weighted mean, and
-learning on MNIST.
+learning on MNIST; as both authors' codes adapt for evaluation, an alpha then a beta step against
+float64 on a linear model.
 
-The small problem and the MNIST setting: tests/test_pfedkd.py. Option errors and the refusal of
+The small problem and the MNIST setting: tests/test_pfedkd.py; the linear-model federation:
+tests/plain_sgd_federation.py. Option errors and the refusal of
 an optimizer it would ignore (shared with pFedMe): tests/test_step_counted.py.
 """
 
@@ -12,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import plain_sgd_federation as plain_fed
 import step_counted_reference as step_ref
 from fedjax_pfl.methods.base import ClientRound, ServerRound
 from fedjax_pfl.methods.step_counted import random_batch
@@ -50,7 +53,8 @@ def test_perfedavg_client_step_equals_reference(variant):
 
 
 def test_perfedavg_evaluates_after_one_step_and_averages_by_size():
-    method = _method("perfedavg", alpha=0.2, eval_beta_steps=0)  # PFLlib's one step (default: test_authors_fidelity)
+    # PFLlib's one step (the default: test_perfedavg_adapts_with_an_alpha_then_a_beta_step_on_train_batches)
+    method = _method("perfedavg", alpha=0.2, eval_beta_steps=0)
     data = step_ref.client(method)
     server, _ = method.init(jax.random.key(0), 6)
     key = jax.random.key(9)
@@ -71,3 +75,24 @@ def test_learns_on_mnist(name, data_dir):
     # (FedAvg 0.86-0.89 and Local 0.85-0.87 on the same clients: the paper's claim over them does not hold here)
     first, acc, majority = run_rounds(mnist_config(data_dir, name, rounds=12))
     assert acc > majority + 0.05 and acc > first + 0.2, (first, acc, majority)
+
+
+def test_perfedavg_adapts_with_an_alpha_then_a_beta_step_on_train_batches():
+    """Both authors' codes: from the global model, one step of size alpha on a batch, then one of size beta on
+    another; here both batches are random train batches (the i-th from the i-th of split(key, 2))."""
+    alpha, beta = 0.2, 0.3
+    method = plain_fed.method("perfedavg", plain_fed.setup("mlr"), alpha=alpha, beta=beta)
+    assert (method.hparams.eval_steps, method.hparams.eval_beta_steps) == (1, 1)
+    server, _ = method.init(jax.random.key(0), 1)
+    data = plain_fed.client_data(2)
+    key = jax.random.key(9)
+    got = jax.jit(method.eval_variables)(server, {}, data, key)
+    params = list(plain_fed.linear64(server["variables"]["params"]))
+    for size, (x, y) in zip((alpha, beta), plain_fed.batches64(data, jax.random.split(key, 2))):
+        params = [p - size * g for p, g in zip(params, plain_fed.softmax_ce_grad64(*params, x, y))]
+    for a, b in zip(plain_fed.linear64(got["params"]), params):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # PFLlib's single alpha step is the option eval_beta_steps=0, and it differs
+    one = jax.jit(plain_fed.method("perfedavg", plain_fed.setup("mlr"), alpha=alpha, beta=beta,
+                                   eval_beta_steps=0).eval_variables)(server, {}, data, key)
+    assert np.abs(plain_fed.linear64(one["params"])[0] - params[0]).max() > 1e-3
