@@ -4,26 +4,17 @@ are built from that one declaration and agree with it."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import typing
-from pathlib import Path
 
 import pytest
+from test_docs import load_hooks
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import cli
 from fedjax_pfl.runs import config as config_lib
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMAND_OPTIONS = {"help", "config", "offline", "resume", "no_progress", "distributed", "coordinator",
                    "num_processes", "process_id"}  # options of the command itself, not run settings
-
-
-def _hooks():
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _leaf_fields(cls, prefix=""):
@@ -65,7 +56,7 @@ def test_a_flag_sets_its_declared_key():
 def test_the_reference_page_lists_every_setting_with_its_declared_default_and_allowed_values():
     from fedjax_pfl.core.declared import shown
 
-    page = _hooks().config_page()
+    page = load_hooks().config_page()
     for key, info in config_lib.declarations():
         row = next((line for line in page.splitlines() if line.startswith(f"| `{key}` |")), None)
         assert row is not None, key

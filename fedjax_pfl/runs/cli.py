@@ -4,7 +4,7 @@ Parses flags, a YAML preset (--config) and dotted overrides (in any order)
 into a `RunConfig` (runs/config.py) and runs it: one run (runs/single_run.py)
 or, with ``--seeds`` or lists of values, a sweep (runs/sweep.py); both go
 through the one round loop (runs/loop.py). ``--method M --help`` adds M's
-options (from its options dataclass). Exit statuses (runs/command.py): 2
+options (from its options dataclass). Exit statuses (core/command.py): 2
 with one ``error:`` line for bad input; 130 after Ctrl-C, which stops after
 the round in flight with a checkpoint and the summary (status
 "interrupted"; ``--resume`` continues it); 1 for an internal error, its
@@ -21,7 +21,7 @@ from fedjax_pfl.core import declared
 from fedjax_pfl.engine import distributed
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
-from fedjax_pfl.runs.command import INTERRUPTED, Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.core.command import INTERRUPTED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import saved_run
@@ -157,7 +157,7 @@ def settle(cfg: config_lib.RunConfig) -> None:
 
 def main(argv=None, observe=None) -> int:
     """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C (also when the run could
-    finish its last round), 1 on an internal error (its traceback in RUN/error.log; runs/command.py).
+    finish its last round), 1 on an internal error (its traceback in RUN/error.log; core/command.py).
 
     ``observe(rounds_done)`` is called after every compiled call (see `run`).
     """
