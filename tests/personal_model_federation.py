@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from uniform_clients import normalize, uniform_clients
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData, stack_clients
@@ -28,11 +29,6 @@ from fedjax_pfl.models.networks import build_model
 SIZES = [7, 15, 1, 10, 12]  # ragged, a one-sample client; few distinct batch shapes (fewer compiles)
 N, B, E, S, C, LR = len(SIZES), 5, 2, 3, 4, 0.1
 N_MAX = max(SIZES)
-
-
-def normalize(x):
-    return x.astype(jnp.float32) / 255.0 - 0.5
-
 
 MODEL = build_model("mlp", (6, 6, 1), C, hidden=(8,))
 
@@ -47,11 +43,7 @@ def setup(optimizer=None, epochs=E):
 
 
 def raw_data(seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, size=(sum(SIZES), 6, 6, 1), dtype=np.uint8)
-    y = rng.integers(0, C, size=sum(SIZES)).astype(np.int32)
-    idx = np.split(np.arange(sum(SIZES)), np.cumsum(SIZES)[:-1])
-    return x, y, idx
+    return uniform_clients(SIZES, (6, 6, 1), C, seed)
 
 
 def client_data(c):

@@ -9,10 +9,10 @@ batches the step-counted methods draw.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
+from uniform_clients import normalize, uniform_clients
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.kernels import local_training
@@ -27,16 +27,8 @@ C, B = 3, 5
 SHAPE = (4, 4, 1)
 
 
-def normalize(x):
-    return x.astype(jnp.float32) / 255.0 - 0.5
-
-
 def train_data(seed=0):
-    rng = np.random.default_rng(seed)
-    total = sum(SIZES)
-    x = rng.integers(0, 256, size=(total, *SHAPE), dtype=np.uint8)
-    y = rng.integers(0, C, size=total).astype(np.int32)
-    return stack_clients(x, y, np.split(np.arange(total), np.cumsum(SIZES)[:-1]))
+    return stack_clients(*uniform_clients(SIZES, SHAPE, C, seed))
 
 
 def client_data(c=2):

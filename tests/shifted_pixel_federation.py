@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from uniform_clients import normalize
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
@@ -36,10 +37,6 @@ def data(seed=0):
     x = np.clip(rng.normal(size=(total, 6, 6, 1)) * 40 + 128 + 30 * y[:, None, None, None], 0, 255).astype(np.uint8)
     bounds = np.cumsum([0] + SIZES)
     return x, y, [np.arange(bounds[i], bounds[i + 1]) for i in range(len(SIZES))]
-
-
-def normalize(x):
-    return x.astype(jnp.float32) / 255.0 - 0.5
 
 
 def model():

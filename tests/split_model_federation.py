@@ -7,10 +7,10 @@ test data is its train data.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
+from uniform_clients import normalize, uniform_clients
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.methods import get_method
@@ -20,10 +20,6 @@ from fedjax_pfl.models.networks import build_model
 SIZES = [7, 23, 1, 16, 12]
 C, B, E, S = 4, 5, 2, 3
 SHAPE = (6, 6, 1)
-
-
-def normalize(x):
-    return x.astype(jnp.float32) / 255.0 - 0.5
 
 
 def mlp():
@@ -36,11 +32,7 @@ def setup(model, optimizer=None):
 
 
 def raw(seed=0):
-    rng = np.random.default_rng(seed)
-    total = sum(SIZES)
-    x = rng.integers(0, 256, size=(total, *SHAPE), dtype=np.uint8)
-    y = rng.integers(0, C, size=total).astype(np.int32)
-    return x, y, np.split(np.arange(total), np.cumsum(SIZES)[:-1])
+    return uniform_clients(SIZES, SHAPE, C, seed)
 
 
 def engine(name, hparams=None, model=None):
