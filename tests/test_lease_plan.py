@@ -11,7 +11,7 @@ import tarfile
 import pytest
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.outputs import results_writer
+from fedjax_pfl.outputs import metrics_file, results_writer, run_folder
 from fedjax_pfl.papers import lease_plan, lease_records, reproduce, round_seconds, table_spec
 from fedjax_pfl.papers.lease_plan import Margins, Step
 from fedjax_pfl.runs import config as config_lib
@@ -158,7 +158,7 @@ def _tiny(tmp_path, monkeypatch):
 
 
 def _accuracies(folder) -> list[float]:
-    return [json.loads(line)["accuracy"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [r["accuracy"] for r in run_folder.read_records(folder)]
 
 
 def test_a_lease_cut_mid_cell_resumes_to_the_numbers_of_an_uninterrupted_run_and_lands_here(tmp_path, monkeypatch,
@@ -194,7 +194,8 @@ def test_a_lease_cut_mid_cell_resumes_to_the_numbers_of_an_uninterrupted_run_and
                            str(tmp_path / "second.tar.gz")]) == 0
     with tarfile.open(tmp_path / "second.tar.gz") as tar:
         names = sorted(tar.getnames())
-    assert names == sorted(f"runs/{c}/{f}" for c in plan["run_list"] for f in lease_records.KEPT)
+    compact = ("config.json", "summary.json", metrics_file.COMPACT)  # finished runs come back compact
+    assert names == sorted(f"runs/{c}/{f}" for c in plan["run_list"] for f in compact)
     assert (work / "runs/global-synth/seed0/checkpoint").is_dir()  # left behind
     # the same cell run straight through, elsewhere
     straight = tmp_path / "straight"
@@ -208,7 +209,7 @@ def test_a_lease_cut_mid_cell_resumes_to_the_numbers_of_an_uninterrupted_run_and
     printed = capsys.readouterr().out
     assert "landed 2 run(s)" in printed and "cut by the lease" not in printed  # (the second archive finished it)
     landed = out / "runs/global-synth/seed0"
-    assert sorted(p.name for p in landed.iterdir()) == sorted(lease_records.KEPT)
+    assert sorted(p.name for p in landed.iterdir()) == sorted(compact)
     assert _accuracies(landed) == _accuracies(straight / "runs/global-synth/seed0")
     rows = {r["method"]: r for r in csv.DictReader(open(out / "table.csv"))}
     assert rows["global"]["status"] == "1 finished, 1 not run" and float(rows["global"]["paper"]) == pytest.approx(0.6)

@@ -70,9 +70,7 @@ def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
     """
     if not run_folder.is_run(folder):
         return "new"
-    from fedjax_pfl.runs.resume import with_resolved_options
-
-    saved = with_resolved_options(run_folder.read_config(folder))
+    saved = run_folder.read_config(folder)
     new = config_lib.to_dict(cfg)
     changed = config_lib.resume_differences(saved, new)
     if saved.get("train", {}).get("rounds") != cfg.train.rounds:

@@ -42,6 +42,11 @@ def lease_overrides(extra: list[str]) -> list[str]:
     return list(extra) if any(o.startswith("train.client_mapping=") for o in extra) else [*extra, LEASE_MAPPING]
 
 
+def without_lease_mapping(extra: list[str]) -> list[str]:
+    """``extra`` without the lease's client mapping (it changes no number: the table's header leaves it out)."""
+    return [o for o in extra if o != LEASE_MAPPING]
+
+
 def _kept_seeds(kept: dict) -> set[tuple[str, str, int]]:
     """(row, setting, seed) of the cells an earlier table keeps finished (paper_table.kept_cells)."""
     return {(row, setting, int(seed)) for (row, setting), found in kept.items()

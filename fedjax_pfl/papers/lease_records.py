@@ -1,17 +1,16 @@
 """What comes back from a lease: the records of the runs it made, packed there and landed here.
 
 A device command may return only a few small files, so a lease's run folders
-do not come back whole: `pack` writes one archive of each run's record (the
-files `record_files` gives: summary.json, config.json, metrics.jsonl; no
-checkpoint, partition, clients.csv or figures) of every run in the lease's
-work folder (it holds only the plan's cells, which were not finished here).
-`land` puts those records into the table's runs/ here: a
+do not come back whole: `pack` first makes every stopped run in the lease's
+work folder a compact record (outputs/compact_record.py: config.json,
+summary.json, metrics.jsonl.xz, the form reproductions/ commits), then writes
+one archive of each run's record files (`record_files`; a run the lease cut
+keeps its whole metrics.jsonl; no checkpoint, partition, clients.csv or
+figures). The work folder holds only the plan's cells, which were not
+finished here. `land` puts those records into the table's runs/ here: a
 finished (or failed) run lands in its cell's folder unless a finished run is
 there already; a run the lease's end cut is reported and left out (its
 checkpoint stayed on the machine: the next lease runs that cell again).
-`record_files` is the one place that says what a committed run record holds
-(a compact form of the record goes there: what it returns is what is packed,
-and landing writes what was packed).
 """
 
 from __future__ import annotations
@@ -24,15 +23,16 @@ import tempfile
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.outputs import run_folder
+from fedjax_pfl.outputs import metrics_file, run_folder
+from fedjax_pfl.outputs.compact_record import compact_runs
 
-KEPT = ("summary.json", "config.json", "metrics.jsonl")
+KEPT = ("config.json", "summary.json", metrics_file.COMPACT, metrics_file.NAME)
 _MEMBER = re.compile(r"^runs/[A-Za-z0-9_.]+-[A-Za-z0-9_.]+/seed[0-9]+/(" + "|".join(map(re.escape, KEPT)) + ")$")
 LANDED_STATES = ("finished", "failed")
 
 
 def record_files(folder: Path) -> dict[str, bytes]:
-    """The committed record of a run folder: {file name: its bytes}, the `KEPT` files it has, as they are."""
+    """A run folder's record: {file name: its bytes} of the `KEPT` files it has."""
     return {name: (Path(folder) / name).read_bytes() for name in KEPT if (Path(folder) / name).is_file()}
 
 
@@ -46,8 +46,9 @@ def run_folders(runs_dir: Path) -> list[Path]:
 
 
 def pack(runs_dir: Path, archive: Path) -> list[str]:
-    """Write ``archive`` (tar.gz) with the records of the runs under ``runs_dir``; returns their names
-    (``<group>/seed<k>``)."""
+    """Make the stopped runs under ``runs_dir`` compact records, then write ``archive`` (tar.gz) with the record
+    files of every run there; returns their names (``<group>/seed<k>``)."""
+    compact_runs(runs_dir)
     packed = []
     Path(archive).parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:

@@ -26,7 +26,11 @@ another configuration (other rounds or overrides) is an error: use another
 commands, ``--table-only`` writes the table from the runs already there (the
 others show as not run, unless the table already there gives their finished
 result: `paper_table` keeps cells whose run folders are on another machine;
-nothing trains), ``--list`` shows the tables.
+nothing trains), ``--compact`` first makes every stopped run folder under
+the output folder (the cells', and others such as checks/) a compact record
+(outputs/compact_record.py: config.json, summary.json and the accuracy series
+the table reads, the form reproductions/ commits) and then does what
+``--table-only`` does, ``--list`` shows the tables.
 Overrides after NAME apply to every cell (e.g. ``data.name=cifar10`` with
 ``--settings``). A setting whose dataset
 files are not found (e.g. CIFAR-100 where only other files are at hand) is not
@@ -61,10 +65,11 @@ from pathlib import Path
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.outputs.compact_record import compact_runs
+from fedjax_pfl.core.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
-                                            consecutive_groups, paper_rounds, seeds_argv)
+                                            consecutive_groups, display_path, paper_rounds, seeds_argv)
 from fedjax_pfl.papers import lease
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
@@ -87,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print each cell's command and state; run nothing")
     p.add_argument("--table-only", action="store_true",
                    help="write table.md / table.csv from the finished runs already there; run nothing")
+    p.add_argument("--compact", action="store_true",
+                   help="make every finished or failed run folder under the output folder a compact record "
+                        "(config.json, summary.json, metrics.jsonl.xz), then write the table as --table-only; "
+                        "run nothing")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--one-by-one", action="store_true", help="never run a cell's seeds as one vmapped program")
     p.add_argument("--jobs", type=int, default=1,
@@ -100,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-kind", default="nvidia-h200",
                    help="the lent device the plan is for (its measured seconds: benchmarks/seconds_per_round.json)")
     p.add_argument("--pack-records", metavar="ARCHIVE",
-                   help="(on the lent machine) pack the records of the runs under --out that reproductions/NAME does "
-                        "not hold finished into ARCHIVE (tar.gz); runs nothing")
+                   help="(on the lent machine) pack the records of the runs under --out, the lease's work folder "
+                        "(the stopped ones made compact first), into ARCHIVE (tar.gz); runs nothing")
     p.add_argument("--bring-back", action="append", metavar="ARCHIVE",
                    help="land a lease's records.tar.gz (or a folder holding one) in OUT/runs, then write the table "
                         "(and the plan again, if OUT/lease_plan.json is there); repeatable")
@@ -198,12 +207,13 @@ def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str
 def check_modes(args) -> None:
     """One-line UserErrors for options that do not go together."""
     chosen = [flag for flag, on in (("--dry-run", args.dry_run), ("--table-only", args.table_only),
+                                    ("--compact", args.compact),
                                     ("--plan-for-seconds", args.plan_for_seconds is not None),
                                     ("--pack-records", args.pack_records is not None),
                                     ("--bring-back", bool(args.bring_back))) if on]
     if len(chosen) > 1:
-        raise UserError(f"{' and '.join(chosen)} do different things (--dry-run writes nothing, --table-only writes "
-                        "the table, the lease options plan, pack or land runs): give one of them")
+        raise UserError(f"{' and '.join(chosen)} do different things (--dry-run writes nothing, --table-only and "
+                        "--compact write the table, the lease options plan, pack or land runs): give one of them")
     if args.cells is not None and (args.methods or args.settings or args.seeds):
         raise UserError("--cells names the cells itself: give it without --methods, --settings and --seeds")
     if args.pack_records is not None and not args.out:
@@ -253,6 +263,9 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     if not args.dry_run:
         check_writable(out)
     command.folder = out
+    if args.compact:
+        args.table_only = True
+        print(compacted_line(compact_runs(out), out), flush=True)
     if args.bring_back:
         lease.land_command(args.bring_back, out)
         extra = lease.replan_args(args, extra, out)
@@ -279,7 +292,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
                                      lease.made_by(table_command(args, table_extra), args))
         print((out / "lease_plan.md").read_text(), end="")
         print(f"wrote {out}/lease_plan.md, lease_plan.sh, lease_plan.json ({len(plan.planned)} step(s) planned)")
-        write_and_print(spec, cells, out, rounds, seeds, args, extra, no_data, write_table, show=False)
+        write_and_print(spec, cells, out, rounds, seeds, args, lease.without_lease_mapping(extra), no_data,
+                        write_table, show=False)
         return 0
     plans = plan_cells(cells, out, rounds, args, extra, no_data)
     left = {cs[0].setting.name for _, cs, _, state, _ in plans if state == NO_DATA}
@@ -337,10 +351,18 @@ def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict,
     print(f"wrote {out}/ (table.md, table.csv, runs/)")
 
 
+def compacted_line(found: dict[str, list[Path]], out: Path) -> str:
+    """What --compact did under ``out`` (`compact_record.compact_runs`), in one line."""
+    whole = found["whole"]
+    return (f"compacted {len(found['compacted'])} run folder(s) under {out} ({len(found['already'])} compact "
+            f"already; {len(whole)} left whole, not finished{': ' if whole else ''}"
+            f"{', '.join(display_path(p) for p in whole)})")
+
+
 def table_command(args, extra: list[str]) -> str:
     """The reproduce command that runs (or, once run, rewrites) this table's cells: the options that choose
-    them, without the ones that only change what is printed (--table-only, --no-progress) or name this
-    machine's folders (--data-dir)."""
+    them, without the ones that only change what is printed (--table-only, --compact, --no-progress) or name
+    this machine's folders (--data-dir)."""
     argv = [args.name] if args.name else ["--table-file", args.table_file]
     for flag, value in (("--out", args.out), ("--rounds", args.rounds), ("--seeds", args.seeds),
                         ("--methods", args.methods), ("--settings", args.settings)):
@@ -359,7 +381,7 @@ def _by_value(mapping: dict) -> dict:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command's exit status (runs/command.py); ``observe(rounds_done)`` is passed to every cell's run
+    """The command's exit status (core/command.py); ``observe(rounds_done)`` is passed to every cell's run
     (runs/cli.py)."""
     command = Command("interrupted; run the same command again to continue")
 
