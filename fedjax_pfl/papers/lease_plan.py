@@ -233,7 +233,9 @@ def markdown(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margi
              "checkpoint only while it stays warm), with `carry: [\".dev/data\"]` (the dataset files: `mkdir -p "
              ".dev/data && cp -r ../shared/data/cifar10_jpeg .dev/data/`; `.dev/` ignored in .git/info/exclude), "
              f"`timeout_s` the command's seconds and the command `bash {script_path} SECONDS` (SECONDS = "
-             f"timeout_s - {CALL_SLACK:.0f}). Then here, for each call's records: "
+             f"timeout_s - {CALL_SLACK:.0f}). A call that finds no warm machine starts a bare one, without the "
+             "runs of the calls before: land those first and plan again, or it trains the same cells again. "
+             "Then here, for each call's records: "
              f"`python -m fedjax_pfl.reproduce {spec.name} --bring-back FILES_AT/records.tar.gz` (lands the "
              "finished runs in runs/, rewrites table.md and this plan).", ""]
     for i, command in enumerate(plan.commands, 1):
