@@ -1,4 +1,4 @@
-"""``python -m fedjax_pfl.report RUN_DIR...``: runs side by side (fedjax_pfl/runs/report.py)."""
+"""``python -m fedjax_pfl.report RUN_DIR...``: runs side by side (fedjax_pfl/outputs/report.py)."""
 
 import sys
 
