@@ -53,10 +53,18 @@ def is_run_entry(name: str) -> bool:
     return name.startswith(".") and any(name.startswith(f".{entry}.") for entry in RUN_ENTRIES)
 
 
+# What a run folder may hold before its records exist (a run killed while loading, an internal error then).
+BEFORE_RECORDS = (LOCK_FILE, "error.log")
+
+
 def foreign_entries(out: Path) -> list[str]:
-    """The names in folder ``out`` that no run wrote (sorted; none when it does not exist)."""
+    """The names in folder ``out`` that no run wrote (sorted; none when it does not exist). Without a run's
+    records (`holds_run`) only `BEFORE_RECORDS` are a run's: a metrics.csv or plots/ there are someone else's."""
     out = Path(out)
-    return sorted(p.name for p in out.iterdir() if not is_run_entry(p.name)) if out.is_dir() else []
+    if not out.is_dir():
+        return []
+    ours = is_run_entry if holds_run(out) else (lambda name: name in BEFORE_RECORDS)
+    return sorted(p.name for p in out.iterdir() if not ours(p.name))
 
 
 def holds_run(out: Path) -> bool:
