@@ -23,13 +23,13 @@ SHORTER = ("to make it shorter: fewer --rounds or --local-epochs, a smaller --jo
 
 
 def duration(seconds: float) -> str:
-    """``seconds`` in words a reader takes in at once: '45 s', '12 min', '1 h 40 min'."""
+    """``seconds`` in words a reader takes in at once: '4.5 s', '150 s', '12 min', '1 h 40 min'."""
     seconds = max(0.0, float(seconds))
     if seconds < 10:
         return f"{seconds:.1f} s"
-    if seconds < 90:
+    if seconds < 600:
         return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
+    minutes = int(seconds / 60 + 0.5)
     if minutes < 60:
         return f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
