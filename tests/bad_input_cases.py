@@ -46,8 +46,9 @@ class Case:
 
     def shown_command(self) -> str:
         """The command line as the page shows it."""
-        args = " ".join(self.argv) if self.argv is not None else "(see the test)"
-        return f"python -m fedjax_pfl.{self.command} {args}"
+        if self.argv is None:
+            return f"(set up by {self.checked_by})"
+        return f"python -m fedjax_pfl.{self.command} {' '.join(self.argv)}"
 
 
 def _argv(*parts) -> tuple[str, ...]:
