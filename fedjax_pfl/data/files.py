@@ -37,6 +37,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from fedjax_pfl.core.errors import DataNotFoundError, UserError
+from fedjax_pfl.core.folders import make_folders
 
 ENV_DATA_DIR = 'FEDJAX_PFL_DATA_DIR'
 ENV_CACHE_DIR = 'FEDJAX_PFL_CACHE_DIR'
@@ -138,17 +139,6 @@ def verify_file(path: str | os.PathLike, spec: DataFile) -> Path:
     return path
 
 
-def _make_folders(folder: Path) -> list[Path]:
-    """mkdir -p `folder`; returns the folders it created, deepest first."""
-    created = []
-    while not folder.exists():
-        created.append(folder)
-        folder = folder.parent
-    for path in reversed(created):
-        path.mkdir(exist_ok=True)
-    return created
-
-
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary path beside `dest`; renames it to `dest` on success.
@@ -157,7 +147,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     the folders created for it are removed again (when still empty).
     """
     dest = Path(dest)
-    created = _make_folders(dest.parent)
+    created = make_folders(dest.parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f'.{dest.name}.', suffix='.part', dir=dest.parent)
         os.close(fd)

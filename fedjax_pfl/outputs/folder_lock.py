@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.core.folders import make_folders
 
 try:
     import fcntl
@@ -30,17 +31,6 @@ except ImportError:  # pragma: no cover (not POSIX)
 
 LOCK_FILE = ".fedjax_pfl.lock"  # holds "<pid> <host>" of the process writing the folder
 ATTEMPTS = 5  # opens of a lock file that its holder removed meanwhile, before giving up
-
-
-def _make_folders(folder: Path) -> list[Path]:
-    """mkdir -p ``folder``; the folders it made, deepest first."""
-    made = []
-    while not folder.exists():
-        made.append(folder)
-        folder = folder.parent
-    for path in reversed(made):
-        path.mkdir(exist_ok=True)
-    return made
 
 
 def _holder(fd: int) -> str:
@@ -63,7 +53,7 @@ def _acquire(folder: Path, flag: str) -> tuple[int, list[Path]]:
     """(the open, locked lock file, the folders made for it); UserError when another process holds it."""
     path, made = folder / LOCK_FILE, []
     for _ in range(ATTEMPTS):
-        made += _make_folders(folder)
+        made += make_folders(folder)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # its holder removed the folder it had made: make it again
