@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:  # the checkout's own fedjax_pfl, whatever is inst
 CLI_PARSERS = (
     ("fedjax_pfl.runs.cli", "build_parser", "python -m fedjax_pfl.train"),
     ("fedjax_pfl.papers.reproduce", "build_parser", "python -m fedjax_pfl.reproduce"),
-    ("fedjax_pfl.runs.report", "build_parser", "python -m fedjax_pfl.report"),
+    ("fedjax_pfl.outputs.report", "build_parser", "python -m fedjax_pfl.report"),
 )
 RUN_CONFIG = "fedjax_pfl.runs.config"
 PAPERS = ROOT / "docs" / "methods" / "papers.yaml"

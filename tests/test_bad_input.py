@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedjax_pfl.runs import cli as train
-from fedjax_pfl.runs import report
+from fedjax_pfl.outputs import report
 from fedjax_pfl.papers import reproduce
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files

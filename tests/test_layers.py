@@ -176,3 +176,34 @@ def test_the_faces_only_name_what_kernels_define():
         tree = ast.parse((PACKAGE / f"{face}.py").read_text())
         own = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
         assert not own, f"{face}.py defines {own}: move them to kernels/"
+
+
+def test_the_output_files_package_imports_without_jax():
+    """outputs/ (run folders, metrics, tables, figures) imports with JAX unavailable, so a report can be made
+    where no accelerator or training code runs."""
+    import subprocess
+    import sys
+
+    names = sorted(p.stem for p in (PACKAGE / "outputs").glob("*.py") if p.stem != "__init__")
+    code = ("import sys; sys.modules['jax'] = None; sys.modules['jaxlib'] = None\n"
+            + "".join(f"import fedjax_pfl.outputs.{n}\n" for n in names))
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+ONE_FILE_EACH = {"methods", "kernels"}  # one file a method or a concept: as many as there are
+ABOVE_THE_ENGINE = {"runs", "papers", "outputs"}
+
+
+def test_no_folder_is_a_crowd():
+    """At most 16 modules a folder (but methods/ and kernels/), at most 2,500 lines in a folder above the
+    engine: beyond that a folder holds more than one idea."""
+    crowded = []
+    for folder in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
+        files = list(folder.glob("*.py"))
+        lines = sum(len(f.read_text().splitlines()) for f in files)
+        if len(files) > 16 and folder.name not in ONE_FILE_EACH:
+            crowded.append(f"{folder.name}/: {len(files)} modules")
+        if lines > 2500 and folder.name in ABOVE_THE_ENGINE:
+            crowded.append(f"{folder.name}/: {lines} lines")
+    assert not crowded, "split these folders along their own groups:\n" + "\n".join(crowded)

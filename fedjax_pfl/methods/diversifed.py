@@ -21,17 +21,6 @@ Distances cover all trainable parameters (``params``; BatchNorm statistics,
 if any, stay private). The loss L and the server step eta follow docs/methods/conventions.md
 (`model_distance` module docstring).
 
-Options (``method.<name>=value``):
-  lamda          weight of the proximal term (lambda; spelled as pFedMe's).
-  tau            temperature of the model-distance loss, in units of the
-                 normalised distance.
-  eta            server step size (incremental proximal step on L).
-  normalization  'mean' (distances divided by this round's mean off-diagonal
-                 distance, so tau and eta do not depend on the model size or
-                 on how far training has moved the models; default),
-                 'sqrt_params' (divided by sqrt(P): RMS difference per
-                 parameter) or 'none' (raw Euclidean distances, docs/methods/conventions.md's
-                 formula as written).
 Presets: configs/diversifed_*.yaml (FMNIST pathological, Dirichlet 0.1/0.5/1.0,
 practical; CIFAR-10 LeNet).
 lambda, tau and eta are not given in our copy of the paper; the defaults

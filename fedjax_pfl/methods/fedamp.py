@@ -27,9 +27,6 @@ closely as its equations allow and state the choices:
   round);
 - distances cover the trainable parameters only; BatchNorm statistics stay private.
 
-Options (``method.<name>=value``): ``alpha_k`` (message-passing step),
-``sigma`` (attention scale, in units of squared parameter distance),
-``lamda`` (proximal weight, divided by alpha_k), ``start``.
 The paper's hyperparameter values are not in our copy. The defaults
 (alpha_k=0.02, sigma=1, lamda=0.02, so the proximal weight lamda/alpha_k is 1
 as DiversiFed's) are set to the scale of the FMNIST pathological preset (MLP

@@ -18,8 +18,8 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.folder_lock import LOCK_FILE
 
 # What the training command writes into a run folder (TensorBoard's event files besides, `is_run_entry`).
-RUN_ENTRIES = ("config.json", "partition.json", "metrics.jsonl", "metrics.csv", "clients.csv", "summary.json",
-               "plots", "checkpoint", "error.log", LOCK_FILE)
+RUN_ENTRIES = ("config.json", "partition.json", "metrics.jsonl", "metrics.jsonl.xz", "metrics.csv", "clients.csv",
+               "summary.json", "plots", "checkpoint", "error.log", LOCK_FILE)  # (.xz: a compact record's metrics)
 RUN_RECORDS = ("config.json", "metrics.jsonl")  # a folder holding either holds a run
 
 

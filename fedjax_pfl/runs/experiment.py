@@ -210,10 +210,6 @@ def validate(cfg: config_lib.RunConfig) -> None:
     offered = method_cls.eval_models
     if cfg.eval.model == "auto":
         cfg.eval.model = offered[0]
-    if cfg.eval.model in method_cls.renamed_eval_models:
-        new = method_cls.renamed_eval_models[cfg.eval.model]
-        raise UserError(f"method {cfg.method_name!r}'s protocol {cfg.eval.model!r} is now named {new!r} (the same "
-                        f"model: see its method page); pass eval.model={new} or leave eval.model out")
     if cfg.eval.model not in offered:
         raise UserError(f"method {cfg.method_name!r} evaluates with eval.model = {' or '.join(offered)}, "
                         f"not {cfg.eval.model!r}")

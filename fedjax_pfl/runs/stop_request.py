@@ -10,9 +10,10 @@ for Ctrl-C, 143 for SIGTERM: `exit_status`). A second one stops at once: an
 `Interrupted` (a KeyboardInterrupt) in the main thread, or, when the main
 thread does not answer within `ABORT_AFTER` seconds, the ``abort``
 callbacks (they write the summary) and the end of the process, with the same
-exit status. Outside a run's rounds (loading data, compiling) `terminating`
-turns SIGTERM into an `Interrupted` as Python turns Ctrl-C into a
-KeyboardInterrupt, so every command ends the same way on either.
+exit status. Outside a run's rounds (loading data, compiling)
+core/stop_signals.py's `terminating` turns SIGTERM into an `Interrupted` as
+Python turns Ctrl-C into a KeyboardInterrupt, so every command ends the same
+way on either.
 
 Why a watcher thread: Python runs signal handlers in the main thread only
 between bytecodes, and a compiled call that holds host callbacks (the
@@ -24,7 +25,6 @@ reads it, prints the acknowledgement and sets ``requested``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -34,44 +34,9 @@ from typing import Callable
 
 from tqdm import tqdm
 
+from fedjax_pfl.core.stop_signals import NAMES, SIGNALS, Interrupted, exit_status
+
 ABORT_AFTER = 3.0  # seconds the main thread has to answer a second Ctrl-C before the process ends
-SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the stop signals, handled alike
-NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-
-def exit_status(signum: int) -> int:
-    """The exit status of a command stopped by signal ``signum``: 128 + its number (shells' convention)."""
-    return 128 + int(signum)
-
-
-class Interrupted(KeyboardInterrupt):
-    """A stop signal that ends the command at once (``signum``: which one)."""
-
-    def __init__(self, signum: int):
-        super().__init__(NAMES.get(signum, str(signum)))
-        self.signum = signum
-
-
-def signal_of(error: BaseException) -> int:
-    """The signal behind a KeyboardInterrupt (SIGINT for Python's own)."""
-    return getattr(error, "signum", signal.SIGINT)
-
-
-@contextlib.contextmanager
-def terminating():
-    """Within this block (main thread only) SIGTERM raises `Interrupted`, as Ctrl-C raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum, frame):
-        raise Interrupted(signum)
-
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class StopRequest:

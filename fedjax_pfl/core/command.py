@@ -1,0 +1,102 @@
+"""What the three commands (train, reproduce, report) share: one-line errors and honest exit statuses.
+
+- Bad input: one line ``error: ...`` that says what to do, exit 2 (a
+  `UserError`, including argparse's own complaints).
+- Ctrl-C or SIGTERM: a line saying what was kept, exit 130 or 143 (128 +
+  the signal's number; core/stop_signals.py).
+- Anything else is a bug: one line ``error: internal error ...`` naming the
+  file that holds the traceback (``error.log`` in the command's output
+  folder, else a temporary file), exit 1. No traceback on the screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.core.stop_signals import NAMES, exit_status, signal_of, terminating
+
+BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, TERMINATED = 2, 1, 130, 143  # (130, 143: exit_status of SIGINT, SIGTERM)
+ERROR_LOG = "error.log"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as a `UserError` (one line, exit 2) instead of usage text."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see --help)")
+
+
+def split_overrides(rest: list[str]) -> list[str]:
+    """The dotted ``key.sub=value`` overrides among arguments argparse did not know; UserError for the others."""
+    overrides = [t for t in rest if "=" in t and not t.startswith("-")]
+    unknown = [t for t in rest if t not in overrides]
+    if unknown:
+        raise UserError(f"unrecognized arguments: {' '.join(unknown)} (see --help; overrides look like key.sub=value)")
+    return overrides
+
+
+def seed_list(text: str, flag: str = "--seeds") -> list[int]:
+    """``'0,1,2'`` -> [0, 1, 2]; UserError for an empty item, a non-number or a negative seed."""
+    items = [s.strip() for s in text.split(",")]
+    if not all(s.isdigit() for s in items):
+        raise UserError(f"{flag} takes comma-separated whole numbers >= 0, e.g. 0,1,2; got {text!r}")
+    return [int(s) for s in items]
+
+
+def one_line(error: BaseException) -> str:
+    """An exception in one line: a user error's message, else its type and message."""
+    text = " ".join(str(error).split())
+    if isinstance(error, UserError):
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def write_error_log(folder: Path | None) -> Path:
+    """The current exception's traceback in ``folder``/error.log (a temporary file when that cannot be written)."""
+    text = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n{traceback.format_exc()}"
+    if folder is not None:
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            with open(Path(folder) / ERROR_LOG, "a") as f:
+                f.write(text)
+            return Path(folder) / ERROR_LOG
+        except OSError:
+            pass
+    with tempfile.NamedTemporaryFile("w", prefix="fedjax_pfl-error-", suffix=".log", delete=False) as f:
+        f.write(text)
+    return Path(f.name)
+
+
+class Command:
+    """Runs a command's body and turns how it ended into an exit status (see the module docstring).
+
+    ``folder``: where error.log goes; the body sets it once it knows its
+    output folder.
+    """
+
+    def __init__(self, interrupted: str):
+        self.interrupted = interrupted
+        self.folder: Path | None = None
+
+    def run(self, body: Callable[[], int]) -> int:
+        try:
+            with terminating():
+                return body()
+        except UserError as e:
+            print("error: " + one_line(e), file=sys.stderr)
+            return BAD_INPUT
+        except KeyboardInterrupt as e:
+            print(f"{NAMES.get(signal_of(e), 'stopped')}: {self.interrupted}", file=sys.stderr)
+            return exit_status(signal_of(e))
+        except Exception as e:  # noqa: BLE001 -- a bug: one line here, the traceback in error.log
+            log = write_error_log(self.folder)
+            print(f"error: internal error ({one_line(e)}); the traceback is in {log}; please report it",
+                  file=sys.stderr)
+            return INTERNAL_ERROR
