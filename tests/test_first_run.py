@@ -16,7 +16,7 @@ from fedjax_pfl.engine.round_progress import Event
 from fedjax_pfl.runs import cli
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import progress as progress_lib
-from fedjax_pfl.runs import wall_time
+from fedjax_pfl.outputs import wall_time
 
 
 @pytest.fixture

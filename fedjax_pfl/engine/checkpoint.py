@@ -61,6 +61,11 @@ def exists(path: Path) -> bool:
     return bool(_round_folders(path))
 
 
+def has_checkpoint(out: Path) -> bool:
+    """Whether the run in folder ``out`` has a completed checkpoint."""
+    return exists(checkpoint_path(out))
+
+
 def _paths_and_leaves(tree):
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [jax.tree_util.keystr(path) for path, _ in flat], [leaf for _, leaf in flat]

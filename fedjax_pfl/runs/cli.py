@@ -6,7 +6,7 @@ or, with ``--seeds`` or lists of values, a sweep (runs/sweep.py); both go
 through the one round loop (runs/loop.py). ``--method M --help`` adds M's
 options (from its options dataclass). The run folder is locked for the
 whole run (a second run on the same ``--out`` is refused at once) and never
-one that holds files no run wrote (runs/folder_claim.py). Exit statuses
+one that holds files no run wrote (outputs/folder_claim.py). Exit statuses
 (core/command.py): 2 with one ``error:`` line for bad input; 130 after
 Ctrl-C and 143 after SIGTERM, which stop after the round in flight with a
 checkpoint and the summary (status "interrupted"; ``--resume`` continues

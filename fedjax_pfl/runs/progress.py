@@ -15,7 +15,7 @@
   as they come (a runtime thread calls `event`); the bar is redrawn at most 4
   times a second on a terminal, every 5 s in a log, and at least that often
   while a call runs (a heartbeat thread), so the elapsed time always moves.
-- The time left (wall_time.py) counts computing only: the elapsed time is the
+- The time left (outputs/wall_time.py) counts computing only: the elapsed time is the
   wall clock and never jumps; compile time is left out of the rate. The
   estimate lines (before the first round, after it, and when it moves) are
   printed with the bar off too.
@@ -34,7 +34,7 @@ from jax import monitoring
 from tqdm import tqdm
 
 from fedjax_pfl.engine.round_progress import Event
-from fedjax_pfl.runs.wall_time import WallTimeEstimate, clock
+from fedjax_pfl.outputs.wall_time import WallTimeEstimate, clock
 
 COMPILE_EVENTS = "/jax/core/compile/"  # jax.monitoring duration events of tracing, lowering and XLA compiling
 TRACE_EVENT = COMPILE_EVENTS + "jaxpr_trace_duration"  # a program was traced: its lowering and compile follow

@@ -26,7 +26,7 @@ from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs.experiment import build_experiment, resolved_notes, resolved_settings
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.outputs.output_folder import default_run_folder
-from fedjax_pfl.runs.folder_claim import claimed
+from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.stop_request import StopRequest
@@ -59,7 +59,7 @@ class SingleProgram:
 
 def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
                stop: StopRequest | None = None, start_over: bool = False) -> dict:
-    """Train ``cfg`` (validated) into its run folder, held for the run (runs/folder_claim.py); returns the final
+    """Train ``cfg`` (validated) into its run folder, held for the run (outputs/folder_claim.py); returns the final
     summary.
 
     ``stop``: the Ctrl-C and SIGTERM handling to use (the caller reads ``stop.requested`` afterwards);
@@ -69,7 +69,7 @@ def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = 
     if not distributed.is_main_process():  # only process 0 writes the run folder (checkpoints: every process)
         with tempfile.TemporaryDirectory(prefix="fedjax_pfl-process-") as scratch:
             return _train(cfg, out, Path(scratch), False, resume, observe, stop)
-    with claimed(out, resume, start_over):
+    with claimed(out, checkpoint.has_checkpoint, resume, start_over):
         return _train(cfg, out, out, progress, resume, observe, stop)
 
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.engine import mapping_choice, method_values, sharding
+from fedjax_pfl.engine import checkpoint, mapping_choice, method_values, sharding
 from fedjax_pfl.outputs import run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
@@ -57,7 +57,7 @@ from fedjax_pfl.runs.experiment import build_experiment, resolved_notes, resolve
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.outputs.folder_lock import locked
 from fedjax_pfl.outputs.output_folder import default_run_folder
-from fedjax_pfl.runs.folder_claim import claimed
+from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.single_run import training_clients
@@ -276,7 +276,7 @@ def sweep_markdown(summary: dict) -> str:
 def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
               stop: StopRequest | None = None, start_over: bool = False) -> dict:
     """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md. The
-    sweep's folder and every point's are held (locked) for the whole sweep (runs/folder_claim.py).
+    sweep's folder and every point's are held (locked) for the whole sweep (outputs/folder_claim.py).
 
     ``stop``: the Ctrl-C and SIGTERM handling to use (after either no further chunk starts); ``start_over``:
     replace the runs the points' folders hold."""
@@ -293,7 +293,7 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
     with contextlib.ExitStack() as held:
         held.enter_context(locked(root))
         for point in points:
-            held.enter_context(claimed(point.out, start_over=start_over))
+            held.enter_context(claimed(point.out, checkpoint.has_checkpoint, start_over=start_over))
         return _run_points(cfg, points, root, progress, stop, observe)
 
 

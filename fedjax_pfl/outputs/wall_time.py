@@ -10,6 +10,8 @@ is printed after the first measured call and again whenever the time left
 moves by more than `REPRINT_SHIFT` of it (and a minute), so a log shows it
 too; the progress bar shows it continuously. A run estimated at more than
 `HINT_AFTER` seconds also gets one line naming what makes it shorter.
+This module only computes the lines (from the seconds it is given; it reads
+no clock); runs/progress.py times the calls and prints them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Claiming a run folder for one run: its lock for the whole run, what it may hold, and starting over.
 
-`claimed(out, resume, start_over)` checks that ``out`` can be written, takes
+`claimed(out, has_checkpoint, resume, start_over)` checks that ``out`` can be written, takes
 its exclusive lock (outputs/folder_lock.py: a second process writing the same
 folder is refused at once with one line) and, under the lock, what the
 folder holds:
@@ -15,7 +15,9 @@ folder holds:
 - with ``--start-over``: the run's own files are removed and it starts afresh.
 
 The lock is held until the block ends, however it ends; a folder the lock
-made and nothing was written into is removed again.
+made and nothing was written into is removed again. ``has_checkpoint(out)``
+says whether the folder holds a complete checkpoint (the engine's
+`checkpoint.exists`: this package knows no checkpoint format).
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.outputs.folder_lock import LOCK_FILE, locked
 from fedjax_pfl.outputs.output_folder import check_not_foreign, check_writable, holds_run, is_run_entry
 
@@ -40,12 +41,12 @@ def no_checkpoint_note(out: Path) -> str:
             "--out")
 
 
-def check_contents(out: Path, resume: bool, start_over: bool) -> None:
-    """UserError when ``out`` may not take this run (see the module docstring)."""
+def check_contents(out: Path, complete: bool, resume: bool, start_over: bool) -> None:
+    """UserError when ``out`` (``complete``: holding a complete checkpoint) may not take this run (see the module
+    docstring)."""
     if resume and start_over:
         raise UserError(f"--resume continues the run in --out and {START_OVER} replaces it: pass one of them")
     check_not_foreign(out)
-    complete = checkpoint.exists(checkpoint.checkpoint_path(out))
     if resume and not complete:
         raise UserError(no_checkpoint_note(out))
     if resume or start_over or not holds_run(out):
@@ -68,13 +69,14 @@ def clear_run(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def claimed(out: Path, resume: bool = False, start_over: bool = False) -> Iterator[None]:
+def claimed(out: Path, has_checkpoint: Callable[[Path], bool], resume: bool = False,
+            start_over: bool = False) -> Iterator[None]:
     """Hold ``out`` for one run (see the module docstring)."""
     out = Path(out)
     check_writable(out)
     check_not_foreign(out)  # (before the lock file is made in it; again under the lock)
     with locked(out):
-        check_contents(out, resume, start_over)
+        check_contents(out, has_checkpoint(out), resume, start_over)
         if start_over:
             clear_run(out)
         yield
