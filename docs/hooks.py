@@ -11,7 +11,12 @@ Generated (nothing is written into docs/; the pages exist only in the build):
   ``reference/config.md`` from the run configuration dataclasses;
 - ``reference/kernels/<module>.md``: one mkdocstrings page per kernel module;
 - ``reproductions/index.md`` and one page per ``reproductions/<table>/table.md``;
-- ``benchmarks/results.md`` from ``benchmarks/RESULTS.md``.
+- ``benchmarks/results.md`` from ``benchmarks/RESULTS.md``;
+- the bad-input table of ``concepts/reliability.md`` from ``tests/bad_input_cases.py``, the list of
+  cases (exit status and exact message) that the tests check;
+- ``stylesheets/pygments.css`` (the code highlighting's colours, from Pygments) and, after the build,
+  ``search/search_index.js``: the search index as a script, which the search page loads when the site
+  is opened from the file system (docs/javascripts/offline_search.js).
 
 The page builders are plain functions of the code (tests/test_docs.py calls
 them); `on_config` adds the generated pages to the navigation and `on_files`
@@ -24,6 +29,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import importlib.util
+import json
 import inspect
 import pkgutil
 import re
@@ -49,6 +56,8 @@ PAPERS = ROOT / "docs" / "methods" / "papers.yaml"
 REPRODUCTIONS = ROOT / "reproductions"
 TABLE_SPECS = ROOT / "configs" / "tables"
 BENCHMARK_RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+BAD_INPUT_CASES = ROOT / "tests" / "bad_input_cases.py"
+SEARCH_SCRIPT_VARIABLE = "FEDJAX_PFL_SEARCH_INDEX"  # docs/javascripts/offline_search.js reads it
 CONVENTIONS_PAGE = "methods/conventions.md"
 
 # What each evaluation protocol (``eval.model``) evaluates; the concepts page explains them.
@@ -368,7 +377,32 @@ def eval_models_table(registry: dict) -> str:
 
 # Markers in the hand-written pages that the hooks replace with generated text.
 MARKERS = {"<!-- generated: eval-models -->": lambda: eval_models_table(methods()),
-           "<!-- generated: kernel-list -->": lambda: kernel_list()}
+           "<!-- generated: kernel-list -->": lambda: kernel_list(),
+           "<!-- generated: bad-inputs -->": lambda: bad_inputs_table()}
+
+
+def bad_input_cases():
+    """tests/bad_input_cases.py, the one list of bad inputs the tests check (loaded by path: tests/ is no
+    package)."""
+    if "bad_input_cases" in sys.modules:  # (the tests import it by its name)
+        return sys.modules["bad_input_cases"]
+    spec = importlib.util.spec_from_file_location("bad_input_cases", BAD_INPUT_CASES)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks its module up while it is made)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bad_inputs_table() -> str:
+    """Every case of tests/bad_input_cases.py: what is given, the command, its exit status and its message."""
+    cases = bad_input_cases()
+    lines = ["Placeholders in the commands and messages:", ""]
+    lines += [f"- `{{{name}}}`: {escape_html(text)}" for name, text in cases.PLACEHOLDERS.items()]
+    lines += ["", "| case | what is given | command | exit | message |", "|---|---|---|---|---|"]
+    for case in cases.CASES_LIST:
+        lines.append(f"| `{case.name}` | {cell(escape_html(case.given))} | `{cell(case.shown_command())}` | "
+                     f"{case.exit} | {cell(escape_html(case.message))} |")
+    return "\n".join(lines)
 
 
 def config_rows() -> list[tuple[str, str, str, str, str]]:
@@ -522,9 +556,27 @@ def on_page_markdown(markdown, page, config, files):
     return markdown
 
 
+def pygments_css() -> str:
+    """The code highlighting's colours (pymdownx.highlight writes Pygments' classes)."""
+    from pygments.formatters import HtmlFormatter
+
+    return HtmlFormatter(style="default").get_style_defs(".highlight") + "\n"
+
+
+def search_script(index_json: str) -> str:
+    """The search index as a script that sets `SEARCH_SCRIPT_VARIABLE` (loadable from the file system)."""
+    return f"window.{SEARCH_SCRIPT_VARIABLE} = {json.dumps(json.loads(index_json))};\n"
+
+
 def on_files(files, config):
     from mkdocs.structure.files import File
 
     for path, text in _PAGES.items():
         files.append(File.generated(config, path, content=text))
+    files.append(File.generated(config, "stylesheets/pygments.css", content=pygments_css()))
     return files
+
+
+def on_post_build(config):
+    index = Path(config["site_dir"]) / "search" / "search_index.json"
+    index.with_suffix(".js").write_text(search_script(index.read_text(encoding="utf-8")), encoding="utf-8")

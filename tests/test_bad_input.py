@@ -1,7 +1,8 @@
 """Bad input on the command line: every case exits 2 with ONE line on stderr, no traceback,
-and leaves what an earlier run wrote untouched. Add a row to BAD_INPUTS for each new check of the
-training command, and to EVERY_COMMAND for a kind of input that train, reproduce and report share.
-An internal error (a bug) exits 1 with one line naming error.log, which holds the traceback."""
+and leaves what an earlier run wrote untouched. The cases, with their exact messages, are the one
+list in tests/bad_input_cases.py (the reliability page's table is built from it): add a case there
+for each new check of a command. An internal error (a bug) exits 1 with one line naming error.log,
+which holds the traceback."""
 
 import hashlib
 import shutil
@@ -18,9 +19,8 @@ from fedjax_pfl.papers import reproduce
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files
 from fedjax_pfl.core.errors import UserError
+from bad_input_cases import CASES_LIST, REPORT, REPRODUCE, TINY, TRAIN, assert_case
 
-TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
-        "--local-epochs", "1", "--rounds", "2", "--no-progress", "--offline"]
 
 
 def _run(argv, capsys):
@@ -72,56 +72,29 @@ def _setup(tmp_path: Path, finished_run: Path) -> dict:
     return {"tmp": tmp_path, "empty": empty, "finished": finished_run, **runs}
 
 
-BAD_INPUTS = [  # (id, argv, needle in the message)
-    ("yaml_syntax", ["--method", "fedavg", "--config", "{tmp}/bad.yaml"], "not valid YAML at line"),
-    ("out_is_a_file", ["--method", "fedavg", *TINY, "--out", "{tmp}/a_file"], "is a file"),
-    ("out_under_a_file", ["--method", "fedavg", *TINY, "--out", "{tmp}/a_file/run"], "which is a file"),
-    ("out_not_writable", ["--method", "fedavg", *TINY, "--out", "/sys/fedjax_pfl_run"], "cannot write"),
-    ("unknown_client_mapping", ["--method", "fedavg", *TINY, "--client-mapping", "nosuch"], "train.client_mapping must be one of"),
-    ("negative_momentum", ["--method", "fedavg", *TINY, "--momentum", "-1"], "train.momentum"),
-    ("negative_checkpoint_every", ["--method", "fedavg", *TINY, "--checkpoint-every", "-1"], "checkpoint_every"),
-    ("negative_fedprox_mu", ["--method", "fedprox", *TINY, "method.mu=-1"], "method.mu"),
-    ("unknown_option", ["--method", "fedavg", *TINY, "--nosuch", "3"], "unrecognized arguments: --nosuch"),
-    ("flag_needs_a_number", ["--method", "fedavg", *TINY, "--lr", "fast"], "--lr"),
-    ("bad_override_yaml", ["--method", "fedavg", *TINY, "train.lr=[1,"], "not valid YAML"),
-    ("shared_body_on_mlr", ["--method", "fedper", *TINY], "no body parameters"),
-    ("unknown_augment", ["--method", "fedavg", *TINY, "train.augment=rotate"], "train.augment must be one of"),
-    ("augment_features", ["--method", "fedavg", *TINY, "train.augment=crop_flip"], "feature vectors"),
-    ("eval_model_not_offered", ["--method", "fedavg", *TINY, "--eval-model", "local"], "eval.model"),
-    ("data_dir_missing", ["--method", "fedavg", "--dataset", "mnist", "--data-dir", "{tmp}/nonexistent"],
-     "is not a folder"),
-    ("resume_nothing_there", ["--method", "fedavg", *TINY, "--out", "{empty}", "--resume"], "nothing to resume"),
-    ("resume_without_out", ["--method", "fedavg", *TINY, "--resume"], "--resume needs --out"),
-    ("resume_truncated_checkpoint", ["--method", "fedavg", *TINY, "--checkpoint-every", "1", "--out", "{truncated}",
-                                     "--resume", "--rounds", "3"], "truncated or corrupted"),
-    ("resume_corrupted_checkpoint", ["--method", "fedavg", *TINY, "--checkpoint-every", "1", "--out", "{corrupted}",
-                                     "--resume", "--rounds", "3"], "truncated or corrupted"),
-    ("resume_finished_run", ["--method", "fedavg", *TINY, "--checkpoint-every", "1", "--out", "{finished}",
-                             "--resume"], "already finished its 2 rounds"),
-    ("resume_other_method", ["--method", "fedprox", *TINY, "--checkpoint-every", "1", "--out", "{finished}",
-                             "--resume"], "method_name: 'fedavg' -> 'fedprox'"),
-    ("resume_other_lr", ["--method", "fedavg", *TINY, "--checkpoint-every", "1", "--out", "{finished}",
-                         "--resume", "--lr", "0.1"], "train.lr"),
-    ("resume_fewer_rounds", ["--out", "{finished}", "--resume", "--rounds", "1"], "--rounds must be more than 2"),
-    ("rerun_into_finished_folder", ["--method", "fedavg", *TINY, "--out", "{finished}"], "already holds a run"),
-    ("list_of_an_untraceable_option", ["--method", "fedavg", *TINY, "method.finetune_epochs=[1,2]"],
-     "cannot be a list"),
-    ("list_of_non_numbers", ["--method", "fedprox", *TINY, "method.mu=[a,b]"], "list of numbers"),
-    ("seeds_not_numbers", ["--method", "fedavg", *TINY, "--seeds", "a,b"], "--seeds"),
-    ("seeds_repeated", ["--method", "fedavg", *TINY, "--seeds", "1,1"], "distinct"),
-    ("resume_a_sweep", ["--out", "{finished}", "--resume", "--rounds", "3", "--seeds", "0,1"], "resume a point"),
-    ("lr_decay_above_one", ["--method", "fedavg", *TINY, "train.lr_decay=1.5"], "train.lr_decay"),
-    ("val_fraction_one", ["--method", "fedavg", *TINY, "partition.val_fraction=1"], "val_fraction"),
-]
+ARGV_CASES = [case for case in CASES_LIST if case.argv is not None]
 
 
-@pytest.mark.parametrize("argv,needle", [row[1:] for row in BAD_INPUTS], ids=[row[0] for row in BAD_INPUTS])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, needle, tmp_path, finished_run, capsys):
+@pytest.mark.parametrize("case", ARGV_CASES, ids=[case.name for case in ARGV_CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, finished_run, capsys):
+    """Each command-line case of tests/bad_input_cases.py: its exit status and exactly its one line; nothing
+    already written is lost or rewritten, and no output folder or error.log is left."""
     paths = _setup(tmp_path, finished_run)
-    before = _tree_digest(finished_run)
-    code, err = _run([a.format(**paths) for a in argv], capsys)
-    _assert_one_line_error(code, err, needle)
-    assert _tree_digest(finished_run) == before  # nothing already written is lost or rewritten
+    (tmp_path / "table.yaml").write_text(TABLE)
+    before, files_before = _tree_digest(finished_run), sorted(p.name for p in tmp_path.iterdir())
+    code = COMMAND_MAINS[case.command]([a.format(**paths) for a in case.argv])
+    assert_case(case.name, code, capsys.readouterr().err, tmp=tmp_path, finished=finished_run)
+    assert _tree_digest(finished_run) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == files_before
+
+
+def test_every_case_without_a_command_line_names_a_test_that_exists():
+    """The cases a test sets the scene for (tests/bad_input_cases.py's checked_by) are each checked by a test."""
+    sources = "".join(path.read_text() for path in Path(__file__).parent.glob("test_*.py"))
+    for case in CASES_LIST:
+        if case.argv is None:
+            assert case.checked_by and f"def {case.checked_by}(" in sources, case.name
+            assert f'assert_case("{case.name}"' in sources or f"(\"{case.name}\"" in sources, case.name
 
 
 def test_explicit_data_dir_without_the_files_is_an_error_even_with_the_env_set(tmp_path, data_dir, capsys,
@@ -134,6 +107,39 @@ def test_explicit_data_dir_without_the_files_is_an_error_even_with_the_env_set(t
                       "--data-dir", str(empty), "--out", str(tmp_path / "r")], capsys)
     _assert_one_line_error(code, err, f"--data-dir {empty} lacks the dataset files")
     assert not (tmp_path / "r").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_data_dir_without_the_files_says_how_to_get_them(tmp_path, capsys, monkeypatch):
+    """--data-dir given (no --offline): the message says the command downloads only without --data-dir, not to
+    leave out an --offline that was never given."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv(files.ENV_DATA_DIR, str(empty))
+    monkeypatch.setenv(files.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    code, err = _run(["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--no-progress",
+                      "--data-dir", str(empty), "--out", str(tmp_path / "r")], capsys)
+    assert_case("data_dir_without_the_file", code, err, tmp=tmp_path)
+    assert "--offline" not in err.split("(allow_download=True;")[1].split(")")[0].replace("and --offline", "")
+    assert not (tmp_path / "r").exists()
+
+
+def _flip_a_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_bit_flipped_gzip_is_one_line_exit_2_and_no_folder(tmp_path, data_dir, capsys):
+    """A flipped byte inside a gzip's compressed data (zlib: 'invalid distance too far back'): the checksum line
+    naming the file and the fix, exit 2, and no run folder, not even one holding error.log."""
+    copy = tmp_path / "mnist"
+    shutil.copytree(data_dir / "mnist", copy)
+    _flip_a_byte(copy / "train-labels-idx1-ubyte.gz", 1000)
+    out = tmp_path / "run"
+    code, err = _run(["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--no-progress", "--offline",
+                      "--data-dir", str(tmp_path), "--out", str(out)], capsys)
+    assert_case("bit_flipped_gzip", code, err, tmp=tmp_path)
+    assert not out.exists()
 
 
 def test_missing_cifar10_names_folders_and_the_alternatives(tmp_path, capsys, monkeypatch):
@@ -195,7 +201,7 @@ def test_a_real_process_resuming_a_damaged_checkpoint_prints_one_line(tmp_path, 
         _assert_one_line_error(proc.returncode, proc.stderr, "truncated or corrupted")
 
 
-# ------------------------------------------------------------ the same table for every command
+# ------------------------------------------------------------ every command
 
 TABLE = """
 paper: "Tiny paper"
@@ -208,64 +214,7 @@ settings:
                 train.rounds=2, train.local_epochs=1]
 methods: [fedavg]
 """
-TRAIN = ["--method", "fedavg", *TINY]
-REPRODUCE = ["--table-file", "{tmp}/table.yaml", "--no-progress"]
-REPORT = ["{finished}"]
 COMMAND_MAINS = {"train": train.main, "reproduce": reproduce.main, "report": report.main}
-
-EVERY_COMMAND = [  # (case, {command: argv}, needle or {command: needle}); a command without the input is left out
-    ("out_not_writable", {"train": [*TRAIN, "--out", "/proc/fedjax_pfl_x"],
-                          "reproduce": [*REPRODUCE, "--out", "/proc/fedjax_pfl_x"],
-                          "report": [*REPORT, "--out", "/proc/fedjax_pfl_x"]}, "cannot write in /proc"),
-    ("out_is_a_file", {"train": [*TRAIN, "--out", "{tmp}/a_file"], "reproduce": [*REPRODUCE, "--out", "{tmp}/a_file"],
-                       "report": [*REPORT, "--out", "{tmp}/a_file"]}, "is a file"),
-    ("out_under_a_file", {"train": [*TRAIN, "--out", "{tmp}/a_file/x"],
-                          "reproduce": [*REPRODUCE, "--out", "{tmp}/a_file/x"],
-                          "report": [*REPORT, "--out", "{tmp}/a_file/x"]}, "which is a file"),
-    ("unknown_flag", {"train": [*TRAIN, "--nosuch", "3"], "reproduce": [*REPRODUCE, "--nosuch", "3"],
-                      "report": [*REPORT, "--nosuch", "3"]}, "unrecognized arguments: --nosuch"),
-    ("no_input_named", {"reproduce": [], "report": []}, {"reproduce": "name a table", "report": "RUN_DIR"}),
-    ("input_missing", {"train": [*TRAIN, "--config", "{tmp}/nosuch.yaml"],
-                       "reproduce": ["--table-file", "{tmp}/nosuch.yaml"], "report": ["{tmp}/nosuch"]},
-     {"train": "not found", "reproduce": "not found", "report": "no such folder"}),
-    ("input_not_yaml", {"train": [*TRAIN, "--config", "{tmp}/bad.yaml"],
-                        "reproduce": ["--table-file", "{tmp}/bad.yaml"]}, "not valid YAML"),
-    ("flag_needs_a_number", {"train": [*TRAIN, "--rounds", "many"], "reproduce": [*REPRODUCE, "--rounds", "many"]},
-     "invalid int value: 'many'"),
-    ("number_too_large_for_jax", {"train": [*TRAIN, "--rounds", "99999999999999"],
-                                  "reproduce": [*REPRODUCE, "--rounds", "99999999999999"]}, "2147483647"),
-    ("no_rounds", {"train": [*TRAIN, "--rounds", "0"], "reproduce": [*REPRODUCE, "--rounds", "0"]}, "rounds"),
-    ("option_too_large_for_jax", {"train": [*TRAIN, "method.finetune_epochs=99999999999"],
-                                  "reproduce": [*REPRODUCE, "method.finetune_epochs=99999999999"]},
-     "method.finetune_epochs must be finite and at most 2147483647"),
-    ("float_too_large_for_jax", {"train": [*TRAIN, "--lr", "1e39"], "reproduce": [*REPRODUCE, "train.lr=1e39"]},
-     "train.lr must be finite and at most 3.403e+38"),
-    ("seeds_with_an_empty_item", {"train": [*TRAIN, "--seeds", "0,,1"], "reproduce": [*REPRODUCE, "--seeds", "0,,1"]},
-     "--seeds takes comma-separated whole numbers"),
-    ("seeds_negative", {"train": [*TRAIN, "--seeds=0,-1"], "reproduce": [*REPRODUCE, "--seeds=0,-1"]}, ">= 0"),
-    ("negative_rounds_per_call", {"train": [*TRAIN, "--rounds-per-call", "-1"],
-                                  "reproduce": [*REPRODUCE, "train.rounds_per_call=-1"]}, "train.rounds_per_call"),
-    ("unknown_config_key", {"train": [*TRAIN, "train.nosuch=1"], "reproduce": [*REPRODUCE, "train.nosuch=1"]},
-     "unknown config key 'train.nosuch'"),
-    ("data_dir_missing", {"train": [*TRAIN[:-1], "--dataset", "mnist", "--data-dir", "{tmp}/nonexistent"],
-                          "reproduce": [*REPRODUCE, "data.name=mnist", "--data-dir", "{tmp}/nonexistent"]},
-     "is not a folder"),
-]
-EVERY_COMMAND_CASES = [(case, command, argv, needle if isinstance(needle, str) else needle[command])
-                       for case, argvs, needle in EVERY_COMMAND for command, argv in argvs.items()]
-
-
-@pytest.mark.parametrize("case,command,argv,needle", EVERY_COMMAND_CASES,
-                         ids=[f"{case}-{command}" for case, command, *_ in EVERY_COMMAND_CASES])
-def test_every_command_gives_bad_input_one_line_and_exit_2(case, command, argv, needle, tmp_path, finished_run,
-                                                          capsys):
-    paths = _setup(tmp_path, finished_run)
-    (tmp_path / "table.yaml").write_text(TABLE)
-    before, files_before = _tree_digest(finished_run), sorted(p.name for p in tmp_path.iterdir())
-    code = COMMAND_MAINS[command]([a.format(**paths) for a in argv])
-    _assert_one_line_error(code, capsys.readouterr().err, needle)
-    assert _tree_digest(finished_run) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == files_before  # no output folder, no error.log
 
 
 @pytest.mark.parametrize("command", ["train", "reproduce", "report"])

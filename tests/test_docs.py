@@ -203,3 +203,55 @@ def test_method_docstrings_leave_the_option_list_to_the_declarations():
     by_hand = sorted({cls.__module__ for cls in registry().values()
                       if "Options (``method.<name>=value``)" in (sys.modules[cls.__module__].__doc__ or "")})
     assert not by_hand, f"option lists written by hand in: {by_hand}"
+
+
+# ---- the reliability page and the site opened from the file system -------------------
+
+def test_the_bad_input_table_is_every_case_the_tests_check(hooks, site):
+    """The reliability page's table comes from tests/bad_input_cases.py, the list the tests assert: every case
+    with its exit status and its exact message, on the built page."""
+    cases = hooks.bad_input_cases()
+    table = hooks.bad_inputs_table()
+    html = (site / "concepts" / "reliability.html").read_text(encoding="utf-8")
+    for case in cases.CASES_LIST:
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{case.name}` |"))
+        assert f"| {case.exit} | {hooks.cell(hooks.escape_html(case.message))} |" in row, case.name
+        assert f"<code>{case.name}</code>" in html, case.name
+    assert "<!-- generated" not in html
+
+
+SEARCH_FROM_A_FILE = r"""
+const fs = require("fs"), vm = require("vm");
+const [site, query] = process.argv.slice(1);  // (node -e: the arguments follow the program)
+const results = {innerHTML: "Searching...", getAttribute: () => null};
+const input = {value: "", addEventListener: () => {}};
+const context = {base_url: "."};
+context.window = {location: {protocol: "file:", search: "?q=" + encodeURIComponent(query)}};
+context.document = {
+  readyState: "complete",
+  getElementById: (id) => ({"mkdocs-search-results": results, "mkdocs-search-query": input})[id] || null,
+  createElement: () => ({}),
+  head: {appendChild: (script) => {  // a page opened from the file system may load a script, nothing else
+    vm.runInContext(fs.readFileSync(site + "/" + script.src, "utf8"), context);
+    script.onload();
+  }},
+};
+vm.createContext(context);
+vm.runInContext(fs.readFileSync(site + "/javascripts/offline_search.js", "utf8"), context);
+process.stdout.write(results.innerHTML);
+"""
+
+
+def test_search_answers_on_the_site_opened_from_the_file_system(site):
+    """Opened as site/index.html (file://), the search page loads the index as a script and lists the pages
+    holding every word of the query (MkDocs' own search needs a web worker and XMLHttpRequest, which a page at
+    file:// does not get, and stayed on "Searching...")."""
+    assert (site / "search" / "search_index.js").read_text(encoding="utf-8").startswith(
+        "window.FEDJAX_PFL_SEARCH_INDEX = {")
+    found = subprocess.run(["node", "-e", SEARCH_FROM_A_FILE, str(site), "start-over resume"], capture_output=True,
+                           text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert 'href="./concepts/reliability.html' in found.stdout and "Searching" not in found.stdout, found.stdout[:500]
+    nothing = subprocess.run(["node", "-e", SEARCH_FROM_A_FILE, str(site), "zzyzxnotaword"], capture_output=True,
+                             text=True, timeout=60)
+    assert nothing.stdout == "<p>No results found</p>", nothing.stdout

@@ -13,7 +13,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import cli
 from fedjax_pfl.runs import config as config_lib
 
-COMMAND_OPTIONS = {"help", "config", "offline", "resume", "no_progress", "distributed", "coordinator",
+COMMAND_OPTIONS = {"help", "config", "offline", "resume", "start_over", "no_progress", "distributed", "coordinator",
                    "num_processes", "process_id"}  # options of the command itself, not run settings
 
 

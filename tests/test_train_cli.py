@@ -104,7 +104,7 @@ def _cli(args, env_extra=None, signal_at=None):
 @pytest.mark.parametrize("args,needle", [
     (["--method", "nosuch"], "unknown method 'nosuch'"),
     (["--method", "fedavg", "--dataset", "nosuch"], "unknown dataset 'nosuch'"),
-    (["--method", "fedavg", "--dataset", "synthetic", "--model", "nosuch"], "model.name must be one of: fedavgcnn"),
+    (["--method", "fedavg", "--dataset", "synthetic", "--model", "nosuch"], "model.name must be one of: auto, fedavgcnn"),
     (["--method", "fedprox", "--dataset", "synthetic", "method.nosuch=1"], "unknown method option 'nosuch'"),
     (["--method", "fedavg", "--dataset", "synthetic", "train.nosuch=1"], "unknown config key 'train.nosuch'"),
     (["--method", "pfedme", "--dataset", "synthetic", "--model", "mlr", "--optimizer", "adam", "train.momentum=0.5"],

@@ -2,7 +2,8 @@
 
 - Bad input: one line ``error: ...`` that says what to do, exit 2 (a
   `UserError`, including argparse's own complaints).
-- Ctrl-C: a line saying what was kept, exit 130.
+- Ctrl-C or SIGTERM: a line saying what was kept, exit 130 or 143 (128 +
+  the signal's number; core/stop_signals.py).
 - Anything else is a bug: one line ``error: internal error ...`` naming the
   file that holds the traceback (``error.log`` in the command's output
   folder, else a temporary file), exit 1. No traceback on the screen.
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.core.stop_signals import NAMES, exit_status, signal_of, terminating
 
-BAD_INPUT, INTERNAL_ERROR, INTERRUPTED = 2, 1, 130
+BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, TERMINATED = 2, 1, 130, 143  # (130, 143: exit_status of SIGINT, SIGTERM)
 ERROR_LOG = "error.log"
 
 
@@ -85,13 +87,14 @@ class Command:
 
     def run(self, body: Callable[[], int]) -> int:
         try:
-            return body()
+            with terminating():
+                return body()
         except UserError as e:
             print("error: " + one_line(e), file=sys.stderr)
             return BAD_INPUT
-        except KeyboardInterrupt:
-            print(self.interrupted, file=sys.stderr)
-            return INTERRUPTED
+        except KeyboardInterrupt as e:
+            print(f"{NAMES.get(signal_of(e), 'stopped')}: {self.interrupted}", file=sys.stderr)
+            return exit_status(signal_of(e))
         except Exception as e:  # noqa: BLE001 -- a bug: one line here, the traceback in error.log
             log = write_error_log(self.folder)
             print(f"error: internal error ({one_line(e)}); the traceback is in {log}; please report it",

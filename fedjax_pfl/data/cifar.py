@@ -136,6 +136,17 @@ def load_cifar100(*, data_dir: str | os.PathLike | None = None, allow_download: 
                           base_url=base_url)
 
 
+def locate_cifar10(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """Where the official CIFAR-10 files (archive or extracted folder) would be read from, unchecked; None when
+    no search folder holds them (files.locate: nothing is downloaded)."""
+    return files.locate(CIFAR10_FILE, 'cifar10', data_dir, extracted=_LAYOUT['cifar10'][0])
+
+
+def locate_cifar10_jpeg(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """Where the project's cifar10_jpeg archive would be read from, unchecked; None when not found."""
+    return files.locate(CIFAR10_JPEG_FILE, 'cifar10_jpeg', data_dir)
+
+
 def decode_jpeg_archive(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Decodes a {train,test}/<class name>/*.jpg tar.gz into uint8 arrays.
 

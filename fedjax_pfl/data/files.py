@@ -30,12 +30,14 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from fedjax_pfl.core.errors import DataNotFoundError, UserError
+from fedjax_pfl.core.folders import make_folders
 
 ENV_DATA_DIR = 'FEDJAX_PFL_DATA_DIR'
 ENV_CACHE_DIR = 'FEDJAX_PFL_CACHE_DIR'
@@ -107,7 +109,7 @@ def _checksum_problem(path: Path, spec: DataFile) -> str | None:
     if spec.content_md5 and path.name.endswith('.gz'):
         try:
             content = gzip_content_md5(path)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # truncated, or damaged inside (a flipped byte)
             return f'md5 {got}, expected {spec.md5}; not a readable gzip file ({e})'
         if content == spec.content_md5:
             return None
@@ -137,17 +139,6 @@ def verify_file(path: str | os.PathLike, spec: DataFile) -> Path:
     return path
 
 
-def _make_folders(folder: Path) -> list[Path]:
-    """mkdir -p `folder`; returns the folders it created, deepest first."""
-    created = []
-    while not folder.exists():
-        created.append(folder)
-        folder = folder.parent
-    for path in reversed(created):
-        path.mkdir(exist_ok=True)
-    return created
-
-
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary path beside `dest`; renames it to `dest` on success.
@@ -156,7 +147,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     the folders created for it are removed again (when still empty).
     """
     dest = Path(dest)
-    created = _make_folders(dest.parent)
+    created = make_folders(dest.parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f'.{dest.name}.', suffix='.part', dir=dest.parent)
         os.close(fd)
@@ -266,16 +257,26 @@ def find_file(spec: DataFile, subdir: str, **kwargs) -> Path:
     return path
 
 
+def locate(spec: DataFile, subdir: str, data_dir: str | os.PathLike | None = None,
+           extra_dirs: Sequence[str | os.PathLike] = (), extracted: str | None = None) -> Path | None:
+    """Where `find_file` would read `spec` from without downloading (unchecked), or None: the first of the
+    search folders holding the file (or its `extracted` folder)."""
+    for folder in search_folders(subdir, data_dir, extra_dirs):
+        if extracted and (folder / extracted).is_dir():
+            return folder / extracted
+        if (folder / spec.name).is_file():
+            return folder / spec.name
+    return None
+
+
 def _find_file(spec: DataFile, subdir: str, *, data_dir: str | os.PathLike | None = None,
                extra_dirs: Sequence[str | os.PathLike] = (), allow_download: bool = False,
                base_url: str | None = None, extracted: str | None = None,
                progress: bool = True) -> Path:
     folders = search_folders(subdir, data_dir, extra_dirs)
-    for folder in folders:
-        if extracted and (folder / extracted).is_dir():
-            return folder / extracted
-        if (folder / spec.name).is_file():
-            return verify_file(folder / spec.name, spec)
+    found = locate(spec, subdir, data_dir, extra_dirs, extracted)
+    if found is not None:
+        return found if found.is_dir() else verify_file(found, spec)
     url = download_url(spec, base_url)
     failed = None
     if allow_download and url:
@@ -294,6 +295,9 @@ def _find_file(spec: DataFile, subdir: str, *, data_dir: str | os.PathLike | Non
                + ('' if env else f' or set {ENV_DATA_DIR}=DIR'))
     if failed:
         message += '.'
+    elif url and data_dir:  # the training command reads only that folder: it downloads without --data-dir
+        message += (f', or allow downloading it from {url} (allow_download=True; the training command '
+                    f'downloads only without --data-dir and --offline).')
     elif url:
         message += (f', or allow downloading it from {url} (allow_download=True; '
                     f'on the command line, leave out --offline).')

@@ -4,6 +4,8 @@ Names: mnist, fmnist (alias fashion_mnist), cifar10 (official pickles),
 cifar10_jpeg (the lossy project copy: never report it as cifar10), cifar100,
 pathmnist, synthetic, pfllib (a folder PFLlib wrote: --data-dir PATH, naturally
 partitioned, see pfllib.py). source='tfds' serves mnist, fmnist, cifar10, cifar100.
+`resolve_auto` turns the run default 'auto' into the CIFAR-10 that is at hand:
+the official files, else the project's JPEG copy (named cifar10_jpeg).
 """
 
 from __future__ import annotations
@@ -28,6 +30,31 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
 }
 ALIASES = {'fashion_mnist': 'fmnist'}
 SOURCES = ('files', 'tfds')
+AUTO = 'auto'  # the run default: `resolve_auto`
+VECTOR_DATASETS = ('synthetic',)  # inputs are feature vectors; the others' are images, but
+FILE_DEFINED = ('pfllib',)  # whose inputs are what its files hold
+
+
+def input_kind(name: str) -> str | None:
+    """'image' or 'vector' for the inputs of dataset ``name`` (canonical), None when its files decide."""
+    if name in FILE_DEFINED:
+        return None
+    return 'vector' if name in VECTOR_DATASETS else 'image'
+
+
+def resolve_auto(data_dir: str | os.PathLike | None = None, source: str = 'files') -> tuple[str, str]:
+    """(dataset, why) for 'auto': the official cifar10 when its files are found (or from TFDS), else the
+    project's JPEG copy cifar10_jpeg when it is, else cifar10 (downloaded where allowed)."""
+    if source == 'tfds':
+        return 'cifar10', 'auto: CIFAR-10 from TensorFlow Datasets'
+    official = cifar.locate_cifar10(data_dir)
+    if official is not None:
+        return 'cifar10', f'auto: the official CIFAR-10 files, at {official}'
+    jpeg = cifar.locate_cifar10_jpeg(data_dir)
+    if jpeg is not None:
+        return 'cifar10_jpeg', (f"auto: the official cifar10 files are not here; the project's lossy JPEG copy of "
+                                f'CIFAR-10, cifar10_jpeg, is (at {jpeg})')
+    return 'cifar10', "auto: neither the official cifar10 files nor the project's JPEG copy cifar10_jpeg are here"
 
 
 def dataset_names() -> tuple[str, ...]:

@@ -61,6 +61,11 @@ def exists(path: Path) -> bool:
     return bool(_round_folders(path))
 
 
+def has_checkpoint(out: Path) -> bool:
+    """Whether the run in folder ``out`` has a completed checkpoint."""
+    return exists(checkpoint_path(out))
+
+
 def _paths_and_leaves(tree):
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [jax.tree_util.keystr(path) for path, _ in flat], [leaf for _, leaf in flat]
@@ -147,10 +152,10 @@ def _damaged(path: Path, error: Exception | str) -> UserError:
     """``error``: what Orbax raised, or which file differs from the round's `MANIFEST`."""
     if isinstance(error, str):
         return UserError(f"checkpoint {path} is truncated or corrupted ({error}); it cannot be resumed: start the "
-                         "run afresh in a new --out")
+                         "run afresh (in place with --start-over, or in a new --out)")
     return UserError(f"checkpoint {path} is truncated or corrupted, or (written before checkpoints recorded "
                      f"their structure) by another version of the code ({type(error).__name__}); it cannot be "
-                     "resumed: start the run afresh in a new --out")
+                     "resumed: start the run afresh (in place with --start-over, or in a new --out)")
 
 
 def resizable(saved: tuple, wanted: tuple, num_clients: int) -> bool:
@@ -205,7 +210,7 @@ def restore(path: Path, template, num_clients: int | None = None):
             if record.get("nodes", nodes) != nodes:  # same leaves, other containers (e.g. an optimizer's state)
                 raise UserError(f"checkpoint {path} holds a state of another structure than this run's (written "
                                 "by another version of the method or its optimizer); resume with the version "
-                                "that wrote it, or start afresh in a new --out")
+                                "that wrote it, or start afresh (in place with --start-over, or in a new --out)")
             _check_shapes(path, record["shapes"], template, num_clients)
             target = jax.tree.map(_target, template)
             state = manager.restore(round_index, args=ocp.args.Composite(

@@ -60,7 +60,8 @@ class EngineConfig:
     # chunked: gather, train and scatter the selected clients chunk by chunk where the method allows it
     # (Method.needs_selected_state); False: gather all S first (the same numbers; more memory)
     stream_chunks: bool = True
-    # single-round calls on one device report local steps and finished clients to the host (round_progress.py)
+    # single-round calls report local steps and finished clients to the host (round_progress.py; on several
+    # devices each reports its own clients)
     progress: bool = False
 
     def __post_init__(self):
@@ -366,7 +367,7 @@ class Engine:
         eval_shape = jax.eval_shape(lambda s, c: self._evaluate_with_val(s, c, train, eval_data, key, values, first),
                                     server, clients)
         zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
-        report = self.config.progress and count == 1 and self.mesh is None  # fused calls are short anyway
+        report = self.config.progress and count == 1  # fused calls are short anyway
 
         def evaluate_or_skip(server, clients, t, eval_key):
             return jax.lax.cond(

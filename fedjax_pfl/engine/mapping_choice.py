@@ -145,6 +145,13 @@ def reuse(engine, record: dict, why: str):
     return engine.with_mapping(record["mapping"], record["chunk_size"]), {**record, "reused": why}
 
 
+def round_seconds(record: dict) -> float | None:
+    """The seconds of one round of the chosen mapping, when the choice timed it (else None)."""
+    if not record.get("timed"):
+        return None
+    return record["candidates"][record["chosen"]].get("round_s")
+
+
 def describe(record: dict) -> str:
     """One log line: the chosen mapping and, when timed, each candidate's seconds per round and the choice's cost."""
     if not record["timed"]:

@@ -1,14 +1,16 @@
 """Progress from inside a compiled round: local steps and finished clients, reported as they happen.
 
 With ``EngineConfig.progress`` on, the single-round calls of `Engine.run_rounds`
-and `run_rounds_batched` (one device) carry host callbacks
+and `run_rounds_batched` carry host callbacks
 (`jax.debug.callback`): every `STEP_STRIDE`-th local step and batch of a
 statistics pass of a client (kernels/local_training.py calls `report_step`
 while tracing) and each finished client send an `Event` to the function set
 with `listening`. Clients trained
 side by side under ``vmap`` report once, as one event counting them
 (`jax.custom_batching.custom_vmap`: the batch is reduced to its furthest
-client), so a vmapped round sends no more callbacks than one client does.
+client), so a vmapped round sends no more callbacks than one client does. On several
+devices (`jax.shard_map` over the client axis) each device reports its own
+clients; a row repeated to fill a device's last slot reports too.
 Fused calls of several rounds carry none (they are short by construction:
 runs/call_planner.py). The callbacks only read scalars the round computes
 anyway; they change no value (tests/test_round_progress.py).

@@ -313,6 +313,11 @@ _REGISTRY: dict[str, Callable[..., tuple[nn.Module, nn.Module]]] = {
 }
 
 
+def default_model(is_image: bool) -> str:
+    """The model ``model.name=auto`` takes: the FedAS paper's CNN for images, an MLP for feature vectors."""
+    return "fedavgcnn" if is_image else "mlp"
+
+
 def model_names() -> list[str]:
     """Names accepted by ``build_model``."""
     return sorted(_REGISTRY)

@@ -100,7 +100,8 @@ def accuracy_curves(records: list[dict], title: str = "") -> Figure:
     _rounds_axis(ax)
     _percent_axis(ax, "test accuracy")
     _legend(fig, ax, "lower right")
-    ax.set_title(title or "test accuracy of the personalized models", fontsize="medium")
+    eval_model = records[-1].get("eval_model") if records else None
+    ax.set_title(title or f"test accuracy of {evaluated_model(eval_model)}, per client", fontsize="medium")
     return fig
 
 
@@ -120,8 +121,20 @@ def loss_curves(records: list[dict], title: str = "") -> Figure:
     return fig
 
 
-def client_accuracy_histogram(clients: list[dict], title: str = "") -> Figure:
-    """How many clients reach each test accuracy (5-point bins), with the mean and median marked."""
+# The model each evaluation protocol (a record's ``eval_model``: eval.model) tests, as an axis names it.
+MODEL_EVALUATED = {"global": "the global model", "local": "a client's own model",
+                   "global_adapted": "the global model adapted to a client", "global_knn": "the global model with a "
+                   "client's kNN memory", "local_ala": "a client's ALA mix of its model and the global one"}
+
+
+def evaluated_model(eval_model: str | None) -> str:
+    """What an evaluation protocol tests, in words ('a client's model' when not recorded)."""
+    return MODEL_EVALUATED.get(eval_model, f"a client's model ({eval_model})" if eval_model else "a client's model")
+
+
+def client_accuracy_histogram(clients: list[dict], title: str = "", eval_model: str | None = None) -> Figure:
+    """How many clients reach each test accuracy (5-point bins), with the mean and median marked; the axis
+    names the model ``eval_model`` evaluates."""
     fig = _new()
     ax = fig.add_subplot()
     acc = 100 * np.array([c["accuracy"] for c in clients], float)
@@ -133,7 +146,7 @@ def client_accuracy_histogram(clients: list[dict], title: str = "") -> Figure:
         ax.legend(loc="best", fontsize="small")
     ax.set_xlim(0, 100)
     ax.xaxis.set_major_formatter(PercentFormatter(100, decimals=0))
-    ax.set_xlabel("test accuracy of a client's personalized model")
+    ax.set_xlabel(f"test accuracy of {evaluated_model(eval_model)}, per client")
     ax.set_ylabel("clients")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title or "per-client test accuracy at the latest evaluation", fontsize="medium")
@@ -216,8 +229,9 @@ def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clien
     if any("loss" in r for r in records):  # (a compact record keeps accuracies only)
         todo["loss.png"] = lambda: loss_curves(records, f"loss: {title}" if title else "")
     if clients:
-        todo["client_accuracy.png"] = lambda: client_accuracy_histogram(clients, f"per-client accuracy: {title}"
-                                                                        if title else "")
+        eval_model = records[-1].get("eval_model") if records else None
+        todo["client_accuracy.png"] = lambda: client_accuracy_histogram(
+            clients, f"per-client accuracy: {title}" if title else "", eval_model)
     if partition:
         todo["partition.png"] = lambda: partition_picture(partition)
     written = []

@@ -1,9 +1,11 @@
-"""Where a command writes (a run folder, a report, a reproduced table) and whether it can.
+"""Where a command writes (a run folder, a report, a reproduced table), whether it can, and what a run folder holds.
 
 Checks only: nothing here leaves a file behind (the write test is a temporary
 file removed at once). Each check fails with a one-line `UserError` before
 any work is done, so a folder that cannot hold the output costs no training
-time.
+time. `RUN_ENTRIES` names what the training command writes into a run
+folder; anything else there is someone else's (`foreign_entries`), and a run
+never writes into such a folder.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ import time
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.outputs.folder_lock import LOCK_FILE
+
+# What the training command writes into a run folder (TensorBoard's event files besides, `is_run_entry`).
+RUN_ENTRIES = ("config.json", "partition.json", "metrics.jsonl", "metrics.jsonl.xz", "metrics.csv", "clients.csv",
+               "summary.json", "plots", "checkpoint", "error.log", LOCK_FILE)  # (.xz: a compact record's metrics)
+RUN_RECORDS = ("config.json", "metrics.jsonl")  # a folder holding either holds a run
 
 
 def default_run_folder(method: str, dataset: str, kind: str = "") -> Path:
@@ -37,8 +45,37 @@ def check_writable(out: Path, flag: str = "--out") -> None:
         raise UserError(f"cannot write in {existing} (permission denied or read-only); choose another {flag}") from None
 
 
-def check_run_folder(out: Path, resume: bool) -> None:
-    """Fail before any work when ``out`` cannot hold a new run (or, with ``resume``, continue one)."""
-    check_writable(out)
-    if not resume and ((out / "metrics.jsonl").exists() or (out / "config.json").exists()):
-        raise UserError(f"{out} already holds a run; choose another --out, remove it, or continue it with --resume")
+def is_run_entry(name: str) -> bool:
+    """Whether a file or folder named ``name`` in a run folder is the training command's: one of `RUN_ENTRIES`,
+    a TensorBoard event file, or a temporary file of one being written (outputs/atomic_file.py: '.NAME.xxxx')."""
+    if name in RUN_ENTRIES or name.startswith("events.out.tfevents."):
+        return True
+    return name.startswith(".") and any(name.startswith(f".{entry}.") for entry in RUN_ENTRIES)
+
+
+# What a run folder may hold before its records exist (a run killed while loading, an internal error then).
+BEFORE_RECORDS = (LOCK_FILE, "error.log")
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """The names in folder ``out`` that no run wrote (sorted; none when it does not exist). Without a run's
+    records (`holds_run`) only `BEFORE_RECORDS` are a run's: a metrics.csv or plots/ there are someone else's."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    ours = is_run_entry if holds_run(out) else (lambda name: name in BEFORE_RECORDS)
+    return sorted(p.name for p in out.iterdir() if not ours(p.name))
+
+
+def holds_run(out: Path) -> bool:
+    """Whether ``out`` holds a run's records (`RUN_RECORDS`), finished or not."""
+    return any((Path(out) / name).exists() for name in RUN_RECORDS)
+
+
+def check_not_foreign(out: Path) -> None:
+    """A folder holding anything a run did not write (a user's own files) is never a run's output folder."""
+    foreign = foreign_entries(out)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"--out {out} holds files that are not a run's ({shown}); a run writes into a new or empty "
+                        "folder (or its own): choose another --out")

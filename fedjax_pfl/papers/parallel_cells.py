@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from fedjax_pfl.core.stop_signals import exit_status, signal_of
+
 TRAIN_MODULE = "fedjax_pfl.train"
 POLL_SECONDS = 0.5
 
@@ -40,7 +42,8 @@ def log_path(logs: Path, label: str) -> Path:
 
 
 def run_side_by_side(jobs: list[Job], width: int, logs: Path) -> tuple[list[str], int]:
-    """Run ``jobs``, ``width`` at a time -> (labels of the jobs that failed, 130 if interrupted else 0)."""
+    """Run ``jobs``, ``width`` at a time -> (labels of the jobs that failed, 130 or 143 if stopped by Ctrl-C or
+    SIGTERM, else 0)."""
     logs.mkdir(parents=True, exist_ok=True)
     pending, running, failed = list(jobs), {}, []
     try:
@@ -63,12 +66,12 @@ def run_side_by_side(jobs: list[Job], width: int, logs: Path) -> tuple[list[str]
                 else:
                     failed.append(label)
                     print(f"failed {label} (exit {proc.returncode}; see {path})", flush=True)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         for proc in running:
             proc.send_signal(signal.SIGINT)
         for proc, (label, log, path) in running.items():
             proc.wait()
             log.close()
             print(f"stopped {label} (exit {proc.returncode}; see {path})", flush=True)
-        return failed, 130
+        return failed, exit_status(signal_of(e))
     return failed, 0

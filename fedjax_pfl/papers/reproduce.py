@@ -38,8 +38,8 @@ run: its cells show "no data", the table's notes and stderr say which file is
 missing in one line, and the exit status is what the other cells make it (0
 when they all finished); supply the files and run the same command again. Bad
 input: one line, exit 2; a cell that fails is reported and the others still
-run (exit 1); Ctrl-C stops after the round in flight, writes the table so far,
-exit 130. ``--jobs N`` trains N cells at a time, each in its own process
+run (exit 1); Ctrl-C (or SIGTERM) stops after the round in flight, writes the table so
+far, exit 130 (143). ``--jobs N`` trains N cells at a time, each in its own process
 (papers/parallel_cells.py; its output in OUT/logs/), for a device one cell
 does not fill. ``--cells A,B,...`` runs exactly those cells
 (``<method>-<setting>/seed<k>``), in that order.
@@ -59,14 +59,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.compact_record import compact_runs
-from fedjax_pfl.core.command import Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.core.command import INTERRUPTED, TERMINATED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
@@ -125,16 +124,16 @@ def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=
     """
     from fedjax_pfl.runs import cli
 
-    if state == "rerun":
-        shutil.rmtree(folder)  # an unfinished run of this very cell without a checkpoint
     cell = Command("interrupted")
     cell.folder = folder
     return cell.run(lambda: cli.main([*argv, *cell_flags(state, progress)], observe=observe))
 
 
 def cell_flags(state: str, progress: bool) -> list[str]:
-    """The training command's flags for a cell in ``state``: --resume to continue, --no-progress."""
-    return (["--resume"] if state == "resume" else []) + ([] if progress else ["--no-progress"])
+    """The training command's flags for a cell in ``state``: --resume to continue, --start-over for an unfinished
+    run of this very cell without a checkpoint, --no-progress."""
+    flags = {"resume": ["--resume"], "rerun": ["--start-over"]}.get(state, [])
+    return flags + ([] if progress else ["--no-progress"])
 
 
 def pick_seeds(text: str | None, spec: TableSpec) -> list[int]:
@@ -300,7 +299,7 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     no_data = {name: reason for name, reason in no_data.items() if name in left}  # finished cells need no files
     failed, status, side_by_side = [], 0, []
     for i, (label, plan_cells_, argv, state, folder) in enumerate(plans, 1):
-        command = shlex.join([*TRAIN.split(), *argv, *(["--resume"] if state == "resume" else [])])
+        command = shlex.join([*TRAIN.split(), *argv, *cell_flags(state, True)])
         if args.table_only and state not in ("finished", NO_DATA):
             print(f"[{i}/{len(plans)}] {label}: not run (--table-only; {state}: {command})", flush=True)
             continue
@@ -309,13 +308,11 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         if args.dry_run or state in ("finished", NO_DATA):
             continue
         if args.jobs > 1:  # started below, side by side
-            if state == "rerun":
-                shutil.rmtree(folder)
             side_by_side.append((Job(label, [*argv, *cell_flags(state, False)]), plan_cells_))
             continue
         rc = run_cell(argv, state, folder, not args.no_progress, observe)
-        if rc == 130:
-            status = 130
+        if rc in (INTERRUPTED, TERMINATED):
+            status = rc
             print("interrupted: the table below holds the cells run so far; run the same command again to continue",
                   file=sys.stderr)
             break
@@ -325,7 +322,7 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         cells_of = {job.label: cells_ for job, cells_ in side_by_side}
         bad, status = run_side_by_side([job for job, _ in side_by_side], args.jobs, out / "logs")
         failed += [c.folder_name for label in bad for c in cells_of[label]]
-        if status == 130:
+        if status in (INTERRUPTED, TERMINATED):
             print("interrupted: the table below holds the cells run so far; run the same command again to continue",
                   file=sys.stderr)
     for reason, names in _by_value(no_data).items():

@@ -4,11 +4,13 @@ Parses flags, a YAML preset (--config) and dotted overrides (in any order)
 into a `RunConfig` (runs/config.py) and runs it: one run (runs/single_run.py)
 or, with ``--seeds`` or lists of values, a sweep (runs/sweep.py); both go
 through the one round loop (runs/loop.py). ``--method M --help`` adds M's
-options (from its options dataclass). Exit statuses (core/command.py): 2
-with one ``error:`` line for bad input; 130 after Ctrl-C, which stops after
-the round in flight with a checkpoint and the summary (status
-"interrupted"; ``--resume`` continues it); 1 for an internal error, its
-traceback in RUN/error.log.
+options (from its options dataclass). The run folder is locked for the
+whole run (a second run on the same ``--out`` is refused at once) and never
+one that holds files no run wrote (outputs/folder_claim.py). Exit statuses
+(core/command.py): 2 with one ``error:`` line for bad input; 130 after
+Ctrl-C and 143 after SIGTERM, which stop after the round in flight with a
+checkpoint and the summary (status "interrupted"; ``--resume`` continues
+it); 1 for an internal error, its traceback in RUN/error.log.
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ from fedjax_pfl.core import declared
 from fedjax_pfl.engine import distributed
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
-from fedjax_pfl.core.command import INTERRUPTED, Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.core.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.outputs.output_folder import default_run_folder
-from fedjax_pfl.runs.resume import saved_run
+from fedjax_pfl.runs.resume import check_same_method, saved_run
 from fedjax_pfl.runs.single_run import run_single
 from fedjax_pfl.runs.stop_request import StopRequest
 from fedjax_pfl.runs.sweep import run_sweep
 
-DEFAULT_NOTE = "defaults: the FedAS paper's CIFAR-10 setting (fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)"
+DEFAULT_NOTE = ("defaults: the FedAS paper's CIFAR-10 setting (the official files, else the project's JPEG copy "
+                "cifar10_jpeg; fedavgcnn, 20 clients, Dirichlet 0.1, E=5, B=16, lr 0.005, join ratio 0.6, 40 rounds)")
 
 def setting_flags() -> dict[str, tuple[str, object]]:
     """flag name (``num_clients`` for ``--num-clients``) -> (config key, declaration), for every run setting
@@ -73,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (key, info) in setting_flags().items():
         _add_setting(p, flag, key, info)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--start-over", action="store_true",
+                   help="start the run in --out afresh in place, replacing the run it holds (e.g. one stopped before "
+                        "its first checkpoint was complete, which --resume cannot continue)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--distributed", action="store_true",
                    help="several processes through jax.distributed (automatic under SLURM srun or mpirun)")
@@ -128,24 +134,27 @@ def config_from_args(args, overrides=()) -> config_lib.RunConfig:
         base.setdefault("partition", {})["scheme"] = "natural"  # a PFLlib folder is its own partition
     cfg = config_lib.build(args.config, overrides, base)
     if args.resume:
-        cfg = config_lib.build(args.config, overrides, base, start=saved_run(cfg.out, cfg)["config"])
+        saved = saved_run(cfg.out, cfg)
+        cfg = config_lib.build(args.config, overrides, base, start=saved["config"])
+        check_same_method(saved, cfg.method_name, cfg.out)
     if not args.offline and "allow_download" not in base.get("data", {}) and not args.config:
         cfg.data.allow_download = True
     return cfg
 
 
 def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
-        stop: StopRequest | None = None) -> dict:
+        stop: StopRequest | None = None, start_over: bool = False) -> dict:
     """Run one configuration end to end (a sweep when it lists seeds or values); returns the summary.
 
-    ``observe(rounds_done)``: called after every compiled call (runs/loop.py); ``stop``: the Ctrl-C
-    handling (runs/stop_request.py; its ``requested`` says afterwards whether Ctrl-C was pressed).
+    ``observe(rounds_done)``: called after every compiled call (runs/loop.py); ``stop``: the Ctrl-C and
+    SIGTERM handling (runs/stop_request.py; its ``requested`` says afterwards whether one came);
+    ``start_over``: replace the run the output folder holds.
     """
     settle(cfg)
     host_devices.apply(cfg.devices.cpu)  # before JAX starts (if it has not: else left as is)
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
-        return run_sweep(cfg, progress, resume, observe, stop)
-    return run_single(cfg, progress, resume, observe, stop)
+        return run_sweep(cfg, progress, resume, observe, stop, start_over)
+    return run_single(cfg, progress, resume, observe, stop, start_over)
 
 
 def settle(cfg: config_lib.RunConfig) -> None:
@@ -156,8 +165,9 @@ def settle(cfg: config_lib.RunConfig) -> None:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C (also when the run could
-    finish its last round), 1 on an internal error (its traceback in RUN/error.log; core/command.py).
+    """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C and 143 on SIGTERM (also when
+    the run could finish its last round), 1 on an internal error (its traceback in RUN/error.log;
+    core/command.py).
 
     ``observe(rounds_done)`` is called after every compiled call (see `run`).
     """
@@ -173,7 +183,8 @@ def main(argv=None, observe=None) -> int:
         settle(cfg)
         command.folder = Path(cfg.out)
         stop = StopRequest()
-        run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop)
-        return INTERRUPTED if stop.requested else 0
+        run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
+            start_over=args.start_over)
+        return stop.exit_status if stop.requested else 0
 
     return command.run(body)

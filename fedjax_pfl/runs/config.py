@@ -29,8 +29,8 @@ setting = declared.declare
 
 # Registered names are looked up when a value is checked (the registries import JAX).
 def _datasets():
-    from fedjax_pfl.data.registry import ALIASES, dataset_names
-    return (*dataset_names(), *ALIASES)
+    from fedjax_pfl.data.registry import ALIASES, AUTO, dataset_names
+    return (AUTO, *dataset_names(), *ALIASES)
 
 
 def _sources():
@@ -60,7 +60,7 @@ def _augmentations():
 
 def _models():
     from fedjax_pfl.models.networks import model_names
-    return model_names()
+    return ("auto", *model_names())
 
 
 def _conv_impls():
@@ -99,8 +99,10 @@ OWN_SCHEMES = ("pfllib_dirichlet", "natural")
 
 @dataclasses.dataclass
 class DataConfig:
-    name: str = setting("cifar10", "dataset (aliases: fashion_mnist = fmnist); cifar10_jpeg is the project's lossy "
-                        "JPEG copy of CIFAR-10", choices=_datasets, flag="dataset")
+    name: str = setting("auto", "dataset (aliases: fashion_mnist = fmnist); cifar10_jpeg is the project's lossy "
+                        "JPEG copy of CIFAR-10; auto: the official cifar10 files when found, else cifar10_jpeg when "
+                        "found, else cifar10 (downloaded unless --offline); config.json records which",
+                        choices=_datasets, flag="dataset")
     data_dir: str | None = setting(None, "folder with dataset files", none="$FEDJAX_PFL_DATA_DIR, then the cache",
                                    flag=True)
     allow_download: bool = setting(False, "download a missing official dataset file (the training command allows "
@@ -180,7 +182,8 @@ class TrainConfig:
 
 @dataclasses.dataclass
 class ModelConfig:
-    name: str = setting("fedavgcnn", "model", choices=_models, flag="model")
+    name: str = setting("auto", "model; auto: fedavgcnn (the FedAS paper's CNN) for images, mlp for feature "
+                        "vectors; config.json records which", choices=_models, flag="model")
     conv_impl: str = setting("auto", "convolution implementation (auto: direct on CPU and GPU); direct covers "
                              "Dense gradients too", choices=_conv_impls)
     hidden: tuple[int, ...] | None = setting(None, "MLP hidden sizes", at_least=1, none="the model's own")

@@ -29,12 +29,13 @@ from fedjax_pfl.methods.step_counted import StepMethod
 from fedjax_pfl.methods.options import resolved
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.models.conv import resolve_conv_impl
-from fedjax_pfl.models.networks import build_model
+from fedjax_pfl.models.networks import build_model, default_model
 from fedjax_pfl.kernels.augmentation import augmentation
 from fedjax_pfl.kernels.optim import make_optimizer
 
 
 VALIDATED = "_validated"  # a validated config's attribute: the fingerprint of the values it was validated with
+RESOLVED = "_resolved"  # a validated config's attribute: {key: what its 'auto' became and why}
 
 
 @dataclasses.dataclass
@@ -188,16 +189,20 @@ def validate(cfg: config_lib.RunConfig) -> None:
     same values returns at once).
 
     Resolves in place what config.json must record as used: the dataset
-    alias, ``eval.model='auto'`` (the method's default protocol) and every
-    method option, defaults included (`resolved_method_options`).
+    alias and ``data.name='auto'`` (the CIFAR-10 at hand: `resolve_dataset`),
+    ``model.name='auto'`` (by the dataset's inputs: `resolve_model`),
+    ``eval.model='auto'`` (the method's default protocol) and every method
+    option, defaults included (`resolved_method_options`).
     """
-    from fedjax_pfl.data.registry import canonical_name
+    from fedjax_pfl.data.registry import canonical_name, input_kind
 
     if getattr(cfg, VALIDATED, None) == config_lib.fingerprint(cfg):
         return
     method_cls = get_method(cfg.method_name)
     cfg.method = resolved_method_options(cfg.method_name, cfg.method)
+    resolve_dataset(cfg)
     cfg.data.name = canonical_name(cfg.data.name)  # raises UserError listing the valid names
+    resolve_model(cfg, {"image": True, "vector": False}.get(input_kind(cfg.data.name)))
     config_lib.validate_values(cfg)
     method_cls.refuse_persistent_optimizer(cfg.train.persistent_optimizer)
     if issubclass(method_cls, StepMethod):
@@ -213,6 +218,32 @@ def validate(cfg: config_lib.RunConfig) -> None:
         raise UserError(f"--data-dir {data_dir} is not a folder; pass the folder that holds the dataset files "
                         "or leave it out")
     setattr(cfg, VALIDATED, config_lib.fingerprint(cfg))
+
+
+def _note(cfg: config_lib.RunConfig, key: str, text: str) -> None:
+    setattr(cfg, RESOLVED, {**getattr(cfg, RESOLVED, {}), key: text})
+
+
+def resolved_notes(cfg: config_lib.RunConfig) -> dict[str, str]:
+    """{key: what its 'auto' became and why} for the settings `validate` and `build_experiment` resolved."""
+    return dict(getattr(cfg, RESOLVED, {}))
+
+
+def resolve_dataset(cfg: config_lib.RunConfig) -> None:
+    """``data.name='auto'`` -> the official cifar10 when its files are here, else cifar10_jpeg when it is
+    (data/registry.py's `resolve_auto`)."""
+    from fedjax_pfl.data.registry import AUTO, resolve_auto
+
+    if cfg.data.name == AUTO:
+        cfg.data.name, why = resolve_auto(cfg.data.data_dir, cfg.data.source)
+        _note(cfg, "data.name", f"{cfg.data.name} ({why})")
+
+
+def resolve_model(cfg: config_lib.RunConfig, is_image: bool | None) -> None:
+    """``model.name='auto'`` -> the default model for image or vector inputs (None: not known yet)."""
+    if cfg.model.name == "auto" and is_image is not None:
+        cfg.model.name = default_model(is_image)
+        _note(cfg, "model.name", f"{cfg.model.name} (auto: the default for {'images' if is_image else 'feature vectors'})")
 
 
 def resolved_method_options(method_name: str, options: dict) -> dict:
@@ -261,6 +292,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
         if explicit_dir:
             check_files_read(cfg.data.data_dir, read)
     dataset = with_normalization(dataset, cfg.data.normalization)
+    resolve_model(cfg, dataset.is_image)  # (datasets whose files decide their inputs)
     setup = build_setup(cfg, dataset)
     method_cls = get_method(cfg.method_name)
     method = method_cls(setup, config_lib.method_options(method_cls.hparams_type, cfg.method))
@@ -284,8 +316,9 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
 
 
 def resolved_settings(cfg: config_lib.RunConfig, mapping: dict) -> dict:
-    """What the config's 'auto' settings became in this run (config.json's "resolved"): the convolution
+    """What the config's 'auto' settings became in this run (config.json's "resolved"): the dataset and the
+    model (when 'auto', with why: `resolved_notes`), the convolution
     implementation, ``mapping``, the client mapping's record (engine/mapping_choice.py: timed or not), and
     the devices that ran (runs/host_devices.py)."""
-    return {"model.conv_impl": resolve_conv_impl(cfg.model.conv_impl), "train.client_mapping": mapping,
-            "devices.cpu": host_devices.record()}
+    return {**resolved_notes(cfg), "model.conv_impl": resolve_conv_impl(cfg.model.conv_impl),
+            "train.client_mapping": mapping, "devices.cpu": host_devices.record()}

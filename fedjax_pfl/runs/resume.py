@@ -35,6 +35,16 @@ def saved_run(out: Path | None, cfg=None) -> dict:
     return saved
 
 
+def check_same_method(saved: dict, method_name: str, out) -> None:
+    """A resumed run keeps its method: another one is refused naming both, before the other method's options
+    are checked against the saved ones."""
+    before = saved["config"].get("method_name")
+    if method_name != before:
+        raise UserError(f"--resume continues the {before} run in {out}; --method {method_name} would change its "
+                        f"method: leave --method out (or pass --method {before}), or run {method_name} in another "
+                        "--out")
+
+
 def check_same_config(saved: dict, cfg) -> None:
     """A resumed run must use the configuration it was started with (train.rounds may grow)."""
     changed = config_lib.resume_differences(saved["config"], config_lib.to_dict(cfg))

@@ -16,16 +16,17 @@ from pathlib import Path
 
 import jax
 
-from fedjax_pfl.engine import checkpoint, distributed, mapping_choice
+from fedjax_pfl.engine import checkpoint, distributed, mapping_choice, sharding
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import resume as resume_lib
 from fedjax_pfl.outputs import run_output
 from fedjax_pfl.runs.call_planner import CallPlanner
-from fedjax_pfl.runs.experiment import build_experiment, resolved_settings
+from fedjax_pfl.runs.experiment import build_experiment, resolved_notes, resolved_settings
 from fedjax_pfl.runs.loop import run_calls
-from fedjax_pfl.outputs.output_folder import check_run_folder, default_run_folder
+from fedjax_pfl.outputs.output_folder import default_run_folder
+from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.stop_request import StopRequest
@@ -57,17 +58,19 @@ class SingleProgram:
 
 
 def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
-               stop: StopRequest | None = None) -> dict:
-    """Train ``cfg`` (validated) into its run folder; returns the final summary.
+               stop: StopRequest | None = None, start_over: bool = False) -> dict:
+    """Train ``cfg`` (validated) into its run folder, held for the run (outputs/folder_claim.py); returns the final
+    summary.
 
-    ``stop``: the Ctrl-C handling to use (the caller reads ``stop.requested`` afterwards)."""
+    ``stop``: the Ctrl-C and SIGTERM handling to use (the caller reads ``stop.requested`` afterwards);
+    ``start_over``: replace the run the folder holds."""
     out = run_folder_of(cfg)
     stop = stop or StopRequest()
     if not distributed.is_main_process():  # only process 0 writes the run folder (checkpoints: every process)
         with tempfile.TemporaryDirectory(prefix="fedjax_pfl-process-") as scratch:
             return _train(cfg, out, Path(scratch), False, resume, observe, stop)
-    check_run_folder(out, resume)
-    return _train(cfg, out, out, progress, resume, observe, stop)
+    with claimed(out, checkpoint.has_checkpoint, resume, start_over):
+        return _train(cfg, out, out, progress, resume, observe, stop)
 
 
 def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, stop: StopRequest) -> dict:
@@ -76,6 +79,8 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
     if saved is not None:
         resume_lib.check_same_config(saved, cfg)  # before any data is read
     began = time.perf_counter()
+    for key, why in resolved_notes(cfg).items():  # what 'auto' became: data.name, model.name
+        print(f"{key}: {why}", flush=True)
     print(f"loading {cfg.data.name} and partitioning it ({cfg.partition.scheme}) ...", flush=True)
     exp = build_experiment(cfg, progress=progress)
     print(exp.partition_text)
@@ -102,7 +107,8 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
                        resolved=resolved)
     program = SingleProgram(exp.engine, server, clients, key, cfg)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
-    display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress)
+    display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress,
+                          devices=sharding.mesh_size(exp.engine.mesh), timed_round=mapping_choice.round_seconds(choice))
     stop.aborts = [writer.abort]
     try:
         with stop:
@@ -115,7 +121,7 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
         summary = writer.finish()
     if writer.error is not None:
         raise writer.error
-    report_end(out, writer, summary, cfg.eval.model, stop.requested)
+    report_end(out, writer, summary, cfg.eval.model, stop.name if stop.requested else None)
     return summary
 
 
@@ -132,14 +138,14 @@ def written(folder: Path) -> list[str]:
     return found + (["TensorBoard events"] if any(folder.glob("events.out.tfevents.*")) else [])
 
 
-def report_end(out: Path, writer: RunWriter, summary: dict, eval_model: str, ctrl_c: bool = False) -> None:
+def report_end(out: Path, writer: RunWriter, summary: dict, eval_model: str, stopped_by: str | None = None) -> None:
     """The lines a finished or interrupted run prints: what it wrote, how to continue, its accuracy."""
     print(f"wrote {out}/ ({', '.join(written(writer.files))})")
     if summary["status"] == "interrupted":
         print(f"interrupted after round {summary['after_round']}: checkpoint and summary written to {out}; "
               "continue with the same command and --resume", file=sys.stderr)
-    elif ctrl_c:
-        print(f"stopped by Ctrl-C during the last round, after finishing it: the run in {out} is complete",
+    elif stopped_by:
+        print(f"stopped by {stopped_by} during the last round, after finishing it: the run in {out} is complete",
               file=sys.stderr)
     if "last" in summary:
         mean, best = summary["mean_last_10"], summary["best_optimistic"]

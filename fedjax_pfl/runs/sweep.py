@@ -33,6 +33,7 @@ run one after another.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -45,16 +46,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.engine import mapping_choice, method_values
+from fedjax_pfl.engine import checkpoint, mapping_choice, method_values, sharding
 from fedjax_pfl.outputs import run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs import host_devices
-from fedjax_pfl.runs.experiment import build_experiment, resolved_settings, validate
+from fedjax_pfl.runs.experiment import build_experiment, resolved_notes, resolved_settings, validate
 from fedjax_pfl.runs.loop import run_calls
-from fedjax_pfl.outputs.output_folder import check_run_folder, default_run_folder
+from fedjax_pfl.outputs.folder_lock import locked
+from fedjax_pfl.outputs.output_folder import default_run_folder
+from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.single_run import training_clients
@@ -207,7 +210,9 @@ def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest
                                  resolved=resolved_settings(point.cfg, program.mapping)))
     cfg = points[0].cfg
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
-    display = RunProgress(cfg.train.rounds, 0, training_clients(program.engine) * len(points), progress)
+    display = RunProgress(cfg.train.rounds, 0, training_clients(program.engine) * len(points), progress,
+                          devices=sharding.mesh_size(program.engine.mesh),
+                          timed_round=mapping_choice.round_seconds(program.mapping))
     stop.aborts = [writer.abort for writer in writers]
     try:
         with stop:
@@ -269,10 +274,12 @@ def sweep_markdown(summary: dict) -> str:
 
 
 def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
-              stop: StopRequest | None = None) -> dict:
-    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md.
+              stop: StopRequest | None = None, start_over: bool = False) -> dict:
+    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md. The
+    sweep's folder and every point's are held (locked) for the whole sweep (outputs/folder_claim.py).
 
-    ``stop``: the Ctrl-C handling to use (after a Ctrl-C no further chunk starts)."""
+    ``stop``: the Ctrl-C and SIGTERM handling to use (after either no further chunk starts); ``start_over``:
+    replace the runs the points' folders hold."""
     stop = stop or StopRequest()
     if resume:
         raise UserError("--resume continues one run: resume a point of a sweep in its own folder "
@@ -281,9 +288,20 @@ def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = F
     points = expand(cfg)
     root = points[0].out.parent if not points[0].grid_name else points[0].out.parent.parent
     for point in points:
-        check_run_folder(point.out, resume=False)
         config_lib.method_options(get_method(cfg.method_name).hparams_type, point.cfg.method)  # concrete checks
         config_lib.validate_values(point.cfg)
+    with contextlib.ExitStack() as held:
+        held.enter_context(locked(root))
+        for point in points:
+            held.enter_context(claimed(point.out, checkpoint.has_checkpoint, start_over=start_over))
+        return _run_points(cfg, points, root, progress, stop, observe)
+
+
+def _run_points(cfg: config_lib.RunConfig, points: list[Point], root: Path, progress: bool, stop: StopRequest,
+                observe) -> dict:
+    """`run_sweep` once its folders are held."""
+    for key, why in resolved_notes(cfg).items():  # what 'auto' became: data.name, model.name
+        print(f"{key}: {why}", flush=True)
     exps = experiments_by_data_seed(points, progress)
     exp = next(iter(exps.values()))
     print(exp.partition_text if len(exps) == 1 else f"{len(exps)} partitions, one per seed (vary_data_with_seed)")

@@ -1,0 +1,338 @@
+"""Every bad input the commands refuse, with its exit status and the one line it prints: the one list that the
+tests check (tests/test_bad_input.py runs the cases that are a command line; the tests named in ``checked_by``
+set the scene for the others) and that the reliability page shows (docs/hooks.py builds its table from
+`CASES`), so the page cannot drift from what the tests check.
+
+A message is the line on stderr with the paths a test made written as placeholders (``{tmp}``, the test's
+folder; ``{finished}``, a finished two-round FedAvg run; see `PLACEHOLDERS`), a lock holder's process as
+``process PID on HOST``, and ``…`` standing for text that depends on the machine (searched folders, versions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+BAD_INPUT = 2
+TERMINATED = 143
+
+TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
+        "--local-epochs", "1", "--rounds", "2", "--no-progress", "--offline"]
+TRAIN = ["--method", "fedavg", *TINY]
+REPRODUCE = ["--table-file", "{tmp}/table.yaml", "--no-progress"]
+REPORT = ["{finished}"]
+
+# What the placeholders of the arguments and messages stand for (the page's legend).
+PLACEHOLDERS = {
+    "tmp": "a folder of the test's: it holds a_file (a file), bad.yaml (broken YAML), table.yaml (a paper table), "
+           "empty/ (an empty folder) and copies of the finished run with a truncated (truncated/) and a corrupted "
+           "(corrupted/) checkpoint",
+    "finished": "a finished two-round FedAvg run (checkpoint every round)",
+    "empty": "an empty folder ({tmp}/empty)",
+    "truncated": "a copy of the finished run whose checkpoint files are cut in half ({tmp}/truncated)",
+    "corrupted": "a copy of the finished run whose checkpoint files begin with 64 zero bytes ({tmp}/corrupted)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    given: str  # what the user does, in words
+    message: str  # the line on stderr (see the module docstring)
+    argv: tuple[str, ...] | None = None  # the command line (placeholders); None: a test sets the scene
+    command: str = "train"  # train, reproduce or report
+    exit: int = BAD_INPUT
+    checked_by: str = ""  # the test that runs a case without argv
+
+    def shown_command(self) -> str:
+        """The command line as the page shows it."""
+        if self.argv is None:
+            return f"(set up by {self.checked_by})"
+        return f"python -m fedjax_pfl.{self.command} {' '.join(self.argv)}"
+
+
+def _argv(*parts) -> tuple[str, ...]:
+    return tuple(str(p) for p in parts)
+
+
+CASES_LIST: list[Case] = [
+    # the command lines tests/test_bad_input.py runs
+    Case('yaml_syntax', 'yaml syntax',
+         "error: {tmp}/bad.yaml is not valid YAML at line 3, column 1: expected the node content, but found '<stream end>'; fix the file",
+         _argv('--method', 'fedavg', '--config', '{tmp}/bad.yaml')),
+    Case('out_is_a_file', 'out is a file',
+         'error: --out {tmp}/a_file is a file, not a folder; choose another --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '{tmp}/a_file')),
+    Case('out_under_a_file', 'out under a file',
+         'error: --out {tmp}/a_file/run lies under {tmp}/a_file, which is a file; choose another --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '{tmp}/a_file/run')),
+    Case('out_not_writable', 'out not writable',
+         'error: cannot write in /sys (permission denied or read-only); choose another --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '/sys/fedjax_pfl_run')),
+    Case('unknown_client_mapping', 'unknown client mapping',
+         "error: train.client_mapping must be one of: auto, vmap, map, chunked, got 'nosuch'",
+         _argv('--method', 'fedavg', *TINY, '--client-mapping', 'nosuch')),
+    Case('negative_momentum', 'negative momentum',
+         'error: train.momentum must be in [0, 1), got -1.0',
+         _argv('--method', 'fedavg', *TINY, '--momentum', '-1')),
+    Case('negative_checkpoint_every', 'negative checkpoint every',
+         'error: checkpoint_every must be >= 0, got -1',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '-1')),
+    Case('negative_fedprox_mu', 'negative fedprox mu',
+         'error: method.mu must be >= 0, got -1.0',
+         _argv('--method', 'fedprox', *TINY, 'method.mu=-1')),
+    Case('unknown_option', 'unknown option',
+         'error: unrecognized arguments: --nosuch 3 (see --help; overrides look like key.sub=value)',
+         _argv('--method', 'fedavg', *TINY, '--nosuch', '3')),
+    Case('flag_needs_a_number', 'flag needs a number',
+         "error: argument --lr: invalid float value: 'fast' (see --help)",
+         _argv('--method', 'fedavg', *TINY, '--lr', 'fast')),
+    Case('bad_override_yaml', 'bad override yaml',
+         "error: override 'train.lr=[1,': the value is not valid YAML; quote it",
+         _argv('--method', 'fedavg', *TINY, 'train.lr=[1,')),
+    Case('shared_body_on_mlr', 'shared body on mlr',
+         "error: method 'fedper' shares the model's body, but 'mlr' has no body parameters (its feature is the input); choose a model with a body, e.g. --model mlp",
+         _argv('--method', 'fedper', *TINY)),
+    Case('unknown_augment', 'unknown augment',
+         "error: train.augment must be one of: none, crop_flip, got 'rotate'",
+         _argv('--method', 'fedavg', *TINY, 'train.augment=rotate')),
+    Case('augment_features', 'augment features',
+         'error: train.augment=crop_flip crops and flips images; data.name=synthetic has feature vectors: leave it none',
+         _argv('--method', 'fedavg', *TINY, 'train.augment=crop_flip')),
+    Case('eval_model_not_offered', 'eval model not offered',
+         "error: method 'fedavg' evaluates with eval.model = global, not 'local'",
+         _argv('--method', 'fedavg', *TINY, '--eval-model', 'local')),
+    Case('data_dir_missing', 'data dir missing',
+         'error: --data-dir {tmp}/nonexistent is not a folder; pass the folder that holds the dataset files or leave it out',
+         _argv('--method', 'fedavg', '--dataset', 'mnist', '--data-dir', '{tmp}/nonexistent')),
+    Case('resume_nothing_there', 'resume nothing there',
+         'error: nothing to resume in {tmp}/empty (no readable config.json); run without --resume to start afresh',
+         _argv('--method', 'fedavg', *TINY, '--out', '{empty}', '--resume')),
+    Case('resume_without_out', 'resume without out',
+         'error: --resume needs --out FOLDER, the folder of the run to continue',
+         _argv('--method', 'fedavg', *TINY, '--resume')),
+    Case('resume_truncated_checkpoint', 'resume truncated checkpoint',
+         'error: checkpoint {tmp}/truncated/checkpoint is truncated or corrupted (…); it cannot be resumed: start the run afresh (in place with --start-over, or in a new --out)',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{truncated}', '--resume', '--rounds', '3')),
+    Case('resume_corrupted_checkpoint', 'resume corrupted checkpoint',
+         'error: checkpoint {tmp}/corrupted/checkpoint is truncated or corrupted (…); it cannot be resumed: start the run afresh (in place with --start-over, or in a new --out)',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{corrupted}', '--resume', '--rounds', '3')),
+    Case('resume_finished_run', 'resume finished run',
+         'error: the run in {finished} already finished its 2 rounds; to extend it, pass a larger --rounds with --resume',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{finished}', '--resume')),
+    Case('resume_other_method', 'resume other method',
+         'error: --resume continues the fedavg run in {finished}; --method fedprox would change its method: leave --method out (or pass --method fedavg), or run fedprox in another --out',
+         _argv('--method', 'fedprox', *TINY, '--checkpoint-every', '1', '--out', '{finished}', '--resume')),
+    Case('resume_with_a_method_without_options', 'resume with a method without options',
+         'error: --resume continues the fedavg run in {finished}; --method fedper would change its method: leave --method out (or pass --method fedavg), or run fedper in another --out',
+         _argv('--method', 'fedper', *TINY, '--out', '{finished}', '--resume')),
+    Case('start_over_with_resume', 'start over with resume',
+         'error: --resume continues the run in --out and --start-over replaces it: pass one of them',
+         _argv('--method', 'fedavg', *TINY, '--out', '{finished}', '--resume', '--start-over')),
+    Case('resume_other_lr', 'resume other lr',
+         'error: --resume must use the configuration the run was started with; changed: train.lr: 0.005 -> 0.1 (only train.rounds may grow)',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{finished}', '--resume', '--lr', '0.1')),
+    Case('resume_fewer_rounds', 'resume fewer rounds',
+         'error: the checkpoint is after round 2; --rounds must be more than 2',
+         _argv('--out', '{finished}', '--resume', '--rounds', '1')),
+    Case('rerun_into_finished_folder', 'rerun into finished folder',
+         'error: {finished} already holds a run; continue it with --resume, start it afresh in place with --start-over, or choose another --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '{finished}')),
+    Case('list_of_an_untraceable_option', 'list of an untraceable option',
+         "error: method.finetune_epochs cannot be a list for method 'fedavg': only lr vary inside one program; run other settings one by one",
+         _argv('--method', 'fedavg', *TINY, 'method.finetune_epochs=[1,2]')),
+    Case('list_of_non_numbers', 'list of non numbers',
+         "error: method.mu must be a non-empty list of numbers, got ['a', 'b']",
+         _argv('--method', 'fedprox', *TINY, 'method.mu=[a,b]')),
+    Case('seeds_not_numbers', 'seeds not numbers',
+         "error: --seeds takes comma-separated whole numbers >= 0, e.g. 0,1,2; got 'a,b'",
+         _argv('--method', 'fedavg', *TINY, '--seeds', 'a,b')),
+    Case('seeds_repeated', 'seeds repeated',
+         'error: seeds must be distinct numbers >= 0, got [1, 1]',
+         _argv('--method', 'fedavg', *TINY, '--seeds', '1,1')),
+    Case('resume_a_sweep', 'resume a sweep',
+         'error: --resume continues one run: resume a point of a sweep in its own folder (e.g. --out RUN/seed1 --resume)',
+         _argv('--out', '{finished}', '--resume', '--rounds', '3', '--seeds', '0,1')),
+    Case('lr_decay_above_one', 'lr decay above one',
+         'error: train.lr_decay must be in (0, 1], got 1.5',
+         _argv('--method', 'fedavg', *TINY, 'train.lr_decay=1.5')),
+    Case('val_fraction_one', 'val fraction one',
+         'error: partition.val_fraction must be in [0, 1), got 1.0',
+         _argv('--method', 'fedavg', *TINY, 'partition.val_fraction=1')),
+    Case('out_not_writable-train', 'out not writable',
+         'error: cannot write in /proc (permission denied or read-only); choose another --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '/proc/fedjax_pfl_x')),
+    Case('out_not_writable-reproduce', 'out not writable',
+         'error: cannot write in /proc (permission denied or read-only); choose another --out',
+         _argv(*REPRODUCE, '--out', '/proc/fedjax_pfl_x'), command='reproduce'),
+    Case('out_not_writable-report', 'out not writable',
+         'error: cannot write in /proc (permission denied or read-only); choose another --out',
+         _argv(*REPORT, '--out', '/proc/fedjax_pfl_x'), command='report'),
+    Case('out_is_a_file-reproduce', 'out is a file',
+         'error: --out {tmp}/a_file is a file, not a folder; choose another --out',
+         _argv(*REPRODUCE, '--out', '{tmp}/a_file'), command='reproduce'),
+    Case('out_is_a_file-report', 'out is a file',
+         'error: --out {tmp}/a_file is a file, not a folder; choose another --out',
+         _argv(*REPORT, '--out', '{tmp}/a_file'), command='report'),
+    Case('out_under_a_file-train', 'out under a file',
+         'error: --out {tmp}/a_file/x lies under {tmp}/a_file, which is a file; choose another --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '{tmp}/a_file/x')),
+    Case('out_under_a_file-reproduce', 'out under a file',
+         'error: --out {tmp}/a_file/x lies under {tmp}/a_file, which is a file; choose another --out',
+         _argv(*REPRODUCE, '--out', '{tmp}/a_file/x'), command='reproduce'),
+    Case('out_under_a_file-report', 'out under a file',
+         'error: --out {tmp}/a_file/x lies under {tmp}/a_file, which is a file; choose another --out',
+         _argv(*REPORT, '--out', '{tmp}/a_file/x'), command='report'),
+    Case('unknown_flag-reproduce', 'unknown flag',
+         'error: unrecognized arguments: --nosuch (see --help; overrides look like key.sub=value)',
+         _argv(*REPRODUCE, '--nosuch', '3'), command='reproduce'),
+    Case('unknown_flag-report', 'unknown flag',
+         'error: unrecognized arguments: --nosuch 3 (see --help)',
+         _argv(*REPORT, '--nosuch', '3'), command='report'),
+    Case('no_input_named-reproduce', 'no input named',
+         'error: name a table (see --list), or pass --table-file FILE',
+         _argv(), command='reproduce'),
+    Case('no_input_named-report', 'no input named',
+         'error: the following arguments are required: RUN_DIR (see --help)',
+         _argv(), command='report'),
+    Case('input_missing-train', 'input missing',
+         'error: config file {tmp}/nosuch.yaml not found (presets live in configs/)',
+         _argv('--method', 'fedavg', *TINY, '--config', '{tmp}/nosuch.yaml')),
+    Case('input_missing-reproduce', 'input missing',
+         'error: config file {tmp}/nosuch.yaml not found (presets live in configs/)',
+         _argv('--table-file', '{tmp}/nosuch.yaml'), command='reproduce'),
+    Case('input_missing-report', 'input missing',
+         'error: no such folder: {tmp}/nosuch; pass run folders written by python -m fedjax_pfl.train',
+         _argv('{tmp}/nosuch'), command='report'),
+    Case('input_not_yaml-train', 'input not yaml',
+         "error: {tmp}/bad.yaml is not valid YAML at line 3, column 1: expected the node content, but found '<stream end>'; fix the file",
+         _argv('--method', 'fedavg', *TINY, '--config', '{tmp}/bad.yaml')),
+    Case('input_not_yaml-reproduce', 'input not yaml',
+         "error: {tmp}/bad.yaml is not valid YAML at line 3, column 1: expected the node content, but found '<stream end>'; fix the file",
+         _argv('--table-file', '{tmp}/bad.yaml'), command='reproduce'),
+    Case('flag_needs_a_number-train', 'flag needs a number',
+         "error: argument --rounds: invalid int value: 'many' (see --help)",
+         _argv('--method', 'fedavg', *TINY, '--rounds', 'many')),
+    Case('flag_needs_a_number-reproduce', 'flag needs a number',
+         "error: argument --rounds: invalid int value: 'many' (see --help)",
+         _argv(*REPRODUCE, '--rounds', 'many'), command='reproduce'),
+    Case('number_too_large_for_jax-train', 'number too large for jax',
+         'error: train.rounds must be finite and at most 2147483647 (int32) in size, got 99999999999999',
+         _argv('--method', 'fedavg', *TINY, '--rounds', '99999999999999')),
+    Case('number_too_large_for_jax-reproduce', 'number too large for jax',
+         'error: --rounds must be a whole number from 1 to 2147483647, got 99999999999999',
+         _argv(*REPRODUCE, '--rounds', '99999999999999'), command='reproduce'),
+    Case('no_rounds-train', 'no rounds',
+         'error: train.rounds must be >= 1, got 0',
+         _argv('--method', 'fedavg', *TINY, '--rounds', '0')),
+    Case('no_rounds-reproduce', 'no rounds',
+         'error: --rounds must be a whole number from 1 to 2147483647, got 0',
+         _argv(*REPRODUCE, '--rounds', '0'), command='reproduce'),
+    Case('option_too_large_for_jax-train', 'option too large for jax',
+         'error: method.finetune_epochs must be finite and at most 2147483647 (int32) in size, got 99999999999',
+         _argv('--method', 'fedavg', *TINY, 'method.finetune_epochs=99999999999')),
+    Case('option_too_large_for_jax-reproduce', 'option too large for jax',
+         'error: method.finetune_epochs must be finite and at most 2147483647 (int32) in size, got 99999999999',
+         _argv(*REPRODUCE, 'method.finetune_epochs=99999999999'), command='reproduce'),
+    Case('float_too_large_for_jax-train', 'float too large for jax',
+         'error: train.lr must be finite and at most 3.403e+38 (float32) in size, got 1e+39',
+         _argv('--method', 'fedavg', *TINY, '--lr', '1e39')),
+    Case('float_too_large_for_jax-reproduce', 'float too large for jax',
+         'error: train.lr must be finite and at most 3.403e+38 (float32) in size, got 1e+39',
+         _argv(*REPRODUCE, 'train.lr=1e39'), command='reproduce'),
+    Case('seeds_with_an_empty_item-train', 'seeds with an empty item',
+         "error: --seeds takes comma-separated whole numbers >= 0, e.g. 0,1,2; got '0,,1'",
+         _argv('--method', 'fedavg', *TINY, '--seeds', '0,,1')),
+    Case('seeds_with_an_empty_item-reproduce', 'seeds with an empty item',
+         "error: --seeds takes comma-separated whole numbers >= 0, e.g. 0,1,2; got '0,,1'",
+         _argv(*REPRODUCE, '--seeds', '0,,1'), command='reproduce'),
+    Case('seeds_negative-train', 'seeds negative',
+         "error: --seeds takes comma-separated whole numbers >= 0, e.g. 0,1,2; got '0,-1'",
+         _argv('--method', 'fedavg', *TINY, '--seeds=0,-1')),
+    Case('seeds_negative-reproduce', 'seeds negative',
+         "error: --seeds takes comma-separated whole numbers >= 0, e.g. 0,1,2; got '0,-1'",
+         _argv(*REPRODUCE, '--seeds=0,-1'), command='reproduce'),
+    Case('negative_rounds_per_call-train', 'negative rounds per call',
+         'error: train.rounds_per_call must be >= 0, got -1',
+         _argv('--method', 'fedavg', *TINY, '--rounds-per-call', '-1')),
+    Case('negative_rounds_per_call-reproduce', 'negative rounds per call',
+         'error: train.rounds_per_call must be >= 0, got -1',
+         _argv(*REPRODUCE, 'train.rounds_per_call=-1'), command='reproduce'),
+    Case('unknown_config_key-train', 'unknown config key',
+         "error: unknown config key 'train.nosuch'; valid keys here: …",
+         _argv('--method', 'fedavg', *TINY, 'train.nosuch=1')),
+    Case('unknown_config_key-reproduce', 'unknown config key',
+         "error: unknown config key 'train.nosuch'; valid keys here: …",
+         _argv(*REPRODUCE, 'train.nosuch=1'), command='reproduce'),
+    Case('data_dir_missing-train', 'data dir missing',
+         'error: --data-dir {tmp}/nonexistent is not a folder; pass the folder that holds the dataset files or leave it out',
+         _argv('--method', 'fedavg', '--dataset', 'synthetic', '--model', 'mlr', '--num-clients', '6', '--partition', 'natural', '--local-epochs', '1', '--rounds', '2', '--no-progress', '--dataset', 'mnist', '--data-dir', '{tmp}/nonexistent')),
+    Case('data_dir_missing-reproduce', 'data dir missing',
+         'error: --data-dir {tmp}/nonexistent is not a folder; pass the folder that holds the dataset files or leave it out',
+         _argv(*REPRODUCE, 'data.name=mnist', '--data-dir', '{tmp}/nonexistent'), command='reproduce'),
+    # set up by the tests named in checked_by
+    Case("second_writer", "a second run on the --out folder of a run in progress (two started together)",
+         "error: --out {tmp}/run is being written by another run (process PID on HOST); wait until it ends, or "
+         "choose another --out", checked_by="test_two_runs_started_together_on_one_folder_one_runs_the_other_is_refused"),
+    Case("not_a_run_folder", "--out names a folder of the user's own files (notes.txt, metrics.csv, plots/)",
+         "error: --out {tmp}/mine holds files that are not a run's (metrics.csv, notes.txt, plots); a run writes "
+         "into a new or empty folder (or its own): choose another --out",
+         checked_by="test_a_folder_of_other_files_is_refused_and_left_unchanged"),
+    Case("resume_without_a_checkpoint", "--resume of a run killed during its first checkpoint's save",
+         "error: the run in {tmp}/run has no complete checkpoint (it stopped before its first one was saved, or "
+         "during that save), so it cannot be continued: start it afresh in place with --start-over, or choose "
+         "another --out", checked_by="test_a_kill_during_the_first_checkpoint_save_can_be_started_over_in_place"),
+    Case("rerun_without_a_checkpoint", "the same run again (no --resume) in that folder",
+         "error: the run in {tmp}/run has no complete checkpoint (it stopped before its first one was saved, or "
+         "during that save), so it cannot be continued: start it afresh in place with --start-over, or choose "
+         "another --out", checked_by="test_a_kill_during_the_first_checkpoint_save_can_be_started_over_in_place"),
+    Case("sigterm_mid_run", "SIGTERM (a batch scheduler's stop) in round 2 of 3: the run stops after the round "
+         "with a checkpoint and summary.json (status interrupted); --resume continues it",
+         "SIGTERM: stopping after round 2 of 3, with a checkpoint and the summary; continue later with --resume "
+         "(Ctrl-C or SIGTERM again stops at once, keeping only what was saved)", exit=TERMINATED,
+         checked_by="test_sigterm_mid_run_writes_an_interrupted_summary_and_resume_continues_exactly"),
+    Case("bit_flipped_gzip", "a dataset file with a flipped byte (MNIST's train labels); no run folder is made",
+         "error: {tmp}/mnist/train-labels-idx1-ubyte.gz does not match the published checksum of "
+         "train-labels-idx1-ubyte.gz (md5 …, expected d53e105ee54ea40749a09fcbcd1e9432; not a readable gzip file "
+         "(Error -3 while decompressing data: invalid distance too far back)): it is corrupt, truncated or another "
+         "version. Delete it and supply the original file (from "
+         "https://ossci-datasets.s3.amazonaws.com/mnist/train-labels-idx1-ubyte.gz).",
+         checked_by="test_a_bit_flipped_gzip_is_one_line_exit_2_and_no_folder"),
+    Case("data_dir_without_the_file", "--data-dir names an empty folder (no --offline; the file is nowhere else)",
+         "error: Dataset file train-images-idx3-ubyte.gz not found; searched: {tmp}/empty/mnist, {tmp}/empty, … "
+         "Supply it: put it in DIR/mnist/ (or DIR itself) and pass --data-dir DIR, or allow downloading it from "
+         "https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz (allow_download=True; the "
+         "training command downloads only without --data-dir and --offline). To try the library without any "
+         "files, use --dataset synthetic.",
+         checked_by="test_a_data_dir_without_the_files_says_how_to_get_them"),
+]
+
+CASES = {case.name: case for case in CASES_LIST}
+assert len(CASES) == len(CASES_LIST), "two cases share a name"
+
+
+def normalized(text: str, **paths) -> str:
+    """``text`` with each of ``paths`` (placeholder name -> path) written as ``{name}`` (longest first) and a lock
+    holder as 'process PID on HOST'."""
+    for name, path in sorted(paths.items(), key=lambda item: -len(str(item[1]))):
+        text = text.replace(str(path), "{" + name + "}")
+    return re.sub(r"process \d+ on [^)]+\)", "process PID on HOST)", text)
+
+
+def matches(expected: str, line: str) -> bool:
+    """Whether ``line`` is the message ``expected`` ('…' in it stands for any text)."""
+    return re.fullmatch(".*".join(re.escape(part) for part in expected.split("…")), line) is not None
+
+
+def assert_case(name: str, code: int, err: str, **paths) -> None:
+    """The command ended as case ``name`` says: its exit status, and (bad input) one line, the case's message,
+    no traceback; for a signal, the case's message among its lines."""
+    case = CASES[name]
+    assert code == case.exit, (name, code, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    lines = [normalized(line, **paths) for line in err.strip().splitlines()]
+    if case.exit == BAD_INPUT:
+        assert len(lines) == 1, (name, err)
+        assert matches(case.message, lines[0]), f"{name}:\n  got      {lines[0]}\n  expected {case.message}"
+    else:
+        assert any(matches(case.message, line) for line in lines), f"{name}:\n  got {lines}\n  expected {case.message}"
