@@ -532,7 +532,7 @@ def test_half_normalization_is_torchvisions_half_and_reaches_the_setup():
                        2, (0.0,), (1.0,))
     with pytest.raises(UserError, match='applies to image datasets'):
         with_normalization(features, 'half')
-    with pytest.raises(UserError, match='data.normalization must be one of dataset, half'):
+    with pytest.raises(UserError, match='data.normalization must be one of: dataset, half'):
         build_experiment(config_lib.build(overrides=[*overrides, 'data.normalization=quarter']), dataset=images)
 
 
