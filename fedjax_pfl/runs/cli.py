@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-model", help="whose model each client is evaluated with: auto (the method's default), "
                    "global or local (shared-body methods)")
-    p.add_argument("--client-mapping", help="auto | vmap | map | chunked")
+    p.add_argument("--client-mapping", help="auto | vmap | map | chunked | packed | packed:W (W lanes)")
     p.add_argument("--cpu-devices", help="host devices on a CPU, the clients split over them: auto (one per core) "
                    "or a number")
     p.add_argument("--out", help="output folder (default runs/<method>-<dataset>-<time>)")

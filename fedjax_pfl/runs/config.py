@@ -318,7 +318,7 @@ def _check(ok: bool, message: str) -> None:
 
 def validate_values(cfg: RunConfig) -> None:
     """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
-    from fedjax_pfl.engine.client_mapping import MAPPINGS
+    from fedjax_pfl.engine.client_mapping import parse as parse_mapping
     from fedjax_pfl.models.initialization import INITS
     from fedjax_pfl.data.dataset import NORMALIZATIONS
     from fedjax_pfl.kernels.augmentation import AUGMENTATIONS
@@ -365,9 +365,7 @@ def validate_values(cfg: RunConfig) -> None:
     _check(0 < t.join_ratio <= 1, f"train.join_ratio must be in (0, 1], got {t.join_ratio}")
     for name in ("straggler_fraction", "drop_fraction"):
         _check(0 <= getattr(t, name) <= 1, f"train.{name} must be in [0, 1], got {getattr(t, name)}")
-    mappings = ("auto", *MAPPINGS)
-    _check(t.client_mapping in mappings,
-           f"unknown client mapping {t.client_mapping!r}; choose one of: {', '.join(mappings)}")
+    parse_mapping(t.client_mapping)
     _check(p.num_clients >= 1, f"partition.num_clients must be >= 1, got {p.num_clients}")
     _check(math.isfinite(p.alpha) and p.alpha > 0, f"partition.alpha must be > 0, got {p.alpha}")
     _check(p.classes_per_client >= 1, f"partition.classes_per_client must be >= 1, got {p.classes_per_client}")
