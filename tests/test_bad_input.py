@@ -78,6 +78,8 @@ BAD_INPUTS = [  # (id, argv, needle in the message)
     ("out_under_a_file", ["--method", "fedavg", *TINY, "--out", "{tmp}/a_file/run"], "which is a file"),
     ("out_not_writable", ["--method", "fedavg", *TINY, "--out", "/sys/fedjax_pfl_run"], "cannot write"),
     ("unknown_client_mapping", ["--method", "fedavg", *TINY, "--client-mapping", "nosuch"], "unknown client mapping"),
+    ("packed_without_lanes", ["--method", "fedavg", *TINY, "--client-mapping", "packed:0"], "W in packed:W must be"),
+    ("packed_lanes_not_a_number", ["--method", "fedavg", *TINY, "--client-mapping", "packed:many"], "got 'many'"),
     ("negative_momentum", ["--method", "fedavg", *TINY, "--momentum", "-1"], "train.momentum"),
     ("negative_checkpoint_every", ["--method", "fedavg", *TINY, "--checkpoint-every", "-1"], "checkpoint_every"),
     ("negative_fedprox_mu", ["--method", "fedprox", *TINY, "method.mu=-1"], "method.mu"),

@@ -3,7 +3,7 @@
 A round: (1) select round(N * join_ratio) clients from the round key; (2)
 gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
-lax.map or chunked vmap: client_mapping.py); (5) the method's server step on
+lax.map, chunked vmap or packed lanes: client_mapping.py); (5) the method's server step on
 the stacked uploads; (6) scatter client state back; (7) for a method that
 asks (``Method.updates_every_client``: FedALA), a per-client step on ALL N
 clients with the new server state, mapped like evaluation. Under ``chunked`` (and
@@ -50,7 +50,7 @@ class EngineConfig:
     """Round mechanics that are not a method's business."""
 
     clients_per_round: int
-    client_mapping: str = "auto"
+    client_mapping: str = "auto"  # auto | vmap | map | chunked | packed | packed:W (client_mapping.py)
     chunk_size: int = 8
     straggler_fraction: float = 0.0  # selected clients that train 1..E//2 epochs
     drop_fraction: float = 0.0  # selected clients whose upload is lost
@@ -282,9 +282,11 @@ class Engine:
     def round_padding(self, key, round_index: int = 0) -> dict:
         """The round ``round_index`` with round key ``key`` in client-steps, as its metrics will count them, without
         training: real, executed and sequential steps under this engine's mapping and the padding efficiency
-        (real / executed)."""
+        (real / executed). Under ``map`` (or one client after another) only the efficiency, 1 by construction."""
         how = ("map" if self.method.server_steps_per_client else self.mapping, self.config.chunk_size,
                sharding.mesh_size(self.mesh))
+        if how[0] == "map":  # nothing to count: each client runs its own steps (no compile for the record)
+            return {"round": int(round_index) + 1, "padding_efficiency": 1.0}
         steps = jax.jit(lambda n, k: self._round_plan(n, k)[4])(jnp.asarray(self.client_data[0].n), key)
         real = int(steps.sum())
         sequential, executed = (int(c) for c in client_mapping.step_counts(steps, *how))

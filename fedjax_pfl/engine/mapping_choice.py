@@ -159,10 +159,11 @@ def reuse(engine, record: dict, why: str):
 def describe(record: dict) -> str:
     """One log line: the chosen mapping and, when timed, each candidate's seconds per round and the choice's cost;
     the padding efficiency of the first round it runs, when the record has it (`with_padding`)."""
-    padding = record.get("padding")
+    padding, counts = record.get("padding"), ""
+    if padding is not None and "executed_client_steps" in padding:
+        counts = f" ({padding['real_client_steps']} real of {padding['executed_client_steps']} executed client-steps)"
     padding = "" if padding is None else (f"; padding efficiency {padding['padding_efficiency']:.3f} in round "
-                                          f"{padding['round']} ({padding['real_client_steps']} real of "
-                                          f"{padding['executed_client_steps']} executed client-steps)")
+                                          f"{padding['round']}{counts}")
     if not record["timed"]:
         return f"client mapping {record['requested']}: {record['chosen']} ({record['why']}){padding}"
     parts = [f"{n} {c['round_s']:.3g} s" if "round_s" in c else f"{n} failed" for n, c in record["candidates"].items()]
