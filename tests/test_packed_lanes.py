@@ -163,6 +163,15 @@ def test_packed_equals_map_and_a_per_client_loop(name, float64):
                                       _loop_evaluation(method, ref_server, ref_clients, train, jax.random.key(2)))
     for m in metrics:  # every selected client's real steps, at most W x the longest lane's load
         assert m["real_steps"] <= m["executed_steps"] == 2 * m["sequential_steps"] <= 2 * m["real_steps"]
+    if name != "fedavg":
+        return
+    # what the run's record and log line say of the first round: the counts its metrics give
+    round_key = engine_lib.round_keys(jax.random.key(1), 0)[0]
+    _, record = mapping_choice.choose_or_default(packed, "packed:2", 30, None, None, round_key, 0)
+    padding = record["padding"]
+    assert record["chosen"] == "packed:2" and padding["executed_client_steps"] == metrics[0]["executed_steps"]
+    assert padding["padding_efficiency"] == round(metrics[0]["real_steps"] / metrics[0]["executed_steps"], 4)
+    assert f"padding efficiency {padding['padding_efficiency']:.3f} in round 1" in mapping_choice.describe(record)
 
 
 def test_lanes_run_no_padding_steps():
@@ -207,7 +216,7 @@ def test_packed_loop_carries_each_clients_own_inputs_keys_and_state_under_an_out
     x = jnp.arange(70.0).reshape(7, 10)
     keys = jax.random.split(jax.random.key(0), 7)
     want = jax.vmap(client)(counts, x, keys)
-    for lanes in (1, 3, 7, 9):
+    for lanes in (1, 3, 9):
         with packed_loops.packing(lanes, 7):
             got = jax.jit(jax.vmap(client))(counts, x, keys)
         _assert_equal(got, want, f"{lanes} lanes", tol=1e-6)
@@ -227,7 +236,8 @@ def test_lane_queues_deal_longest_first_to_the_least_loaded_lane():
     for rows, lanes in [(1, 1), (20, 3), (5, 8)]:
         counts = rng.integers(0, 50, rows)
         width = min(lanes, rows)
-        queue, lengths, loads = (np.asarray(a) for a in packed_loops.lane_queues(jnp.asarray(counts), width))
+        queue, lengths, loads = (np.asarray(a) for a in jax.jit(packed_loops.lane_queues, static_argnums=1)(
+            jnp.asarray(counts), width))
         ref = np.zeros(width)
         for r in np.argsort(-counts, kind="stable"):
             ref[np.argmin(ref)] += counts[r]
@@ -249,18 +259,6 @@ def test_width_from_the_data_and_the_auto_candidates():
     assert ("packed:3", None) in mapping_choice.candidates(10, "gpu", packed_width=3)
     assert mapping_choice.candidates(10, "cpu", packed_width=3) == mapping_choice.candidates(10, "cpu")
     assert client_mapping.default_mapping("cpu") == "map"  # auto on a CPU still runs map untimed
-
-
-def test_the_record_says_what_ran_and_its_padding_efficiency():
-    eng = _engine("fedavg", "packed")
-    server, clients = eng.init(jax.random.key(0))
-    round_key = engine_lib.round_keys(jax.random.key(1), 0)[0]
-    _, record = mapping_choice.choose_or_default(eng, "packed", 30, server, clients, round_key, 0)
-    padding = record["padding"]
-    _, _, metrics = eng.round(server, clients, round_key, 0)
-    assert record["chosen"] == "packed:2" and padding["executed_client_steps"] == int(metrics["executed_steps"])
-    assert padding["padding_efficiency"] == round(int(metrics["real_steps"]) / int(metrics["executed_steps"]), 4)
-    assert f"padding efficiency {padding['padding_efficiency']:.3f} in round 1" in mapping_choice.describe(record)
 
 
 class _Unpackable(FedAvg):
@@ -310,18 +308,19 @@ data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]
 setup = LocalSetup(model=build_model("mlp", (4, 4, 1), 3, hidden=(6,)), optimizer=optax.sgd(0.1, momentum=0.5),
                    batch_size=5, local_epochs=2, normalize=lambda a: a.astype(jnp.float32) / 255.0)
 
-def run(method, shard):
-    eng = engine_lib.Engine(get_method(method)(setup), data, data,
+def run(shard):
+    eng = engine_lib.Engine(get_method("fedas")(setup), data, data,
                             engine_lib.EngineConfig(6, client_mapping="packed:2", shard=shard))
     assert (eng.mesh is not None) == shard and eng.mapping == "packed:2"
     server, clients = eng.init(jax.random.key(0))
-    server, clients, metrics, evals = eng.run_rounds(server, clients, jax.random.key(1), 0, 2, 2, 1)
-    return jax.device_get((server, jax.tree.map(lambda a: np.asarray(a)[:7], clients), evals)), metrics
+    server, clients, metrics = eng.round(server, clients, jax.random.key(1), 1)  # round 1: FedAS aligns
+    evaluation = eng.evaluate(server, clients, jax.random.key(2))
+    return jax.device_get((server, jax.tree.map(lambda a: np.asarray(a)[:7], clients), evaluation)), metrics
 
-for method in ("fedas",):  # four packed loops a client: class means, alignment, training, Fisher
-    (one, m1), (two, m2) = run(method, False), run(method, True)
-    assert_same(two, one, f"{method} packed on 2 devices")
-    assert (m2["real_steps"] == m1["real_steps"]).all() and (m2["executed_steps"] >= m2["real_steps"]).all()
+# FedAS: four packed loops a client (class means, alignment, training, Fisher) and a packed evaluation
+(one, m1), (two, m2) = run(False), run(True)
+assert_same(two, one, "fedas packed on 2 devices")
+assert m2["real_steps"] == m1["real_steps"] and m2["executed_steps"] >= m2["real_steps"]
 print("PACKED_TWO_DEVICES_OK")
 """
 
