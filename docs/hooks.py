@@ -42,9 +42,9 @@ if str(ROOT) not in sys.path:  # the checkout's own fedjax_pfl, whatever is inst
 CLI_PARSERS = (
     ("fedjax_pfl.runs.cli", "build_parser", "python -m fedjax_pfl.train"),
     ("fedjax_pfl.papers.reproduce", "build_parser", "python -m fedjax_pfl.reproduce"),
-    ("fedjax_pfl.runs.report", "build_parser", "python -m fedjax_pfl.report"),
+    ("fedjax_pfl.outputs.report", "build_parser", "python -m fedjax_pfl.report"),
 )
-RUN_CONFIG = ("fedjax_pfl.runs.config", "RunConfig")
+RUN_CONFIG = "fedjax_pfl.runs.config"
 PAPERS = ROOT / "docs" / "methods" / "papers.yaml"
 REPRODUCTIONS = ROOT / "reproductions"
 TABLE_SPECS = ROOT / "configs" / "tables"
@@ -371,46 +371,28 @@ MARKERS = {"<!-- generated: eval-models -->": lambda: eval_models_table(methods(
            "<!-- generated: kernel-list -->": lambda: kernel_list()}
 
 
-def config_fields(cls) -> list[tuple[str, str, str, str]]:
-    """(name, type, default, comment) of each field of a config dataclass, comments read from its source."""
-    comments = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = re.match(r"\s+(\w+):[^#]*#\s*(.*)$", line)
-        if m:
-            comments[m.group(1)] = m.group(2)
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            default = show_value(f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            default = show_value(f.default_factory()) if not dataclasses.is_dataclass(f.type) else ""
-        else:
-            default = ""
-        kind = getattr(hints[f.name], "__name__", str(hints[f.name]).replace("typing.", ""))
-        out.append((f.name, kind, default, comments.get(f.name, "")))
-    return out
+def config_rows() -> list[tuple[str, str, str, str, str]]:
+    """(key, type, default, allowed, help) of every run setting, from its one declaration (runs/config.py)."""
+    config_lib = importlib.import_module(RUN_CONFIG)
+    from fedjax_pfl.core.declared import shown
+
+    return [(key, info.type, shown(info.default), info.allowed, info.help) for key, info in config_lib.declarations()]
 
 
 def config_page() -> str:
-    module = importlib.import_module(RUN_CONFIG[0])
-    root = getattr(module, RUN_CONFIG[1])
     lines = ["# Run configuration", "",
              "Every run is one configuration: defaults below, then a YAML preset (`--config`), then flags, then "
              "dotted overrides `key.sub=value` (anywhere among the flags; values are YAML scalars). "
              "`config.json` in each run folder records the resolved values. The method's own options "
-             "(`method.<name>`) are on each [method's page](../methods/index.md). Generated from "
-             f"`{RUN_CONFIG[0]}.{RUN_CONFIG[1]}`.", ""]
-    sections = [("", root)] + [(f.name + ".", f.type if isinstance(f.type, type) else typing.get_type_hints(root)[f.name])
-                               for f in dataclasses.fields(root)
-                               if dataclasses.is_dataclass(typing.get_type_hints(root)[f.name])]
-    for prefix, cls in sections:
-        rows = [r for r in config_fields(cls) if not dataclasses.is_dataclass(typing.get_type_hints(cls)[r[0]])]
-        if not rows:
-            continue
-        lines += [f"## `{prefix.rstrip('.') or 'top level'}`", "", "| key | type | default | note |",
-                  "|---|---|---|---|"]
-        lines += [f"| `{prefix}{n}` | {cell(t)} | `{cell(d)}` | {cell(c)} |" for n, t, d, c in rows]
+             "(`method.<name>`) are on each [method's page](../methods/index.md). Generated from the "
+             f"declarations in `{RUN_CONFIG}` (the flags, their help and the checks come from the same ones).", ""]
+    rows = config_rows()
+    for section in dict.fromkeys(key.split(".")[0] if "." in key else "" for key, *_ in rows):
+        lines += [f"## `{section or 'top level'}`", "", "| key | type | default | allowed | note |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(allowed)} | {cell(note)} |"
+                  for key, kind, default, allowed, note in rows
+                  if (key.split(".")[0] if "." in key else "") == section]
         lines.append("")
     return "\n".join(lines)
 

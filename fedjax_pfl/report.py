@@ -2,7 +2,7 @@
 
 import sys
 
-from fedjax_pfl.runs.report import main
+from fedjax_pfl.outputs.report import main
 
 if __name__ == "__main__":
     sys.exit(main())

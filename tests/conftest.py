@@ -1,4 +1,4 @@
-"""Shared fixtures."""
+"""Shared fixtures: the real-data folder, and what several test files train or load once per process."""
 
 import atexit
 import os
@@ -57,3 +57,20 @@ def data_dir() -> Path:
                     f'to the folder holding mnist/, fashion_mnist/, cifar10_jpeg/ '
                     f'(CI: ../shared/data beside the repository).', pytrace=False)
     return path
+
+
+@pytest.fixture(scope='session')
+def fmnist(data_dir):
+    """The real Fashion-MNIST, loaded once per test process."""
+    from fedjax_pfl.data.registry import load_dataset
+
+    return load_dataset('fmnist', data_dir=data_dir)
+
+
+@pytest.fixture(scope='session')
+def shifted_pixel_fedavg_run():
+    """Two FedAvg rounds on tests/shifted_pixel_federation.py's clients (engine, server, clients, key):
+    kNN-Per trains exactly this; FedCAC with tau 0 must match it."""
+    import shifted_pixel_federation
+
+    return shifted_pixel_federation.fedavg_run()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedjax_pfl.runs import cli as train
-from fedjax_pfl.runs import report
+from fedjax_pfl.outputs import report
 from fedjax_pfl.papers import reproduce
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files
@@ -77,7 +77,8 @@ BAD_INPUTS = [  # (id, argv, needle in the message)
     ("out_is_a_file", ["--method", "fedavg", *TINY, "--out", "{tmp}/a_file"], "is a file"),
     ("out_under_a_file", ["--method", "fedavg", *TINY, "--out", "{tmp}/a_file/run"], "which is a file"),
     ("out_not_writable", ["--method", "fedavg", *TINY, "--out", "/sys/fedjax_pfl_run"], "cannot write"),
-    ("unknown_client_mapping", ["--method", "fedavg", *TINY, "--client-mapping", "nosuch"], "unknown client mapping"),
+    ("unknown_client_mapping", ["--method", "fedavg", *TINY, "--client-mapping", "nosuch"],
+     "train.client_mapping: unknown client mapping 'nosuch'"),
     ("packed_without_lanes", ["--method", "fedavg", *TINY, "--client-mapping", "packed:0"], "W in packed:W must be"),
     ("packed_lanes_not_a_number", ["--method", "fedavg", *TINY, "--client-mapping", "packed:many"], "got 'many'"),
     ("negative_momentum", ["--method", "fedavg", *TINY, "--momentum", "-1"], "train.momentum"),

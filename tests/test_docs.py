@@ -193,3 +193,13 @@ def test_readme_lists_every_method_with_its_module():
         module = cls.__module__.replace(".", "/") + ".py"
         assert f"]({module}) | `{name}` |" in readme, f"README's methods table has no row for {name}"
         assert (ROOT / module).is_file(), module
+
+
+def test_method_docstrings_leave_the_option_list_to_the_declarations():
+    """A method page lists its options from the options dataclass; a hand-written list in the module docstring
+    would drift from it."""
+    from fedjax_pfl.methods import registry
+
+    by_hand = sorted({cls.__module__ for cls in registry().values()
+                      if "Options (``method.<name>=value``)" in (sys.modules[cls.__module__].__doc__ or "")})
+    assert not by_hand, f"option lists written by hand in: {by_hand}"

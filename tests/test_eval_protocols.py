@@ -1,9 +1,9 @@
 """Each method's evaluation protocols name what they evaluate (`eval_models`, recorded as `eval_model`).
 
 Records and tables print the protocol's name, so a wrong one misleads
-whoever reads them: Ditto and APFL were labelled ``global`` (FedAvg's) while
-they evaluate each client's personal model, and FedBABU offered ``local``
-but evaluated the fine-tuned global model whichever was asked. After one
+whoever reads them: Ditto and APFL evaluate each client's personal model
+(``local``, not FedAvg's ``global``), FedBABU the fine-tuned global model
+(``global``). After one
 trained round: a ``global`` protocol evaluates the server's current state,
 so moving the server's parameters moves the clients' test losses; a
 ``local`` one evaluates each client's own model, so it does not; the
@@ -69,18 +69,3 @@ def test_a_methods_protocols_evaluate_different_models(method):
         engine, server, clients, key = _trained(method, protocol)
         losses.append(engine.evaluate(server, clients, key)["loss_sum"])
     assert not any(np.allclose(a, b) for i, a in enumerate(losses) for b in losses[i + 1:]), (method, losses)
-
-
-@pytest.mark.parametrize("method", [m for m in method_names() if get_method(m).renamed_eval_models])
-def test_a_renamed_protocol_reads_as_its_new_name_in_saved_runs_and_is_refused_in_commands(method):
-    from fedjax_pfl.core.errors import UserError
-    from fedjax_pfl.runs.resume import with_resolved_options
-
-    renamed = get_method(method).renamed_eval_models
-    for old, new in renamed.items():
-        assert new in get_method(method).eval_models and old not in get_method(method).eval_models
-        saved = config_lib.to_dict(config_lib.build(overrides=[f"method_name={method}", f"eval.model={new}"]))
-        saved["eval"]["model"] = old  # as an earlier version wrote it
-        assert with_resolved_options(saved)["eval"]["model"] == new
-        with pytest.raises(UserError, match=f"now named '{new}'"):
-            _trained(method, old)

@@ -146,3 +146,64 @@ def test_the_checks_catch_a_planted_violation(tmp_path, source, expected):
     else:
         (target, _), = found
         assert RANKS[group(target)] > RANKS["engine"]
+
+
+def test_methods_reach_a_faces_rules_only_through_the_face():
+    """A rule that losses.py or aggregation.py names has one import path: methods use the face, not kernels/."""
+    from fedjax_pfl import aggregation, losses
+
+    faces = {n: "aggregation" for n in aggregation.__all__} | {n: "losses" for n in losses.__all__}
+    found = []
+    for path in sorted((PACKAGE / "methods").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        kernel_modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedjax_pfl.kernels"):
+                for a in node.names:
+                    if node.module == "fedjax_pfl.kernels":
+                        kernel_modules.add(a.asname or a.name)
+                    elif a.name in faces:
+                        found.append(f"{path.name} imports {a.name} from {node.module}")
+        found += [f"{path.name}:{n.lineno} uses {n.value.id}.{n.attr} (use {faces[n.attr]}.{n.attr})"
+                  for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                  and n.value.id in kernel_modules and n.attr in faces]
+    assert not found, "\n".join(found)
+
+
+def test_the_faces_only_name_what_kernels_define():
+    """losses.py and aggregation.py define nothing of their own: every public name is a kernel's."""
+    for face in ("losses", "aggregation"):
+        tree = ast.parse((PACKAGE / f"{face}.py").read_text())
+        own = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not own, f"{face}.py defines {own}: move them to kernels/"
+
+
+def test_the_output_files_package_imports_without_jax():
+    """outputs/ (run folders, metrics, tables, figures) imports with JAX unavailable, so a report can be made
+    where no accelerator or training code runs."""
+    import subprocess
+    import sys
+
+    names = sorted(p.stem for p in (PACKAGE / "outputs").glob("*.py") if p.stem != "__init__")
+    code = ("import sys; sys.modules['jax'] = None; sys.modules['jaxlib'] = None\n"
+            + "".join(f"import fedjax_pfl.outputs.{n}\n" for n in names))
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+ONE_FILE_EACH = {"methods", "kernels"}  # one file a method or a concept: as many as there are
+ABOVE_THE_ENGINE = {"runs", "papers", "outputs"}
+
+
+def test_no_folder_is_a_crowd():
+    """At most 16 modules a folder (but methods/ and kernels/), at most 2,500 lines in a folder above the
+    engine: beyond that a folder holds more than one idea."""
+    crowded = []
+    for folder in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
+        files = list(folder.glob("*.py"))
+        lines = sum(len(f.read_text().splitlines()) for f in files)
+        if len(files) > 16 and folder.name not in ONE_FILE_EACH:
+            crowded.append(f"{folder.name}/: {len(files)} modules")
+        if lines > 2500 and folder.name in ABOVE_THE_ENGINE:
+            crowded.append(f"{folder.name}/: {lines} lines")
+    assert not crowded, "split these folders along their own groups:\n" + "\n".join(crowded)

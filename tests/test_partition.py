@@ -320,10 +320,10 @@ def test_client_dirichlet_settings_it_cannot_satisfy(call, match):
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["partition.scheme=client_dirichlet"], "size_range=\\[smallest, largest\\] is needed"),
-    (["partition.size_range=[10, 20]"], "size_range=\\[smallest, largest\\] is needed"),
+    (["partition.scheme=client_dirichlet"], "partition.size_range is needed by partition.scheme=client_dirichlet"),
+    (["partition.size_range=[10, 20]"], "partition.size_range applies to partition.scheme=client_dirichlet only"),
     (["partition.scheme=client_dirichlet", "partition.size_range=[20, 10]"], "1 <= smallest <= largest"),
-    (["partition.test_from=train"], "test_from must be 'split', 'split_train' or 'official'"),
+    (["partition.test_from=train"], "partition.test_from must be one of: split, split_train, official"),
     (["data.synthetic_size_factor=5"], "applies to data.name=synthetic only"),
 ])
 def test_client_dirichlet_config_errors(overrides, match):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import cli as train, config, report
+from fedjax_pfl.runs import cli as train, config
+from fedjax_pfl.outputs import report
 from fedjax_pfl.papers import data_check, paper_table, reproduce
 from fedjax_pfl.papers import earlier_table, parallel_cells, table_spec
 from fedjax_pfl.outputs import machine, results_writer, run_folder
@@ -345,7 +346,7 @@ def _fake_run(folder, seed: int, accuracies: list[float], weighted: list[float] 
     (folder / "metrics.jsonl").write_text("".join(
         json.dumps({"round": r, "accuracy": a, "accuracy_weighted": w, "accuracy_std": 0.0, "loss": 1.0,
                     "seconds": r}) + "\n"
-        for r, (a, w) in enumerate(zip(accuracies, weighted or accuracies))))
+        for r, (a, w) in enumerate(zip(accuracies, weighted or accuracies), 1)))
 
 
 FLAGS = """
@@ -380,7 +381,7 @@ def test_ours_paper_difference_and_flag_of_finished_cells(tmp_path):
     assert "| global (rerun) | 70.00 ± 0.00 (n=2) | 70.50 | -0.50 |" in text  # the same runs, its own number
     assert "| local | 86.00 ± 4.00 (n=2) |" in text.split("## Also: ")[1]  # best round, no paper column
     assert "## Notes\n\nA note of the table file.\n\n## Runs\n" in text
-    # a run whose config.json records no versions (older runs): '-' for commit, machine and jax
+    # a run whose config.json records no versions: '-' for commit, machine and jax
     assert text.rstrip().endswith("| global-s/seed1 | 2 | 0.0 | finished | - | - | - |")
     rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "table.csv"))}
     assert float(rows["global"]["diff"]) == pytest.approx(-0.2) and rows["global"]["flag"] == "True"
@@ -451,8 +452,8 @@ def test_bad_table_schema_is_one_line(tmp_path, change, message):
 
 def test_provenance_of_a_resumed_run_names_every_segment(tmp_path):
     """config.json's versions and each resumed segment's: distinct commits (short), machines and jax
-    versions in order; '-' where an older run did not record the machine."""
-    first = {"git_commit": "a" * 40, "jax": "0.10.2"}  # written before runs recorded the machine
+    versions in order; '-' where a segment records none."""
+    first = {"git_commit": "a" * 40, "jax": "0.10.2"}
     second = {"git_commit": "b" * 40, "jax": "0.10.2", "machine": "cpu: X x2"}
     (tmp_path / "config.json").write_text(json.dumps(
         {"config": {}, "versions": first, "resumed": [{"after_round": 5, "versions": second},
@@ -512,10 +513,9 @@ def test_rewriting_a_table_where_some_run_folders_are_absent_keeps_their_cells(t
 
 def test_a_seed_only_the_earlier_table_holds_is_pooled_with_the_cells_run_folders_here(tmp_path):
     """Seed 0 of a cell ran elsewhere (only table.csv holds it) and seed 1 has a run folder here: the cell pools
-    both (a one-run line's value is its mean), keeps seed 0's Runs line and adds seed 1's; the result equals
-    the table written with both folders here. The pooled line is taken apart run by run (table.csv's values
-    columns) when the table is written again; an older line of several runs without them cannot be, and is a
-    one-line error."""
+    both (seed 0's value from table.csv's values columns), keeps seed 0's Runs line and adds seed 1's; the
+    result equals the table written with both folders here. The pooled line is taken apart run by run when
+    the table is written again; a line whose values columns are empty cannot be, and is a one-line error."""
     table = tmp_path / "flags.yaml"
     table.write_text(FLAGS)
     spec = table_spec.load_table(table)
@@ -544,7 +544,7 @@ def test_a_seed_only_the_earlier_table_holds_is_pooled_with_the_cells_run_folder
     shutil.move(tmp_path / "elsewhere", tmp_path / "runs" / "global-s" / "seed0")
     both = paper_table.write_table(spec, spec.cells(), tmp_path, {"s": (2, 2)}, [0, 1])
     assert both == text.replace("\n" + next(ln for ln in text.splitlines() if ln.startswith("Kept from")), "")
-    # an older table's line of two runs without their values cannot be taken apart: a one-line error
+    # a line of two runs with empty values columns cannot be taken apart: a one-line error
     lines = list(csv.DictReader(open(tmp_path / "table.csv")))
     for line in lines:
         line["values"] = line["best_values"] = ""

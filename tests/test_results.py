@@ -16,7 +16,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import figures, run_folder
-from fedjax_pfl.runs import report
+from fedjax_pfl.outputs import report
 from fedjax_pfl.outputs.results_writer import ResultsWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -148,7 +148,7 @@ def _fake_run(folder, seed, accuracies, method="fedavg", status="finished", seco
     (folder / "config.json").write_text(json.dumps({"config": config_lib.to_dict(cfg), "versions": {}}))
     seconds = seconds or [1.0 + t for t in range(len(accuracies))]
     lines = [json.dumps({"round": t, "accuracy": a, "accuracy_weighted": a, "accuracy_std": 0.1, "loss": 1.0,
-                         "train_loss": 1.0, "seconds": s}) for t, (a, s) in enumerate(zip(accuracies, seconds))]
+                         "train_loss": 1.0, "seconds": s}) for t, (a, s) in enumerate(zip(accuracies, seconds), 1)]
     (folder / "metrics.jsonl").write_text("".join(l + "\n" for l in lines))
     if status is not None:
         (folder / "summary.json").write_text(json.dumps({"status": status}))

@@ -2,7 +2,7 @@
 
 A run's learning rate and a method's float options are Python numbers that the
 compiled round bakes in. To run several values in one program (a grid on a
-vmapped experiment axis, issue 18) or to change the learning rate by round
+vmapped experiment axis) or to change the learning rate by round
 (lr_schedule.py), the engine rebuilds the method inside the trace with those
 scalars replaced by traced arrays: `with_values(method, {"lr": x, "mu": y})`.
 Names are ``lr`` (``train.lr``) and the float fields of the method's options

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import batch_losses
+from fedjax_pfl.kernels import batch_losses, weighted_average
 
 LogitsFn = Callable[..., jax.Array]
 """``logits_fn(params, x [B, ...]) -> logits [B, C]``."""
@@ -166,3 +166,13 @@ def as_batches(x, y, n, batch_size: int):
     mask = jnp.arange(t * batch_size) < n
     return (xp.reshape((t, batch_size) + x.shape[1:]), yp.reshape(t, batch_size),
             mask.reshape(t, batch_size))
+
+
+def fisher_weights(traces, uploaded):
+    """FedAS: alpha_i = F_i / sum_{j uploaded} F_j. traces [S], uploaded [S] bool.
+
+    Examples:
+        >>> fisher_weights(jnp.array([1.0, 3.0, 4.0]), jnp.array([True, True, False])).tolist()  # client 2's upload lost
+        [0.25, 0.75, 0.0]
+    """
+    return weighted_average.normalize_weights(jnp.where(uploaded, traces, 0.0))

@@ -153,3 +153,37 @@ def nearest_prototype_logits(features, protos, present):
     cross = jnp.matmul(features, protos.T, precision=jax.lax.Precision.HIGHEST)
     sq = jnp.sum(features ** 2, axis=-1)[:, None] - 2.0 * cross + jnp.sum(protos ** 2, axis=-1)[None, :]
     return jnp.where(present[None, :], -jnp.maximum(sq, 0.0), ABSENT_LOGIT)
+
+
+PROTO_WEIGHTS = ("clients", "counts")
+
+
+def prototype_weights(counts, uploaded, mode: str):
+    """[S, C] weights of each upload's class prototypes: n_ik ('counts') or 1 where n_ik > 0 ('clients').
+
+    Examples:
+        >>> w = prototype_weights(jnp.array([[2.0, 0.0], [5.0, 1.0]]), jnp.array([True, True]), "clients")
+        >>> w.tolist()
+        [[1.0, 0.0], [1.0, 1.0]]
+    """
+    counts = counts.astype(jnp.float32) * uploaded[:, None].astype(jnp.float32)
+    return counts if mode == "counts" else (counts > 0).astype(jnp.float32)
+
+
+def prototype_aggregate(prototypes, counts):
+    """Global class prototypes: c^k = sum_i n_ik c_i^k / sum_i n_ik.
+
+    prototypes [S, C, d], counts [S, C]. Returns (global [C, d], present [C] bool);
+    a class no client holds gets a zero row and present=False.
+
+    Examples:
+        >>> prototypes = jnp.array([[[1.0, 0.0], [0.0, 0.0]], [[3.0, 0.0], [0.0, 0.0]]])  # S=2, C=2, d=2
+        >>> counts = jnp.array([[1.0, 0.0], [3.0, 0.0]])  # nobody holds class 1
+        >>> global_, present = prototype_aggregate(prototypes, counts)
+        >>> global_.tolist(), present.tolist()
+        ([[2.5, 0.0], [0.0, 0.0]], [True, False])
+    """
+    counts = jnp.asarray(counts, jnp.float32)
+    total = counts.sum(axis=0)  # [C]
+    summed = jnp.einsum("sc,scd->cd", counts, prototypes.astype(jnp.float32))
+    return summed / jnp.maximum(total, 1e-30)[:, None], total > 0

@@ -25,7 +25,7 @@ defaults follow the code (docs/methods/conventions.md rule), the paper's reading
 - ``alpha_decay=0.02`` (code: ``grad_alpha += 0.02 * alpha``); the paper has 0;
 - ``alpha=0.5`` initial value (code's ``--fed_personal_alpha`` default);
   ``adapt_alpha=False`` keeps it fixed (the code's default; the paper's
-  adaptive variant, which the issue asks for, is our default);
+  adaptive variant is our default);
 - alpha_lr defaults to train.lr (the code steps alpha with the local lr).
 Where we deviate from the code: dL/dalpha is the exact derivative of the mixed
 loss (the code uses the first-order surrogate
@@ -68,7 +68,6 @@ class APFLConfig(Options):
 class APFL(FedAvg):
     name = "apfl"
     eval_models = ("local",)  # each client's mixture of its v_i and its own copy of w (not FedAvg's global model)
-    renamed_eval_models = {"global": "local"}  # before 4e8bfc4 (inherited from FedAvg; the mixture all along)
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = APFLConfig
 

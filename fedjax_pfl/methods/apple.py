@@ -35,8 +35,6 @@ Evaluation protocol: each client's personalized model sum_j p_ij w_c,j as it
 stood at the end of its last local training (own trained core, the others'
 cores as downloaded that round: the authors' ``ClientNet`` evaluation); a
 client never selected holds the mix of the initial cores with p^0.
-
-Options (``method.<name>=value``): mu, reg_rounds, schedule, p_lr, simplex, same_init.
 """
 
 from __future__ import annotations

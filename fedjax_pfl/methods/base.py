@@ -84,9 +84,6 @@ class Method:
     name: str = ""
     hparams_type: type | None = None  # a dataclass of method-specific options
     eval_models: tuple[str, ...] = ("local",)  # 'local': each client's own model after its last training
-    # Protocol names earlier versions recorded for what is now another name (the same model evaluated):
-    # saved configs are read with the new name; a command that asks for an old one is told the new one.
-    renamed_eval_models: dict[str, str] = {}
     needs_body_head_split: bool = False  # shares a body: a model without body parameters cannot work
     keeps_optimizer_state: bool = False  # supports setup.persistent_optimizer (`train_kept`, `with_optimizer_state`)
     # Its server step uses only uploads with ``info.uploaded`` (as drop_fraction needs), so the engine's

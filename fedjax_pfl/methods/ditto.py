@@ -44,7 +44,6 @@ class DittoConfig(Options):
 class Ditto(FedAvg):
     name = "ditto"
     eval_models = ("local",)  # each client's personal model v_i (not FedAvg's global model)
-    renamed_eval_models = {"global": "local"}  # before 4e8bfc4 (inherited from FedAvg; v_i all along)
     keeps_optimizer_state = True
     hparams_type = DittoConfig
 

@@ -5,7 +5,7 @@ server keeps the latest uploaded parameters of EVERY client (``server['params']`
 leaves [N, ...]). In round t, for the selected clients only (`prepare`):
 
     D = pairwise distances of all N stored models   (one Gram matmul)
-    Xi = mixing matrix from dL/dD                    (model_distance.mixing_matrix)
+    Xi = mixing matrix from dL/dD                    (aggregation.mixing_matrix)
     u_i = sum_j xi_ij w_j                             (one [S, N] x [N, P] matmul)
 
 so a client's anchor u_i is pulled toward models closer than its softmax
@@ -21,17 +21,6 @@ Distances cover all trainable parameters (``params``; BatchNorm statistics,
 if any, stay private). The loss L and the server step eta follow docs/methods/conventions.md
 (`model_distance` module docstring).
 
-Options (``method.<name>=value``):
-  lamda          weight of the proximal term (lambda; spelled as pFedMe's).
-  tau            temperature of the model-distance loss, in units of the
-                 normalised distance.
-  eta            server step size (incremental proximal step on L).
-  normalization  'mean' (distances divided by this round's mean off-diagonal
-                 distance, so tau and eta do not depend on the model size or
-                 on how far training has moved the models; default),
-                 'sqrt_params' (divided by sqrt(P): RMS difference per
-                 parameter) or 'none' (raw Euclidean distances, docs/methods/conventions.md's
-                 formula as written).
 Presets: configs/diversifed_*.yaml (FMNIST pathological, Dirichlet 0.1/0.5/1.0,
 practical; CIFAR-10 LeNet).
 lambda, tau and eta are not given in our copy of the paper; the defaults
@@ -49,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fedjax_pfl import aggregation
 from fedjax_pfl.kernels import model_distance
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
 from fedjax_pfl.methods.options import Options, option
@@ -76,6 +66,6 @@ class DiversiFed(AnchoredPersonalMethod):
     def anchors(self, server, selected):
         """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
         hp = self.hparams
-        u, xi, _ = model_distance.mix_models(server["params"], hp.tau, hp.eta,
+        u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta,
                                              normalization=hp.normalization, rows=selected)
         return u, xi

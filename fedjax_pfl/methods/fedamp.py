@@ -3,7 +3,7 @@
 Each client keeps a full personalized model w_i; the server keeps the latest
 uploaded parameters of every client (the shape shared with DiversiFed,
 methods/anchored.py). Round t, for the selected clients, from all N stored
-models (`attentive_mixing.personalized_cloud_models`: one Gram matmul for the
+models (`aggregation.personalized_cloud_models`: one Gram matmul for the
 pairwise squared distances, one matmul for the mix, no loop over pairs):
 
     xi_ij = alpha_k * A'(||w_i - w_j||^2)  (j != i),  A'(x) = exp(-x / sigma) / sigma,
@@ -27,9 +27,6 @@ closely as its equations allow and state the choices:
   round);
 - distances cover the trainable parameters only; BatchNorm statistics stay private.
 
-Options (``method.<name>=value``): ``alpha_k`` (message-passing step),
-``sigma`` (attention scale, in units of squared parameter distance),
-``lamda`` (proximal weight, divided by alpha_k), ``start``.
 The paper's hyperparameter values are not in our copy. The defaults
 (alpha_k=0.02, sigma=1, lamda=0.02, so the proximal weight lamda/alpha_k is 1
 as DiversiFed's) are set to the scale of the FMNIST pathological preset (MLP
@@ -44,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_pfl.kernels import attentive_mixing
+from fedjax_pfl import aggregation
 from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
 from fedjax_pfl.methods.options import Options, option
 
@@ -74,5 +71,5 @@ class FedAMP(AnchoredPersonalMethod):
     def anchors(self, server, selected):
         """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
         hp = self.hparams
-        u, xi, _ = attentive_mixing.personalized_cloud_models(server["params"], hp.alpha_k, hp.sigma, rows=selected)
+        u, xi, _ = aggregation.personalized_cloud_models(server["params"], hp.alpha_k, hp.sigma, rows=selected)
         return u, xi

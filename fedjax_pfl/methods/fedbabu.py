@@ -44,7 +44,6 @@ class FedBABUConfig(FineTuneConfig):
 class FedBABU(SharedBodyMethod):
     name = "fedbabu"
     eval_models = ("global",)  # the global body and head, fine-tuned (SharedBodyMethod's 'local' does not apply)
-    renamed_eval_models = {"local": "global"}  # before 4e8bfc4 'local' evaluated this same fine-tuned model
     keeps_optimizer_state = False  # trains with its own steps, not train_kept
     hparams_type = FedBABUConfig
 

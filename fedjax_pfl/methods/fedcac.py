@@ -35,10 +35,6 @@ Partial participation (the authors' runs use every client every round): the
 server keeps each client's latest uploaded model and mask; clients that have
 not trained yet take no part in the overlaps and hold the global model.
 With tau = 0 nothing is critical and the method is exactly FedAvg (tested).
-
-Options (``method.<name>=value``): tau (critical ratio, default 0.5),
-beta (schedule length in rounds, default 100: the authors' Fling config for
-CIFAR-10), sensitivity ('update' default, or 'gradient').
 """
 
 from __future__ import annotations
@@ -61,7 +57,8 @@ SENSITIVITIES = ("update", "gradient")
 class FedCACConfig(Options):
     tau: float = option(0.5, "critical ratio: fraction of each parameter tensor marked critical", at_least=0.0,
                         at_most=1.0)
-    beta: float = option(100.0, "threshold schedule length in rounds (bold early, cautious late)", more_than=0.0)
+    beta: float = option(100.0, "threshold schedule length in rounds (bold early, cautious late; 100: the authors' "
+                         "Fling config for CIFAR-10)", more_than=0.0)
     sensitivity: str = option("update", "sensitivity from the local update (authors' code) or the gradient "
                               "(paper)", choices=SENSITIVITIES)
 

@@ -52,9 +52,6 @@ ran.
 
 Evaluation protocol: each client's own model after its local training (the
 authors evaluate ``client.model``); a client never selected keeps the initial model.
-
-Options (``method.<name>=value``): num_received, epsilon, epsilon_decay,
-val_fraction, norm, offer_average, num_federations.
 """
 
 from __future__ import annotations

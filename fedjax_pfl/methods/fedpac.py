@@ -33,7 +33,7 @@ Server (only uploads that arrived, ``info.uploaded``, take part):
   some upload held;
 - for every uploading client i: P_i = diag(V) + D_i, (D_i)_jk = sum_c
   (h_i[c] - h_j[c]) . (h_i[c] - h_k[c]), over uploading j, k; weights
-  a_i = `simplex_qp.combination_weights_batch` (PSD repair with eigenvalue
+  a_i = `aggregation.combination_weights_batch` (PSD repair with eigenvalue
   floor ``psd_floor``, ``psd_repair='drop'`` as the authors' code; weights
   <= ``min_weight`` zeroed and renormalised; own head on failure); new
   head_i = sum_j a_ij head_j, written into the client's variables. A client
@@ -204,7 +204,7 @@ class FedPAC(SharedBodyMethod):
         """[S, S]: row i = the weights client i gives the uploaded heads."""
         h = self.hparams
         P = classifier_combination.qp_matrices(uploads["V"], uploads["h"])
-        return simplex_qp.combination_weights_batch(
+        return aggregation.combination_weights_batch(
             P, info.uploaded, floor=h.psd_floor, repair=h.psd_repair, min_weight=h.min_weight,
             num_iters=h.qp_iters)
 

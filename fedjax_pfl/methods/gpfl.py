@@ -47,8 +47,6 @@ plain SGD at the run's initial learning rate (their CoV_opt and GCE_opt: no
 momentum, no lr decay, weight decay mu). With ``train.persistent_optimizer``
 the client keeps that state across its rounds (PFLlib keeps its three
 optimizers).
-
-Options (``method.<name>=value``): lamda, mu, magnitude ('code' | 'paper').
 """
 
 from __future__ import annotations

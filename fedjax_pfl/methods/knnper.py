@@ -25,12 +25,6 @@ LOGITS. Default here: probabilities, as the paper writes and as the option
 was meant; ``method.interpolate=logits`` gives the script's behaviour.
 The paper tunes lamda and k per setting (grids over lamda in [0, 1] and
 capacity); here both are options with fixed defaults.
-
-Options (``method.<name>=value``):
-  k              neighbours (default 10, the largest of the authors' k grid).
-  lamda          weight of the kNN distribution (default 0.5).
-  length_scale   kernel length scale (default 1.0, the authors' default).
-  interpolate    'probabilities' (default) or 'logits' (see above).
 """
 
 from __future__ import annotations
@@ -50,7 +44,8 @@ INTERPOLATIONS = ("probabilities", "logits")
 
 @dataclasses.dataclass(frozen=True)
 class KNNPerConfig(Options):
-    k: int = option(10, "neighbours in the client's memory", at_least=1)
+    k: int = option(10, "neighbours in the client's memory (10: the largest of the authors' k grid)",
+                    at_least=1)
     lamda: float = option(0.5, "weight of the kNN distribution (0: the global model, 1: kNN alone)",
                           at_least=0.0, at_most=1.0)
     length_scale: float = option(1.0, "Gaussian kernel length scale, times the feature width", more_than=0.0)

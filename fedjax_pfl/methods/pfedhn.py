@@ -50,9 +50,6 @@ Models with BatchNorm are not supported (as the authors' target CNN).
 Evaluation protocol: each client's generated model h(phi; v_i), no fine-tuning
 (the authors' ``evaluate``); a client never selected still has its own
 (initial, random) embedding.
-
-Options (``method.<name>=value``): local_steps (k), server_lr, server_momentum,
-server_wd, embed_dim (empty: 1 + N/4), hidden, n_hidden, aggregate.
 """
 
 from __future__ import annotations

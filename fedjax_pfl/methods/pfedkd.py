@@ -12,7 +12,7 @@ Algorithm (docs/methods/conventions.md, "pFedKD-WCL"; authors' code HengruiH/pFe
 - then, theta_i fixed, over the client's whole train set:
   g_i = grad_w KL(p_w || p_theta_i) (``server_kl=teacher_first``, the
   authors' code) or grad_w KL(p_theta_i || p_w) (``student_first``, the
-  paper's text) (`kd_server.client_server_gradient`);
+  paper's text) (`losses.client_server_gradient`);
 - server: one SGD step w <- w - server_lr * sum_i (n_i / sum_j n_j) g_i, all
   g_i taken at the same w.
 Evaluation (``eval.model=local``): each client's personal model theta_i.
@@ -93,7 +93,7 @@ class PFedKD(StepMethod):
 
         params = client["variables"]["params"]
         (params, _), loss = self.run_steps(step, (params, optimizer.init(params)), data, key, info)
-        kl, grad = kd_server.client_server_gradient(
+        kl, grad = losses.client_server_gradient(
             lambda w, x: self.logits(w, normalize(x)), teacher, lambda x: self.logits(params, normalize(x)),
             data.x, data.n, temperature=hp.temperature, direction=hp.server_kl, chunk_size=hp.grad_chunk)
         return {"variables": {"params": params}}, {"grad": grad, "kl": kl, "loss": loss}

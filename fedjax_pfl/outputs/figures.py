@@ -213,6 +213,7 @@ def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clien
     todo = {}
     if records:
         todo["accuracy.png"] = lambda: accuracy_curves(records, f"test accuracy: {title}" if title else "")
+    if any("loss" in r for r in records):  # (a compact record keeps accuracies only)
         todo["loss.png"] = lambda: loss_curves(records, f"loss: {title}" if title else "")
     if clients:
         todo["client_accuracy.png"] = lambda: client_accuracy_histogram(clients, f"per-client accuracy: {title}"

@@ -6,22 +6,29 @@ else is damage), so that no caller silently stops at the first bad line:
 the report warns and reads on, a resumed run decides whether it can go on
 without losing a record (runs/resume.py). `MetricsLog` appends while a run
 trains; `rewrite` replaces the file atomically (when resuming).
+
+A compact record (outputs/compact_record.py) keeps instead `COMPACT`,
+metrics.jsonl.xz: the same lines, xz-compressed, with only `COMPACT_KEYS`,
+each value as metrics.jsonl wrote it, so every number reads back exactly;
+`read_metrics` reads both, `run_metrics` finds a run folder's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import lzma
 import os
 from pathlib import Path
 
+from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.atomic_file import atomic_write
-from fedjax_pfl.outputs.run_output import jsonable, read_json
+from fedjax_pfl.outputs.run_output import jsonable
 
-# config.json's mark of a run whose records count rounds from 1 (``round`` 1 is the first round). A run
-# folder without it was written when ``round`` was the engine's index from 0; its records are read +1.
-NUMBERING = {"rounds_counted_from": 1}
-
+NAME = "metrics.jsonl"
+COMPACT = "metrics.jsonl.xz"
+# what the tables and the report read from every record (the last one's other numbers are in summary.json)
+COMPACT_KEYS = ("round", "accuracy", "accuracy_weighted", "seconds")
 
 @dataclasses.dataclass
 class MetricsFile:
@@ -51,22 +58,29 @@ def parse_record(line: str) -> dict | None:
     return record
 
 
-def counted_from_zero(run_dir: Path) -> bool:
-    """Whether the run in ``run_dir`` numbered its records from 0 (its config.json lacks `NUMBERING`)."""
-    config = read_json(Path(run_dir) / "config.json")
-    return isinstance(config, dict) and config.get("rounds_counted_from") != 1
+def run_metrics(run_dir: Path) -> Path:
+    """The metrics file of the run in ``run_dir``: metrics.jsonl, or a compact record's `COMPACT`."""
+    full, compact = Path(run_dir) / NAME, Path(run_dir) / COMPACT
+    return compact if compact.is_file() and not full.exists() else full
+
+
+def _text(path: Path) -> str:
+    data = path.read_bytes()
+    if path.name.endswith(".xz"):
+        try:
+            data = lzma.decompress(data)
+        except lzma.LZMAError:
+            raise UserError(f"{path} is damaged (not a whole xz stream); restore it, e.g. with git checkout") from None
+    return data.decode("utf-8", errors="replace")
 
 
 def read_metrics(path: Path) -> MetricsFile:
-    """Every valid record of ``path`` (none when it does not exist) and the damaged lines' numbers.
-
-    Rounds are counted from 1, also for a run folder written before (`counted_from_zero`).
-    """
+    """Every valid record of ``path`` (metrics.jsonl or `COMPACT`; none when it does not exist) and the
+    damaged lines' numbers."""
     path = Path(path)
-    shift = int(counted_from_zero(path.parent))
     records, damaged, line_of = [], [], []
     if path.is_file():
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        text = _text(path)
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
@@ -74,7 +88,7 @@ def read_metrics(path: Path) -> MetricsFile:
             if record is None:
                 damaged.append(number)
             else:
-                records.append({**record, "round": record["round"] + shift})
+                records.append(record)
                 line_of.append(number)
     return MetricsFile(path, records, damaged, line_of)
 
@@ -87,6 +101,17 @@ def rewrite(path: Path, records: list[dict]) -> None:
     """Replace ``path`` with exactly ``records`` (atomically)."""
     with atomic_write(path) as f:
         f.write("".join(line(r) for r in records))
+
+
+def compact_lines(records: list[dict]) -> str:
+    """The lines of `COMPACT` for ``records``: each with `COMPACT_KEYS` only, values as metrics.jsonl has them."""
+    return "".join(line({k: r[k] for k in COMPACT_KEYS}) for r in records)
+
+
+def write_compact(path: Path, records: list[dict]) -> None:
+    """`COMPACT` of ``records`` at ``path`` (atomically)."""
+    with atomic_write(path, "wb") as f:
+        f.write(lzma.compress(compact_lines(records).encode()))
 
 
 class MetricsLog:

@@ -2,11 +2,12 @@
 
 A run folder holds config.json, partition.json, metrics.jsonl (one line per
 evaluation), summary.json once the run stopped (finished, failed or
-interrupted), and clients.csv and plots/ from `results_writer`. The readers
-accept folders of runs that failed or were killed: a missing file reads as
-None or an empty list, a damaged line of metrics.jsonl is skipped (and
-reported by `metrics_file.read_metrics`). This module only reads; it never
-writes.
+interrupted), and clients.csv and plots/ from `results_writer`; a compact
+record (`compact_record`) only config.json, summary.json and
+metrics.jsonl.xz. The readers accept folders of runs that failed or were
+killed: a missing file reads as None or an empty list, a damaged line of
+metrics.jsonl is skipped (and reported by `metrics_file.read_metrics`). This
+module only reads; it never writes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.outputs.metrics_file import read_metrics
+from fedjax_pfl.outputs.metrics_file import read_metrics, run_metrics
 
 
 def is_run(path: Path) -> bool:
@@ -60,7 +61,7 @@ def read_config(run_dir: Path) -> dict:
 def read_provenance(run_dir: Path) -> dict:
     """Where a run came from: {"commits", "machines", "jax"}, each the distinct values (first seen first)
     that config.json's ``versions`` records for the run and for every resumed segment; '-' where not
-    recorded (``machines``: runs written before config.json named the machine)."""
+    recorded (no commit for a run of a package installed outside a git checkout)."""
     data = _read_json(Path(run_dir) / "config.json") or {}
     segments = [data.get("versions") or {}] + [(r or {}).get("versions") or {} for r in data.get("resumed") or []]
 
@@ -80,9 +81,9 @@ def read_summary(run_dir: Path) -> dict | None:
 
 
 def read_records(run_dir: Path) -> list[dict]:
-    """The valid records of metrics.jsonl, oldest first (damaged lines skipped: `metrics_file.read_metrics`
-    says which)."""
-    return read_metrics(Path(run_dir) / "metrics.jsonl").records
+    """The valid records of the run's metrics (`metrics_file.run_metrics`), oldest first (damaged lines
+    skipped: `metrics_file.read_metrics` says which)."""
+    return read_metrics(run_metrics(run_dir)).records
 
 
 def read_clients(run_dir: Path) -> list[dict] | None:

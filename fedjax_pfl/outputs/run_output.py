@@ -78,6 +78,9 @@ def best_round(records: list[dict], key: str) -> dict:
     return {k: records[best][k] for k in ("round", "accuracy", "accuracy_weighted")}
 
 
+LAST = ("round", "accuracy", "accuracy_weighted", "accuracy_std", "loss")  # of the last evaluation, where recorded
+
+
 def final_summary(records: list[dict]) -> dict:
     """Last evaluation, mean of the last (up to) 10 evaluations, and the best
     (optimistic) round chosen on unweighted and on sample-weighted accuracy."""
@@ -86,7 +89,7 @@ def final_summary(records: list[dict]) -> dict:
     last10 = records[-10:]
     summary = {
         "rounds_evaluated": len(records),
-        "last": {k: records[-1][k] for k in ("round", "accuracy", "accuracy_weighted", "accuracy_std", "loss")},
+        "last": {k: records[-1][k] for k in LAST if k in records[-1]},
         "mean_last_10": {
             "evaluations": len(last10),
             "accuracy": float(np.mean([r["accuracy"] for r in last10])),

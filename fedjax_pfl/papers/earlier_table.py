@@ -11,9 +11,8 @@ folder (`read_earlier`):
   `kept_ours`) when that line counted finished runs only, of the rounds and
   metric used now, on seeds among those asked for; the paper's number and the
   difference are computed afresh from the table file. Its per-run values
-  (``values``, one per folder; a one-run line's mean where an older table
-  lacks them) let `paper_table` pool those runs with the cell's other seeds
-  whose folders are here. table.csv does not
+  (``values``, one per folder) let `paper_table` pool those runs with the
+  cell's other seeds whose folders are here. table.csv does not
   record a cell's full configuration, so, unlike a run folder (`reproduce`
   refuses one of another configuration), a kept line is not checked against
   the table file's overrides: after changing those, remove the table files.
@@ -127,20 +126,18 @@ def values_column(metric: str = "") -> str:
 
 
 def run_values(line: dict, runs: int, also_metrics=()) -> dict[str, list[float]] | None:
-    """Each run's value per values column (`values_column`) of a csv line with ``runs`` runs; a one-run line
-    without them (an older table) has its means; None where they are not known.
+    """Each run's value per values column (`values_column`) of a csv line with ``runs`` runs; None where a
+    column is empty or holds another number of values.
 
     >>> run_values({"values": "0.5;0.7", "best_values": "0.6;0.8"}, 2, ["best"])
     {'values': [0.5, 0.7], 'best_values': [0.6, 0.8]}
-    >>> run_values({"mean": "0.5", "best_mean": "0.6"}, 1, ["best"]), run_values({"mean": "0.5"}, 2)
-    ({'values': [0.5], 'best_values': [0.6]}, None)
+    >>> run_values({"values": "0.5", "best_values": ""}, 1, ["best"]), run_values({"values": "0.5"}, 2)
+    (None, None)
     """
     out = {}
     for metric in ("", *also_metrics):
         text = line.get(values_column(metric)) or ""
         values = [float(v) for v in text.split(";")] if text else None
-        if values is None and runs == 1:
-            values = [float(line.get(f"{metric}_mean" if metric else "mean") or "nan")]
         if values is None or len(values) != runs:
             return None
         out[values_column(metric)] = values

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
-from fedjax_pfl.runs.report import load_run, mean_std, write_csv
+from fedjax_pfl.outputs.report import load_run, mean_std, write_csv
 from fedjax_pfl.papers.table_spec import METRICS, NO_DATA, Cell, MethodRow, Setting, TableSpec
 from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.papers.paper_numbers import FLAG_POINTS, difference, flagged
@@ -52,7 +52,7 @@ def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = Fal
     values = {col: (kept["values"] or {}).get(col, []) + [getattr(r, m) for r in runs] for col, m in metrics.items()}
     if runs or not kept["runs"]:
         means = {col: mean_std(v) for col, v in values.items()}
-    else:  # the earlier line as it is (its runs' values may be unknown: a table from before they were written)
+    else:  # the earlier line as it is, its mean and std as written
         means = {col: (kept["mean"], kept["std"]) if col == "values" else (kept[f"{m}_mean"], kept[f"{m}_std"])
                  for col, m in metrics.items()}
     statuses = ([r.status for r in runs] + ["finished"] * kept["runs"]
@@ -75,8 +75,8 @@ def ours(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data: bool = Fal
 
 def _kept_to_pool(key: tuple, found: dict, cells: list[Cell], runs_dir: Path) -> dict | None:
     """The runs of the earlier line ``found`` whose folders are not here, to pool with the cell's run folders
-    here (`ours`); None when all its folders are here (they stand for the cell); a UserError when its runs'
-    values are unknown (a table from before they were written) and the mean cannot be taken apart."""
+    here (`ours`); None when all its folders are here (they stand for the cell); a UserError when its values
+    columns are empty, so the mean cannot be taken apart."""
     here = {c.folder_name for c in cells if (c.method.name, c.setting.name) == key
             and run_folder.is_run(runs_dir / c.folder_name)}
     folders = [f for f in found["folders"].split(";") if f]

@@ -26,7 +26,11 @@ another configuration (other rounds or overrides) is an error: use another
 commands, ``--table-only`` writes the table from the runs already there (the
 others show as not run, unless the table already there gives their finished
 result: `paper_table` keeps cells whose run folders are on another machine;
-nothing trains), ``--list`` shows the tables.
+nothing trains), ``--compact`` first makes every stopped run folder under
+the output folder (the cells', and others such as checks/) a compact record
+(outputs/compact_record.py: config.json, summary.json and the accuracy series
+the table reads, the form reproductions/ commits) and then does what
+``--table-only`` does, ``--list`` shows the tables.
 Overrides after NAME apply to every cell (e.g. ``data.name=cifar10`` with
 ``--settings``). A setting whose dataset
 files are not found (e.g. CIFAR-100 where only other files are at hand) is not
@@ -52,7 +56,8 @@ from pathlib import Path
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
-from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.outputs.compact_record import compact_runs
+from fedjax_pfl.core.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
@@ -75,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print each cell's command and state; run nothing")
     p.add_argument("--table-only", action="store_true",
                    help="write table.md / table.csv from the finished runs already there; run nothing")
+    p.add_argument("--compact", action="store_true",
+                   help="make every finished or failed run folder under the output folder a compact record "
+                        "(config.json, summary.json, metrics.jsonl.xz), then write the table as --table-only; "
+                        "run nothing")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--one-by-one", action="store_true", help="never run a cell's seeds as one vmapped program")
     p.add_argument("--jobs", type=int, default=1,
@@ -132,9 +141,7 @@ def cell_state(folder: Path, cfg: config_lib.RunConfig) -> str:
     """
     if not run_folder.is_run(folder):
         return "new"
-    from fedjax_pfl.runs.resume import with_resolved_options
-
-    saved = with_resolved_options(run_folder.read_config(folder))
+    saved = run_folder.read_config(folder)
     new = config_lib.to_dict(cfg)
     changed = config_lib.resume_differences(saved, new)
     if saved.get("train", {}).get("rounds") != cfg.train.rounds:
@@ -262,8 +269,9 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         raise UserError("give a table NAME or --table-file, not both")
     if not (args.table_file or args.name):
         raise UserError("name a table (see --list), or pass --table-file FILE")
-    if args.dry_run and args.table_only:
-        raise UserError("--dry-run writes nothing and --table-only writes the table: give one of them")
+    if args.dry_run and (args.table_only or args.compact):
+        raise UserError(f"--dry-run writes nothing and {'--compact' if args.compact else '--table-only'} writes "
+                        "the table: give one of them")
     if not 1 <= args.jobs <= 256:
         raise UserError(f"--jobs must be a whole number from 1 to 256 (cells trained at once), got {args.jobs}")
     spec = load_table(args.table_file) if args.table_file else find_table(args.name)
@@ -276,6 +284,9 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     if not args.dry_run:
         check_writable(out)
     command.folder = out
+    if args.compact:
+        args.table_only = True
+        print(compacted_line(compact_runs(out), out), flush=True)
     cells = spec.cells(methods, settings, seeds)
     published = {name: paper_rounds(c, extra) for name, c in first_cells(cells).items()}
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
@@ -329,10 +340,18 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     return status
 
 
+def compacted_line(found: dict[str, list[Path]], out: Path) -> str:
+    """What --compact did under ``out`` (`compact_record.compact_runs`), in one line."""
+    whole = found["whole"]
+    return (f"compacted {len(found['compacted'])} run folder(s) under {out} ({len(found['already'])} compact "
+            f"already; {len(whole)} left whole, not finished{': ' if whole else ''}"
+            f"{', '.join(_display_path(p) for p in whole)})")
+
+
 def table_command(args, extra: list[str]) -> str:
     """The reproduce command that runs (or, once run, rewrites) this table's cells: the options that choose
-    them, without the ones that only change what is printed (--table-only, --no-progress) or name this
-    machine's folders (--data-dir)."""
+    them, without the ones that only change what is printed (--table-only, --compact, --no-progress) or name
+    this machine's folders (--data-dir)."""
     argv = [args.name] if args.name else ["--table-file", args.table_file]
     for flag, value in (("--out", args.out), ("--rounds", args.rounds), ("--seeds", args.seeds),
                         ("--methods", args.methods), ("--settings", args.settings)):
@@ -359,7 +378,7 @@ def _groups(cells: list[Cell]) -> list[list[Cell]]:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command's exit status (runs/command.py); ``observe(rounds_done)`` is passed to every cell's run
+    """The command's exit status (core/command.py); ``observe(rounds_done)`` is passed to every cell's run
     (runs/cli.py)."""
     command = Command("interrupted; run the same command again to continue")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
+import json
 import math
 import typing
 from pathlib import Path
@@ -19,97 +21,203 @@ from typing import Any
 
 import yaml
 
+from fedjax_pfl.core import declared
 from fedjax_pfl.core.errors import UserError
+
+setting = declared.declare
+
+
+# Registered names are looked up when a value is checked (the registries import JAX).
+def _datasets():
+    from fedjax_pfl.data.registry import ALIASES, dataset_names
+    return (*dataset_names(), *ALIASES)
+
+
+def _sources():
+    from fedjax_pfl.data.registry import SOURCES
+    return SOURCES
+
+
+def _normalizations():
+    from fedjax_pfl.data.dataset import NORMALIZATIONS
+    return NORMALIZATIONS
+
+
+def _schemes():
+    from fedjax_pfl.data.partition import SCHEMES
+    return (*SCHEMES, *OWN_SCHEMES)
+
+
+def _client_mapping(value) -> None:
+    from fedjax_pfl.engine.client_mapping import parse
+    try:
+        parse(value)
+    except UserError as e:
+        raise UserError(f"train.client_mapping: {e}") from None
+
+
+def _augmentations():
+    from fedjax_pfl.kernels.augmentation import AUGMENTATIONS
+    return AUGMENTATIONS
+
+
+def _models():
+    from fedjax_pfl.models.networks import model_names
+    return model_names()
+
+
+def _conv_impls():
+    from fedjax_pfl.models.conv import CONV_IMPLS
+    return ("auto", *CONV_IMPLS)
+
+
+def _inits():
+    from fedjax_pfl.models.initialization import INITS
+    return INITS
+
+
+def _methods():
+    from fedjax_pfl.methods import method_names
+    return method_names()
+
+
+def _cpu_devices(value) -> None:
+    from fedjax_pfl.runs.host_devices import parse
+    parse(value)
+
+
+def _size_range(value) -> None:
+    if value is not None and not (len(value) == 2 and 1 <= value[0] <= value[1]):
+        raise UserError(f"partition.size_range must be [smallest, largest] with 1 <= smallest <= largest, got {list(value)}")
+
+
+def _distinct(value) -> None:
+    if len(set(value)) != len(value):
+        raise UserError(f"seeds must be distinct numbers >= 0, got {list(value)}")
+
+
+# partition schemes that experiment.py deals itself (the rest are data/partition.py's SCHEMES)
+OWN_SCHEMES = ("pfllib_dirichlet", "natural")
 
 
 @dataclasses.dataclass
 class DataConfig:
-    name: str = "cifar10"
-    data_dir: str | None = None
-    allow_download: bool = False
-    source: str = "files"  # or 'tfds'
-    synthetic_size_factor: int = 1  # synthetic: client sizes x this (FedProx: 1; pFedKD-WCL's authors' generator: 5)
-    normalization: str = "dataset"  # 'dataset': its per-channel mean/std; 'half': (x/255 - 0.5) / 0.5 (PFLlib's data)
+    name: str = setting("cifar10", "dataset (aliases: fashion_mnist = fmnist); cifar10_jpeg is the project's lossy "
+                        "JPEG copy of CIFAR-10", choices=_datasets, flag="dataset")
+    data_dir: str | None = setting(None, "folder with dataset files", none="$FEDJAX_PFL_DATA_DIR, then the cache",
+                                   flag=True)
+    allow_download: bool = setting(False, "download a missing official dataset file (the training command allows "
+                                   "it unless --offline or --config is given)")
+    source: str = setting("files", "where datasets come from: standard files, or TensorFlow Datasets",
+                          choices=_sources)
+    synthetic_size_factor: int = setting(1, "synthetic: client sizes x this (FedProx: 1; pFedKD-WCL's authors' "
+                                         "generator: 5)", at_least=1)
+    normalization: str = setting("dataset", "'dataset': its per-channel mean/std; 'half': (x/255 - 0.5) / 0.5 "
+                                 "(PFLlib's data)", choices=_normalizations)
 
 
 @dataclasses.dataclass
 class PartitionConfig:
-    scheme: str = "dirichlet"  # iid | dirichlet | pfllib_dirichlet | pathological | practical | client_dirichlet | natural
-    num_clients: int = 20
-    alpha: float = 0.1  # Dirichlet concentration
-    min_size: int = 10  # dirichlet: fewest samples per client (pfllib_dirichlet: PFLlib's least_samples)
-    classes_per_client: int = 2
-    num_groups: int = 5
-    dominant_classes_per_group: int = 2
-    uniform_fraction: float = 0.2
-    samples_per_client: int | None = None  # practical scheme
-    train_fraction: float = 0.75  # per-client split of the merged pool
-    train_per_client: int | None = None  # fixed sizes (DiversiFed, FedPAC)
-    test_per_client: int | None = None
-    test_from: str = "split"  # 'split' (per-client split of train+test) | 'split_train' (of the train set only) | 'official'
-    val_fraction: float = 0.0  # of each client's train split held out as validation data (picks grid points)
-    max_classes_per_client: int | None = None  # (client_)dirichlet: keep only each client's k largest classes (pFedKD-WCL)
-    size_range: tuple[int, ...] | None = None  # client_dirichlet: client sizes floor(linspace(lo, hi, num_clients))
+    scheme: str = setting("dirichlet", "how samples are dealt to clients", choices=_schemes, flag="partition")
+    num_clients: int = setting(20, "number of clients", at_least=1, flag=True)
+    alpha: float = setting(0.1, "Dirichlet concentration", more_than=0, flag=True)
+    min_size: int = setting(10, "dirichlet: fewest samples per client (pfllib_dirichlet: PFLlib's least_samples)",
+                            at_least=0)
+    classes_per_client: int = setting(2, "pathological: classes per client", at_least=1, flag=True)
+    num_groups: int = setting(5, "practical: client groups", at_least=1)
+    dominant_classes_per_group: int = setting(2, "practical: dominant classes of each group", at_least=1)
+    uniform_fraction: float = setting(0.2, "practical: share of each client's samples drawn uniformly", at_least=0,
+                                      at_most=1)
+    samples_per_client: int | None = setting(None, "practical: samples per client", at_least=1,
+                                             none="(practical needs it)")
+    train_fraction: float = setting(0.75, "per-client split of the merged pool into train / test", more_than=0,
+                                    less_than=1)
+    train_per_client: int | None = setting(None, "fixed train samples per client (DiversiFed, FedPAC)", at_least=0,
+                                           none="the split by train_fraction")
+    test_per_client: int | None = setting(None, "fixed test samples per client", at_least=0,
+                                          none="the split by train_fraction")
+    test_from: str = setting("split", "'split': a per-client split of train+test; 'split_train': of the official "
+                             "train set only; 'official': the official test set, dealt by each client's labels",
+                             choices=("split", "split_train", "official"))
+    val_fraction: float = setting(0.0, "of each client's train split held out as validation data (picks grid "
+                                  "points)", at_least=0, less_than=1)
+    max_classes_per_client: int | None = setting(None, "(client_)dirichlet: keep only each client's k largest "
+                                                 "classes (pFedKD-WCL)", at_least=1, none="every class")
+    size_range: tuple[int, ...] | None = setting(None, "client_dirichlet: client sizes floor(linspace(smallest, "
+                                                 "largest, num_clients))", check=_size_range,
+                                                 none="(client_dirichlet needs it)")
 
 
 @dataclasses.dataclass
 class TrainConfig:
-    rounds: int = 40
-    local_epochs: int = 5
-    batch_size: int = 16
-    optimizer: str = "sgd"  # sgd | adam
-    lr: float = 0.005
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    join_ratio: float = 0.6
-    straggler_fraction: float = 0.0
-    drop_fraction: float = 0.0
-    client_mapping: str = "auto"
-    chunk_size: int = 8
-    share_batch_stats: bool = True
-    rounds_per_call: int = 0  # rounds fused into one compiled call; 0: auto (calls of about 2 s)
-    lr_schedule: str = "exponential"  # per round t: 'exponential' lr * lr_decay**t | 'cosine' lr * (1 + cos(pi t / rounds)) / 2
-    lr_decay: float = 1.0  # exponential factor per round (1.0: constant lr; PFAKD's authors: 0.9)
-    persistent_optimizer: bool = False  # optimizer state of the parts a client keeps survives across rounds
-    drop_last: bool = False  # drop each epoch's last partial train batch (PyTorch DataLoader drop_last)
-    augment: str = "none"  # training-batch augmentation: none | crop_flip (pad 4, random crop, flip; kernels/augmentation.py)
-    max_experiments_per_call: int = 0  # seeds/grid points vmapped in one program; 0: as many as fit in memory
-    all_clients_train: bool = False  # every client trains each round; only the sampled ones are aggregated (pFedMe code)
+    rounds: int = setting(40, "communication rounds", at_least=1, flag=True)
+    local_epochs: int = setting(5, "local epochs per round (E)", at_least=1, flag=True)
+    batch_size: int = setting(16, "local batch size (B)", at_least=1, flag=True)
+    optimizer: str = setting("sgd", "local optimizer", choices=("sgd", "adam"), flag=True)
+    lr: float = setting(0.005, "local learning rate", more_than=0, flag=True)
+    momentum: float = setting(0.0, "SGD momentum", at_least=0, less_than=1, flag=True)
+    weight_decay: float = setting(0.0, "L2 weight decay of the local optimizer", at_least=0, flag=True)
+    join_ratio: float = setting(0.6, "share of clients sampled each round", more_than=0, at_most=1, flag=True)
+    straggler_fraction: float = setting(0.0, "selected clients that train 1..E//2 epochs", at_least=0, at_most=1)
+    drop_fraction: float = setting(0.0, "selected clients whose upload is lost", at_least=0, at_most=1)
+    client_mapping: str = setting("auto", "how clients are mapped over in a round (auto: measured per backend; "
+                                  "packed:W: W lanes, packed: W from the data)", check=_client_mapping,
+                                  allowed="auto, vmap, map, chunked, packed or packed:W (W >= 1)", flag=True)
+    chunk_size: int = setting(8, "clients vmapped at once under the chunked mapping", at_least=1)
+    share_batch_stats: bool = setting(True, "BatchNorm statistics travel with the shared parameters")
+    rounds_per_call: int = setting(0, "rounds fused into one compiled call (0: auto, calls of about 2 s)",
+                                   at_least=0, flag=True)
+    lr_schedule: str = setting("exponential", "per round t: 'exponential' lr * lr_decay**t; 'cosine' "
+                               "lr * (1 + cos(pi t / rounds)) / 2", choices=("exponential", "cosine"))
+    lr_decay: float = setting(1.0, "exponential factor per round (1.0: constant lr; PFAKD's authors: 0.9)",
+                              more_than=0, at_most=1)
+    persistent_optimizer: bool = setting(False, "optimizer state of the parts a client keeps survives across "
+                                         "rounds")
+    drop_last: bool = setting(False, "drop each epoch's last partial train batch (PyTorch DataLoader drop_last)")
+    augment: str = setting("none", "training-batch augmentation (crop_flip: pad 4, random crop, flip)",
+                           choices=_augmentations)
+    max_experiments_per_call: int = setting(0, "seeds/grid points vmapped in one program (0: as many as fit in "
+                                            "memory)", at_least=0)
+    all_clients_train: bool = setting(False, "every client trains each round; only the sampled ones are "
+                                      "aggregated (pFedMe's code)")
 
 
 @dataclasses.dataclass
 class ModelConfig:
-    name: str = "fedavgcnn"
-    conv_impl: str = "auto"  # direct | im2col | native (auto: direct on CPU and GPU); direct covers Dense gradients too
-    hidden: tuple[int, ...] | None = None  # MLP hidden sizes
-    init: str = "flax"  # where parameters start: 'flax' (Flax's defaults) | 'torch' (PyTorch's defaults, the papers' code)
+    name: str = setting("fedavgcnn", "model", choices=_models, flag="model")
+    conv_impl: str = setting("auto", "convolution implementation (auto: direct on CPU and GPU); direct covers "
+                             "Dense gradients too", choices=_conv_impls)
+    hidden: tuple[int, ...] | None = setting(None, "MLP hidden sizes", at_least=1, none="the model's own")
+    init: str = setting("flax", "where parameters start: Flax's defaults or PyTorch's (the papers' code)",
+                        choices=_inits)
 
 
 @dataclasses.dataclass
 class EvalConfig:
-    # Whose model each client is evaluated with: 'auto' takes the method's documented
-    # default (what its authors evaluate); shared-body methods also take 'local' (the
-    # client's model after its own last training) or 'global' (the current global
-    # body with the client's own head, the model it holds after receiving the body).
-    model: str = "auto"
+    model: str = setting("auto", "whose model each client is evaluated with: auto (the method's default, what its "
+                         "authors evaluate); shared-body methods also take local (the client's model after its own "
+                         "last training) or global (the current global body with the client's own head)",
+                         flag="eval_model")
 
 
 @dataclasses.dataclass
 class LogConfig:
-    tensorboard: bool = False  # TensorBoard event files in the run folder (needs tensorboardX)
+    tensorboard: bool = setting(False, "also write TensorBoard event files into the run folder (needs "
+                                "tensorboardX)", flag=True)
 
 
 @dataclasses.dataclass
 class DevicesConfig:
-    # host (CPU) devices JAX makes before it starts, the clients split over them: 'auto' (one per core, or
-    # a count set by XLA_FLAGS / JAX_NUM_CPU_DEVICES) or a number (runs/host_devices.py)
-    cpu: str = "auto"
+    cpu: str = setting("auto", "host devices on a CPU, the clients split over them: auto (one per core, or a count "
+                       "set by XLA_FLAGS / JAX_NUM_CPU_DEVICES) or a number", check=_cpu_devices,
+                       allowed="auto or a whole number >= 1", flag="cpu_devices")
 
 
 @dataclasses.dataclass
 class RunConfig:
-    method_name: str = "fedas"
-    method: dict[str, Any] = dataclasses.field(default_factory=dict)
+    method_name: str = setting("fedas", "method", choices=_methods, flag="method")
+    method: dict[str, Any] = setting(None, "the method's own options (method.NAME=VALUE; --method M --help lists "
+                                     "them)", factory=dict)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     partition: PartitionConfig = dataclasses.field(default_factory=PartitionConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -117,14 +225,30 @@ class RunConfig:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     devices: DevicesConfig = dataclasses.field(default_factory=DevicesConfig)
-    seed: int = 0
-    data_seed: int | None = None  # seed of the data partition (and generated data); empty: `seed`
-    seeds: tuple[int, ...] = ()  # several seeds in one vmapped program (runs/sweep.py); empty: just `seed`
-    vary_data_with_seed: bool = False  # with `seeds`: each seed draws its own partition (shapes must agree)
-    sweep: dict[str, Any] = dataclasses.field(default_factory=dict)  # 'train.lr' / 'method.X' -> list of values
-    eval_every: int = 1
-    checkpoint_every: int = 0  # rounds between checkpoints of server and client state (0: never)
-    out: str | None = None
+    seed: int = setting(0, "seed of training (and of the data, unless data_seed is set)", at_least=0, flag=True)
+    data_seed: int | None = setting(None, "seed of the data partition and of generated data", at_least=0,
+                                    none="seed")
+    seeds: tuple[int, ...] = setting((), "several seeds run as one vmapped program, e.g. 0,1,2 (a run folder each)",
+                                     at_least=0, check=_distinct, none="just seed", flag=True)
+    vary_data_with_seed: bool = setting(False, "with seeds: each seed draws its own partition (shapes must agree)")
+    sweep: dict[str, Any] = setting(None, "train.lr / method.X -> list of values: a grid run in one program",
+                                    factory=dict)
+    eval_every: int = setting(1, "rounds between evaluations", at_least=1, flag=True)
+    checkpoint_every: int = setting(0, "rounds between checkpoints of server and client state (0: never)",
+                                    at_least=0, flag=True)
+    out: str | None = setting(None, "output folder", none="runs/<method>-<dataset>-<time>", flag=True)
+
+
+SECTIONS = ("data", "partition", "model", "train", "eval", "log", "devices")
+
+
+def declarations() -> list[tuple[str, declared.FieldInfo]]:
+    """(config key, declaration) of every run setting, top-level keys first, as the reference page lists them."""
+    out = [(info.name, info) for info in declared.describe(RunConfig)]
+    hints = _type_hints(RunConfig)
+    for section in SECTIONS:
+        out += [(f"{section}.{info.name}", info) for info in declared.describe(hints[section])]
+    return out
 
 
 # Numbers reach the compiled program as int32 / float32: larger ones are refused here, with a one-line
@@ -135,6 +259,11 @@ MAX_FLOAT = 3.4028234663852886e38  # float32's largest
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def fingerprint(cfg: RunConfig) -> str:
+    """The config's values as one string: equal strings, equal configs."""
+    return json.dumps(to_dict(cfg), sort_keys=True, default=repr)
 
 
 def _coerce(value, annotation, where: str):
@@ -316,73 +445,49 @@ def _check(ok: bool, message: str) -> None:
         raise UserError(message)
 
 
-def validate_values(cfg: RunConfig) -> None:
-    """Reject values that make no sense, whatever the entry point (one-line UserErrors)."""
-    from fedjax_pfl.engine.client_mapping import parse as parse_mapping
-    from fedjax_pfl.models.initialization import INITS
-    from fedjax_pfl.data.dataset import NORMALIZATIONS
-    from fedjax_pfl.kernels.augmentation import AUGMENTATIONS
-    from fedjax_pfl.runs.host_devices import parse as parse_devices
+def check_declared(cfg: RunConfig) -> None:
+    """Every run setting against its declaration (type, range, choices)."""
+    declared.check_fields(cfg, "")
+    for section in SECTIONS:
+        declared.check_fields(getattr(cfg, section), f"{section}.")
 
-    t, p = cfg.train, cfg.partition
-    for name in ("rounds", "local_epochs", "batch_size", "chunk_size"):
-        _check(getattr(t, name) >= 1, f"train.{name} must be >= 1, got {getattr(t, name)}")
-    _check(math.isfinite(t.lr) and t.lr > 0, f"train.lr must be a number > 0, got {t.lr}")
-    _check(t.optimizer in ("sgd", "adam"), f"train.optimizer must be 'sgd' or 'adam', got {t.optimizer!r}")
-    _check(t.lr_schedule in ("exponential", "cosine"),
-           f"train.lr_schedule must be 'exponential' or 'cosine', got {t.lr_schedule!r}")
-    _check(math.isfinite(t.lr_decay) and 0 < t.lr_decay <= 1, f"train.lr_decay must be in (0, 1], got {t.lr_decay}")
+
+def check_partition_parameters(p: PartitionConfig) -> None:
+    """An optional partition parameter set for a scheme that does not take it, or one the scheme needs left
+    empty (data/partition.py's signatures say which scheme takes what)."""
+    from fedjax_pfl.data.partition import SCHEMES
+
+    takes = {name: set(inspect.signature(fn).parameters) for name, fn in SCHEMES.items()}
+    for field in dataclasses.fields(p):
+        users = [s for s, params in takes.items() if field.name in params]
+        if field.default is not None or not users:
+            continue
+        value = getattr(p, field.name)
+        needed = (p.scheme in takes and field.name in takes[p.scheme]
+                  and inspect.signature(SCHEMES[p.scheme]).parameters[field.name].default is inspect.Parameter.empty)
+        _check(value is not None or not needed,
+               f"partition.{field.name} is needed by partition.scheme={p.scheme}; set it")
+        _check(value is None or p.scheme in users,
+               f"partition.{field.name} applies to partition.scheme={' or '.join(users)} only, not {p.scheme!r}; "
+               "leave it empty")
+
+
+def validate_values(cfg: RunConfig) -> None:
+    """Reject values that make no sense, whatever the entry point (one-line UserErrors): each setting
+    against its declaration, then the rules between settings."""
+    check_declared(cfg)
+    t, p, d = cfg.train, cfg.partition, cfg.data
+    check_partition_parameters(p)
     _check(t.lr_schedule == "exponential" or t.lr_decay == 1.0,
            "train.lr_decay applies to train.lr_schedule=exponential only; leave it at 1.0 with cosine")
-    _check(p.max_classes_per_client is None or p.max_classes_per_client >= 1,
-           f"partition.max_classes_per_client must be >= 1 (or empty), got {p.max_classes_per_client}")
-    _check(p.max_classes_per_client is None or p.scheme in ("dirichlet", "client_dirichlet"),
-           "partition.max_classes_per_client applies to partition.scheme=dirichlet or client_dirichlet only, "
-           f"not {p.scheme!r}; leave it empty")
-    _check((p.size_range is not None) == (p.scheme == "client_dirichlet"),
-           "partition.size_range=[smallest, largest] is needed by partition.scheme=client_dirichlet and by no "
-           f"other scheme (scheme {p.scheme!r}, size_range {p.size_range})")
-    _check(p.size_range is None or (len(p.size_range) == 2 and 1 <= p.size_range[0] <= p.size_range[1]),
-           f"partition.size_range must be [smallest, largest] with 1 <= smallest <= largest, got {p.size_range}")
     _check(p.scheme != "pfllib_dirichlet" or (p.test_from in ("split", "split_train") and not p.train_per_client
                                               and not p.test_per_client),
            "partition.scheme=pfllib_dirichlet splits each client's pool train_fraction / rest itself: it needs "
            "partition.test_from=split (or split_train) and no train_per_client / test_per_client")
-    _check(p.test_from in ("split", "split_train", "official"),
-           f"partition.test_from must be 'split', 'split_train' or 'official', got {p.test_from!r}")
-    _check(cfg.data.normalization in NORMALIZATIONS,
-           f"data.normalization must be one of {', '.join(NORMALIZATIONS)}, got {cfg.data.normalization!r}")
-    _check(cfg.data.synthetic_size_factor >= 1, f"data.synthetic_size_factor must be >= 1, got {cfg.data.synthetic_size_factor}")
-    _check(cfg.data.synthetic_size_factor == 1 or cfg.data.name == "synthetic",
-           f"data.synthetic_size_factor applies to data.name=synthetic only, not {cfg.data.name!r}; leave it at 1")
-    _check(t.augment in AUGMENTATIONS, f"train.augment must be one of {', '.join(AUGMENTATIONS)}, got {t.augment!r}")
-    _check(t.augment == "none" or cfg.data.name != "synthetic",
+    _check(d.synthetic_size_factor == 1 or d.name == "synthetic",
+           f"data.synthetic_size_factor applies to data.name=synthetic only, not {d.name!r}; leave it at 1")
+    _check(t.augment == "none" or d.name != "synthetic",
            f"train.augment={t.augment} crops and flips images; data.name=synthetic has feature vectors: leave it none")
-    _check(cfg.model.init in INITS, f"model.init must be one of {', '.join(INITS)}, got {cfg.model.init!r}")
-    _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
-    _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,
-           f"train.weight_decay must be >= 0, got {t.weight_decay}")
-    _check(0 < t.join_ratio <= 1, f"train.join_ratio must be in (0, 1], got {t.join_ratio}")
-    for name in ("straggler_fraction", "drop_fraction"):
-        _check(0 <= getattr(t, name) <= 1, f"train.{name} must be in [0, 1], got {getattr(t, name)}")
-    parse_mapping(t.client_mapping)
-    _check(p.num_clients >= 1, f"partition.num_clients must be >= 1, got {p.num_clients}")
-    _check(math.isfinite(p.alpha) and p.alpha > 0, f"partition.alpha must be > 0, got {p.alpha}")
-    _check(p.classes_per_client >= 1, f"partition.classes_per_client must be >= 1, got {p.classes_per_client}")
-    _check(p.min_size >= 0, f"partition.min_size must be >= 0, got {p.min_size}")
-    _check(0 < p.train_fraction < 1, f"partition.train_fraction must be in (0, 1), got {p.train_fraction}")
-    _check(0 <= p.uniform_fraction <= 1, f"partition.uniform_fraction must be in [0, 1], got {p.uniform_fraction}")
-    _check(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
-    _check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0: never), got {cfg.checkpoint_every}")
-    _check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
-    _check(cfg.data_seed is None or cfg.data_seed >= 0, f"data_seed must be >= 0, got {cfg.data_seed}")
-    _check(all(s >= 0 for s in cfg.seeds) and len(set(cfg.seeds)) == len(cfg.seeds),
-           f"seeds must be distinct numbers >= 0, got {list(cfg.seeds)}")
-    _check(0 <= p.val_fraction < 1, f"partition.val_fraction must be in [0, 1), got {p.val_fraction}")
-    _check(t.rounds_per_call >= 0, f"train.rounds_per_call must be >= 0 (0: auto), got {t.rounds_per_call}")
-    _check(t.max_experiments_per_call >= 0,
-           f"train.max_experiments_per_call must be >= 0 (0: as many as fit), got {t.max_experiments_per_call}")
-    parse_devices(cfg.devices.cpu)
 
 
 # Keys a resumed run may change: where the data lives (the partition is compared

@@ -8,6 +8,7 @@ so a typo costs no time.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
 import jax
@@ -31,6 +32,9 @@ from fedjax_pfl.models.conv import resolve_conv_impl
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.kernels.augmentation import augmentation
 from fedjax_pfl.kernels.optim import make_optimizer
+
+
+VALIDATED = "_validated"  # a validated config's attribute: the fingerprint of the values it was validated with
 
 
 @dataclasses.dataclass
@@ -133,19 +137,13 @@ def _by_owner(owner):
 
 
 def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
-    params = {
-        "iid": {},
-        "dirichlet": {"alpha": p.alpha, "min_size": max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0)),
-                      "max_classes_per_client": p.max_classes_per_client},
-        "pathological": {"classes_per_client": p.classes_per_client},
-        "practical": {"num_groups": p.num_groups, "dominant_classes_per_group": p.dominant_classes_per_group,
-                      "uniform_fraction": p.uniform_fraction, "samples_per_client": p.samples_per_client},
-        "client_dirichlet": {"alpha": p.alpha, "size_range": p.size_range,
-                             "max_classes_per_client": p.max_classes_per_client},
-    }
-    if p.scheme not in params:
-        raise UserError(f"unknown partition {p.scheme!r}; choose one of: {', '.join([*params, 'pfllib_dirichlet', 'natural'])}")
-    return partition.make_partition(p.scheme, labels, p.num_clients, seed, **params[p.scheme])
+    """The partition of ``labels`` by ``p.scheme``, each of its parameters taken from the config field of the same
+    name (data/partition.py's signatures name them)."""
+    taken = inspect.signature(partition.SCHEMES[p.scheme]).parameters
+    params = {name: getattr(p, name) for name in taken if name not in ("num_clients", "seed") and hasattr(p, name)}
+    if "min_size" in params:  # fixed per-client sizes need that many samples per client
+        params["min_size"] = max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0))
+    return partition.make_partition(p.scheme, labels, p.num_clients, seed, **params)
 
 
 def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
@@ -186,22 +184,20 @@ def beyond_plain_sgd(t: config_lib.TrainConfig) -> tuple[str, ...]:
 
 
 def validate(cfg: config_lib.RunConfig) -> None:
-    """Fail fast on names and values, before any data is read.
+    """Fail fast on names and values, before any data is read; once per configuration (a second call on the
+    same values returns at once).
 
     Resolves in place what config.json must record as used: the dataset
     alias, ``eval.model='auto'`` (the method's default protocol) and every
     method option, defaults included (`resolved_method_options`).
     """
-    from fedjax_pfl.data.registry import SOURCES, canonical_name
-    from fedjax_pfl.models.networks import model_names
+    from fedjax_pfl.data.registry import canonical_name
 
+    if getattr(cfg, VALIDATED, None) == config_lib.fingerprint(cfg):
+        return
     method_cls = get_method(cfg.method_name)
     cfg.method = resolved_method_options(cfg.method_name, cfg.method)
     cfg.data.name = canonical_name(cfg.data.name)  # raises UserError listing the valid names
-    if cfg.data.source not in SOURCES:
-        raise UserError(f"unknown data.source {cfg.data.source!r}; choose one of: {', '.join(SOURCES)}")
-    if cfg.model.name not in model_names():
-        raise UserError(f"unknown model {cfg.model.name!r}; choose one of: {', '.join(model_names())}")
     config_lib.validate_values(cfg)
     method_cls.refuse_persistent_optimizer(cfg.train.persistent_optimizer)
     if issubclass(method_cls, StepMethod):
@@ -209,10 +205,6 @@ def validate(cfg: config_lib.RunConfig) -> None:
     offered = method_cls.eval_models
     if cfg.eval.model == "auto":
         cfg.eval.model = offered[0]
-    if cfg.eval.model in method_cls.renamed_eval_models:
-        new = method_cls.renamed_eval_models[cfg.eval.model]
-        raise UserError(f"method {cfg.method_name!r}'s protocol {cfg.eval.model!r} is now named {new!r} (the same "
-                        f"model: see its method page); pass eval.model={new} or leave eval.model out")
     if cfg.eval.model not in offered:
         raise UserError(f"method {cfg.method_name!r} evaluates with eval.model = {' or '.join(offered)}, "
                         f"not {cfg.eval.model!r}")
@@ -220,6 +212,7 @@ def validate(cfg: config_lib.RunConfig) -> None:
     if data_dir and cfg.data.source == "files" and cfg.data.name != "synthetic" and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder; pass the folder that holds the dataset files "
                         "or leave it out")
+    setattr(cfg, VALIDATED, config_lib.fingerprint(cfg))
 
 
 def resolved_method_options(method_name: str, options: dict) -> dict:

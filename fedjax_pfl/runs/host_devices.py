@@ -8,9 +8,8 @@ clients beside the others, and the numbers are those of one device up to
 float rounding.
 
 - ``auto`` (the default): one device per core (``os.cpu_count()``), for
-  every model: on 2 cores the CNNs' rounds run 1.3-1.6x faster on two
-  devices, the MLP's 1.6x and the MLR's 1.3x (benchmarks/RESULTS.md, with
-  the client data replicated on each host device: engine/sharding.py). A
+  every model (each model measured was faster so: benchmarks/RESULTS.md;
+  the client data are replicated on each host device: engine/sharding.py). A
   count already chosen outside the config is kept:
   ``XLA_FLAGS=--xla_force_host_platform_device_count=N``,
   ``JAX_NUM_CPU_DEVICES=N``, or ``jax_num_cpu_devices`` set in Python; so is

@@ -18,7 +18,7 @@ from pathlib import Path
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.outputs import run_output
-from fedjax_pfl.runs.experiment import resolved_method_options
+from fedjax_pfl.outputs.compact_record import is_compact
 from fedjax_pfl.outputs.metrics_file import read_metrics
 
 
@@ -29,32 +29,15 @@ def saved_run(out: Path | None, cfg=None) -> dict:
     saved = run_output.read_json(Path(out) / "config.json")
     if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
         raise UserError(f"nothing to resume in {out} (no readable config.json); run without --resume to start afresh")
-    return {**saved, "config": with_current_protocol_name(saved["config"])}
-
-
-def with_current_protocol_name(config: dict) -> dict:
-    """A saved config whose eval.model its method has since renamed, with the new name
-    (`Method.renamed_eval_models`: the same model evaluated)."""
-    from fedjax_pfl.methods import get_method
-
-    old = (config.get("eval") or {}).get("model")
-    try:
-        new = get_method(config.get("method_name")).renamed_eval_models.get(old)
-    except UserError:  # an unknown method: validation names it
-        return config
-    return {**config, "eval": {**config["eval"], "model": new}} if new else config
-
-
-def with_resolved_options(config: dict) -> dict:
-    """A saved config with every method option given (runs written before config.json listed defaults)
-    and its protocol's current name."""
-    config = with_current_protocol_name(config)
-    return {**config, "method": resolved_method_options(config.get("method_name"), config.get("method") or {})}
+    if is_compact(out):
+        raise UserError(f"{out} is a compact record of a stopped run (metrics.jsonl.xz, no partition.json): it "
+                        "cannot be resumed; train it again in another --out")
+    return saved
 
 
 def check_same_config(saved: dict, cfg) -> None:
     """A resumed run must use the configuration it was started with (train.rounds may grow)."""
-    changed = config_lib.resume_differences(with_resolved_options(saved["config"]), config_lib.to_dict(cfg))
+    changed = config_lib.resume_differences(saved["config"], config_lib.to_dict(cfg))
     if changed:
         raise UserError(f"--resume must use the configuration the run was started with; changed: {'; '.join(changed)}"
                         " (only train.rounds may grow)")

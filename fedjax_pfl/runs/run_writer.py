@@ -23,7 +23,7 @@ from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.options import step_size_options
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.command import one_line
+from fedjax_pfl.core.command import one_line
 from fedjax_pfl.outputs import metrics_file
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.outputs import run_output
@@ -39,11 +39,11 @@ def write_start(files: Path, cfg, data_files, partition_summary: dict, saved: di
         files.mkdir(parents=True, exist_ok=True)
         if saved is None:
             record = {"config": config_lib.to_dict(cfg), "versions": run_output.versions(),
-                      "data_files": list(data_files), **metrics_file.NUMBERING}
+                      "data_files": list(data_files)}
         else:
             history = list(history)
             history[-1] = {**history[-1], "versions": run_output.versions()}
-            record = {**saved, "config": config_lib.to_dict(cfg), "resumed": history, **metrics_file.NUMBERING}
+            record = {**saved, "config": config_lib.to_dict(cfg), "resumed": history}
         if resolved is not None:
             record["resolved"] = resolved
         run_output.write_json(files / "config.json", record)
@@ -67,7 +67,7 @@ class RunWriter:
         self.out, self.files, self.cfg = Path(out), Path(files), cfg
         kept = [r for r in read_metrics(self.files / "metrics.jsonl").records if r["round"] <= rounds_done]
         write_start(self.files, cfg, data_files, partition_summary, saved, history, resolved)
-        if rounds_done:  # the rounds after the checkpoint run again (older files: renumbered from 1)
+        if rounds_done:  # the rounds after the checkpoint run again
             metrics_file.rewrite(self.files / "metrics.jsonl", kept)
         self.results = ResultsWriter(self.files, tensorboard=cfg.log.tensorboard)
         self.log = metrics_file.MetricsLog(self.files / "metrics.jsonl")

@@ -85,14 +85,14 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
     server, clients = exp.engine.init(init_key)
     done, seconds_done, history = 0, 0.0, []
     if resume:
-        (server, clients), step, meta = checkpoint.restore(checkpoint.checkpoint_path(out), (server, clients),
-                                                           num_clients=exp.engine.num_clients)
-        done = int(meta.get("rounds_done", step + 1))  # (older checkpoints: named by the round index from 0)
+        (server, clients), _, meta = checkpoint.restore(checkpoint.checkpoint_path(out), (server, clients),
+                                                        num_clients=exp.engine.num_clients)
+        done = int(meta["rounds_done"])
         history = resume_lib.check_resume(saved, cfg, done, exp.partition_summary,
                                           run_output.read_json(out / "partition.json"))
         for warning in resume_lib.check_metrics(out, saved, done):
             print(warning, file=sys.stderr)
-        seconds_done = float(meta.get("seconds", 0.0))
+        seconds_done = float(meta["seconds"])
     exp.engine, choice = mapping_choice.choose_or_default(
         exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
         engine_lib.round_keys(key, done)[0], done, report=lambda line: print(line, flush=True))

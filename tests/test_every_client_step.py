@@ -1,0 +1,82 @@
+"""The engine's every-client step (`Method.updates_every_client`, FedALA's): after each round's
+server step it runs on all clients, selected or not, with `every_client_keys`, and fused rounds,
+every client mapping and the experiment axis give the same as single rounds.
+
+A counting method stands for FedALA here; FedALA itself: tests/test_fedala.py. The federation:
+tests/plain_sgd_federation.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import plain_sgd_federation as plain_fed
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.methods.base import Method
+
+
+class _Counting(Method):
+    """A method whose every-client step counts, per client, the steps it took and records what it saw."""
+
+    name = "counting"
+    updates_every_client = True
+
+    def init(self, key, num_clients):
+        clients = {"steps": jnp.zeros(num_clients, jnp.int32), "version": jnp.zeros(num_clients, jnp.int32),
+                   "n": jnp.zeros(num_clients, jnp.int32), "draw": jnp.zeros(num_clients)}
+        return {"variables": self.init_variables(key), "version": jnp.zeros((), jnp.int32)}, clients
+
+    def client_update(self, server, client, data, key, info):
+        return client, {"loss": jnp.zeros(())}
+
+    def server_update(self, server, clients, uploads, info):
+        return {**server, "version": server["version"] + 1}, clients
+
+    def update_every_client(self, server, client, data, key, round_index):
+        return {"steps": client["steps"] + 1, "version": server["version"], "n": data.n,
+                "draw": jax.random.uniform(key)}
+
+    def eval_variables(self, server, client, data, key):
+        return server["variables"]
+
+
+def _counting_engine(mapping="vmap"):
+    train = plain_fed.train_data()
+    config = engine_lib.EngineConfig(2, client_mapping=mapping)
+    return engine_lib.Engine(_Counting(plain_fed.setup()), train, train, config), train
+
+
+def test_every_client_step_runs_on_all_clients_after_the_server_step():
+    eng, train = _counting_engine()
+    key = jax.random.key(0)
+    server, clients = eng.init(key)
+    for t in range(3):
+        round_key = engine_lib.round_keys(key, t)[0]
+        server, clients, metrics = eng.round(server, clients, round_key, t)
+        assert len(set(np.asarray(metrics["selected"]).tolist())) == 2  # 2 of 5 selected, all 5 stepped
+        np.testing.assert_array_equal(clients["steps"], t + 1)
+        np.testing.assert_array_equal(clients["version"], t + 1)  # the server state after this round's step
+        np.testing.assert_array_equal(clients["n"], train.n)
+        want = jax.vmap(jax.random.uniform)(engine_lib.every_client_keys(round_key, len(plain_fed.SIZES)))
+        np.testing.assert_array_equal(clients["draw"], want)
+
+
+@pytest.mark.parametrize("mapping", ["map", "chunked"])
+def test_every_client_step_under_fused_rounds_mappings_and_the_experiment_axis(mapping):
+    """4 rounds in one fused call (any mapping) == 4 single calls; 2 seeds on the experiment axis == each alone."""
+    eng, _ = _counting_engine(mapping)
+    key = jax.random.key(1)
+    server, clients = eng.init(key)
+    for t in range(4):
+        server, clients, _ = eng.round(server, clients, engine_lib.round_keys(key, t)[0], t)
+    want = plain_fed.host((server, clients))
+    fused = eng.run_rounds(*eng.init(key), key, 0, 4, 4, 2)[:2]
+    jax.tree.map(np.testing.assert_array_equal, plain_fed.host(fused), want)
+    keys = jnp.stack([key, jax.random.key(7)])
+    servers, stacked = eng.init_batched(keys)
+    servers, stacked, _, _ = eng.run_rounds_batched(servers, stacked, keys, 0, 4, 4, 2)
+    jax.tree.map(np.testing.assert_array_equal, plain_fed.host(jax.tree.map(lambda a: a[0], (servers, stacked))), want)
+    other = eng.run_rounds(*eng.init(jax.random.key(7)), jax.random.key(7), 0, 4, 4, 2)[:2]
+    jax.tree.map(np.testing.assert_array_equal, plain_fed.host(jax.tree.map(lambda a: a[1], (servers, stacked))),
+                 plain_fed.host(other))

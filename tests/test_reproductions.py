@@ -1,0 +1,48 @@
+"""Every committed table under reproductions/ is what `reproduce --table-only` writes from its committed runs.
+
+Each table.md names the command that made it (its "Command:" line); run with ``--table-only`` on a copy
+of the table's folder (table.md, table.csv, runs/), it must give table.md and table.csv byte for byte.
+So the committed records hold everything the tables were computed from, in a layout today's readers
+read, and a change to the table code or to the records that moves any committed number fails here.
+"""
+
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedjax_pfl.papers import reproduce
+
+REPRODUCTIONS = Path(__file__).resolve().parents[1] / "reproductions"
+TABLES = sorted(p.parent.relative_to(REPRODUCTIONS.parent) for p in REPRODUCTIONS.rglob("table.md"))
+PREFIX = "Command: `python -m fedjax_pfl.reproduce "
+
+
+def recorded_command(table_md: Path) -> list[str]:
+    """The reproduce arguments the table's "Command:" line records."""
+    lines = [line for line in table_md.read_text().splitlines() if line.startswith(PREFIX)]
+    assert len(lines) == 1, f"{table_md} has {len(lines)} Command lines"
+    return shlex.split(lines[0][len(PREFIX):].rstrip(".").rstrip("`"))
+
+
+def test_the_committed_tables_are_found():
+    assert len(TABLES) >= 7 and Path("reproductions/fedpac_table1") in TABLES
+
+
+@pytest.mark.parametrize("table", TABLES, ids=str)
+def test_a_committed_table_re_renders_identically_from_its_records(table, tmp_path, monkeypatch, data_dir, capsys):
+    committed = REPRODUCTIONS.parent / table
+    copy = tmp_path / table
+    copy.mkdir(parents=True)
+    for name in ("table.md", "table.csv"):
+        shutil.copy(committed / name, copy / name)
+    if (committed / "runs").is_dir():
+        shutil.copytree(committed / "runs", copy / "runs")
+    monkeypatch.chdir(tmp_path)  # the recorded --out (or the default reproductions/NAME) is relative
+    argv = recorded_command(committed / "table.md")
+    assert reproduce.main([*argv, "--table-only", "--no-progress", "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "; rerun: " not in out and "; resume: " not in out  # every cell with a run folder counts as finished
+    for name in ("table.md", "table.csv"):
+        assert (copy / name).read_text() == (committed / name).read_text(), f"{table}/{name} differs"
