@@ -1,4 +1,4 @@
-"""Counted loops of many clients packed into W lanes: every lane busy, no step spent on padding.
+"""Counted loops of many clients packed into W lanes, each lane training its queue of clients back to back.
 
 A client's local training and its statistics passes are loops with the
 client's own trip count (kernels/local_training.py). Under ``vmap`` a loop
@@ -12,7 +12,8 @@ trains its queue back to back. A lane that finishes a client writes that
 client's carry out and, in the same compiled step, starts its next client
 from that client's own initial carry and its own loop inputs (data rows,
 key schedule, closed-over per-client values). The loop runs max over lanes
-of the lane's summed counts, close to max(largest count, total / W).
+of the lane's summed counts, close to max(largest count, total / W): the
+lane-steps past a lane's own load (W x that - total) are the only padding.
 
 The mechanism is general: whatever a loop's body closes over is traced once
 (`jax.make_jaxpr`) and the per-client values among it are handed to the
