@@ -83,33 +83,41 @@ def matmul_peak(n: int, dtype_name: str = "fp32", reps: int = 3, chain: int = 10
 
 
 def sgd_steps_seconds(model_name: str, input_shape, num_classes: int, batch: int, steps: int = 50,
-                      reps: int = 3, devices: int = 1) -> float:
-    """Seconds per SGD step (lr 0.005) of a model built with the default convolution, inside one jitted
-    ``lax.scan`` of ``steps`` steps on random data; best of ``reps`` calls after a compiling one.
+                      reps: int = 3, devices: int = 1, lanes: int = 1, **model_options) -> float:
+    """Seconds per SGD step (lr 0.005) of a model built with the default convolution (or ``model_options``,
+    e.g. ``conv_impl``), inside one jitted ``lax.scan`` of ``steps`` steps on random data; best of ``reps``
+    calls after a compiling one.
 
     ``devices`` > 1: as the engine trains clients on several (host) devices, each of the first
     ``devices`` devices scans its own client's steps (its own parameters and data) under
     ``jax.shard_map``, side by side; the result is seconds per client-step of the whole machine
-    (wall time / (steps * devices))."""
+    (wall time / (steps * devices)). ``lanes`` > 1: each step is one ``vmap`` of ``lanes`` clients'
+    steps, each on its own parameters and data (the step of the ``packed`` client mapping's lanes); the
+    result is seconds per such step of all the lanes."""
     import jax
     import numpy as np
 
     from fedjax_pfl import losses
     from fedjax_pfl.models.networks import build_model
 
-    model = build_model(model_name, input_shape, num_classes)
+    model = build_model(model_name, input_shape, num_classes, **model_options)
     variables = model.init(jax.random.key(0))
     lead = (devices,) if devices > 1 else ()
-    x = jax.random.normal(jax.random.key(1), lead + (steps, batch, *model.input_shape))
-    y = jax.random.randint(jax.random.key(2), lead + (steps, batch), 0, num_classes)
+    wide = (lanes,) if lanes > 1 else ()
+    x = jax.random.normal(jax.random.key(1), lead + (steps,) + wide + (batch, *model.input_shape))
+    y = jax.random.randint(jax.random.key(2), lead + (steps,) + wide + (batch,), 0, num_classes)
     params = variables["params"]
+    if lanes > 1:
+        params = jax.tree.map(lambda a: np.broadcast_to(a, (lanes,) + a.shape), params)
+
+    def one_step(p, x, y):
+        loss = lambda q: losses.cross_entropy(model.apply({**variables, "params": q}, x, train=True).logits, y)  # noqa: E731
+        return jax.tree.map(lambda a, g: a - 0.005 * g, p, jax.grad(loss)(p))
+
+    lane_step = jax.vmap(one_step) if lanes > 1 else one_step
 
     def scan_steps(params, x, y):
-        def step(p, xy):
-            loss = lambda q: losses.cross_entropy(  # noqa: E731
-                model.apply({**variables, "params": q}, xy[0], train=True).logits, xy[1])
-            return jax.tree.map(lambda a, g: a - 0.005 * g, p, jax.grad(loss)(p)), None
-        return jax.lax.scan(step, params, (x, y))[0]
+        return jax.lax.scan(lambda p, xy: (lane_step(p, *xy), None), params, (x, y))[0]
 
     if devices > 1:
         mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), ("clients",))

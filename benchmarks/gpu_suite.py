@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/gpu_suite.py --out gpu_report          # on the GPU machine
     PYTHONPATH=. python3 benchmarks/gpu_suite.py --quick --out /tmp/suite  # tiny sizes, CPU, a minute
+    PYTHONPATH=. python3 benchmarks/gpu_suite.py --sweep-width --out sweep  # one step at W lanes, W = 1..100
 
 It needs only jax, flax (and the PyYAML flax imports), optax, chex and
 numpy: what the lent GPU machine has. No tqdm or Pillow (the images are
@@ -36,11 +37,32 @@ What it measures, in order:
    used since it counts a while loop's body once. FedAS's extra passes
    (Fisher, class means, alignment) are not counted, so its fraction is a
    lower bound;
+   Each row also gives the round's sequential steps T (the steps its
+   mapping takes one after another: ``map`` every client's, ``vmap`` the
+   largest's, ``chunked`` each chunk's largest, ``packed`` the longest
+   lane's load), ms per sequential step, us per executed client-step, the
+   real TFLOP/s as a share of the measured fp32 and bf16 peaks, the latency
+   floor (the largest client's steps x this row's seconds per sequential
+   step: what the round would take if no lane ever waited on padding), its
+   ratios to the ``chunked:32`` row and to the PyTorch loop of the same
+   suite, and the largest difference of its final server parameters from
+   the ``map`` row's (every row runs the same rounds with the same keys).
+   ``--mappings`` takes ``packed`` (W from the data), ``packed:W`` and
+   ``chunked:W`` (chunks of W) besides ``auto``, ``vmap``, ``chunked``
+   (``--chunk``) and ``map``. `configurations` builds rows from settings
+   (a ``variant`` label and RunConfig fields on top of the workload's), so
+   a variant (a precision, a kernel) is rows of the same table;
 3. the same FedAvg workload through the PyTorch per-client loop
    (benchmarks/torch_loop.py) on the same client arrays, when torch is
    installed (CUDA when available): training s/round and evaluation s/round.
    FedAS has no PyTorch twin here. ``--sides jax`` or ``--sides torch``
    keeps one side's rows.
+
+``--sweep-width`` times instead one SGD step of W lanes (each lane its own
+client's parameters and batch, vmapped: the ``packed`` mapping's step) at
+W = 1, 8, 16, 24, 32, 64, 100 (``--widths``) for each model and convolution:
+ms per step, us per client-step, TFLOP/s and their shares of the peaks; a
+few minutes, one child per width.
 
 A configuration that fails or runs past ``--child-timeout`` is recorded with
 its error and the suite goes on; the suite then exits with status 1 (the
@@ -66,8 +88,28 @@ from pathlib import Path
 from common import CIFAR_SHAPE, device_name, peak_memory_bytes, random_cifar_like, run_config  # noqa: E402
 from flops import matmul_peak, step_flops  # noqa: E402 (benchmarks/ is on sys.path)
 
-LABEL = ("method", "model", "clients", "mapping", "conv")
+LABEL = ("method", "model", "clients", "mapping", "conv", "variant")
 MIN_CONFIG_S = 20.0  # under --budget-s, a configuration is started only with this much time left
+REFERENCE_MAPPING = "chunked:32"  # each row's speed is also given as a ratio to this row's
+SWEEP_WIDTHS = (1, 8, 16, 24, 32, 64, 100)
+
+
+def mapping_settings(mapping: str, chunk: int) -> dict:
+    """train.client_mapping and train.chunk_size of a --mappings entry ('chunked:32': chunks of 32)."""
+    name, _, size = mapping.partition(":")
+    if name == "chunked":
+        return {"train.client_mapping": "chunked", "train.chunk_size": int(size) if size else chunk}
+    return {"train.client_mapping": "auto" if mapping in ("loop", "auto") else mapping, "train.chunk_size": chunk}
+
+
+def configurations(base: dict, methods, models, clients, mappings, convs, variant: str = "",
+                   settings: dict | None = None) -> list[tuple[str, dict]]:
+    """The JAX rows of a suite: one spec per (method, model, clients, mapping, conv) on the workload ``base``,
+    with ``settings`` (RunConfig fields, e.g. ``{"model.compute_dtype": "bfloat16"}``) on top of the workload's
+    and the label ``variant`` (rows of a variant compare with the plain rows in the same table)."""
+    return [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv, variant=variant,
+                         settings=dict(settings or {})))
+            for m, md, c, mp, cv in itertools.product(methods, models, clients, mappings, convs)]
 
 
 def build(spec: dict):
@@ -78,8 +120,7 @@ def build(spec: dict):
         "partition.num_clients": spec["clients"], "partition.min_size": spec["min_size"],
         "model.name": spec["model"], "model.conv_impl": spec["conv"], "train.batch_size": spec["batch"],
         "train.local_epochs": spec["epochs"], "train.lr": spec["lr"], "train.join_ratio": spec["join_ratio"],
-        "train.client_mapping": "auto" if spec["mapping"] in ("loop", "auto") else spec["mapping"],
-        "train.chunk_size": spec["chunk"]})
+        **mapping_settings(spec["mapping"], spec["chunk"]), **spec.get("settings", {})})
     return build_experiment(cfg, dataset=random_cifar_like(spec["train_samples"], spec["test_samples"]))
 
 
@@ -89,6 +130,7 @@ def measure_jax(spec: dict) -> dict:
 
     from fedjax_pfl.engine import mapping_choice
     from fedjax_pfl.engine.engine import round_keys
+    from fedjax_pfl.kernels.local_training import real_steps
 
     exp = build(spec)
     engine = exp.engine
@@ -97,7 +139,7 @@ def measure_jax(spec: dict) -> dict:
     choice = None
     if spec["mapping"] == "auto":
         engine, choice = mapping_choice.choose_mapping(engine, server, clients, round_keys(key, 0)[0], 0)
-    times, real, executed = [], 0, 0
+    times, real, executed, sequential = [], 0, 0, 0
     for t in range(spec["rounds"] + 1):
         start = time.perf_counter()
         server, clients, metrics = engine.round(server, clients, round_keys(key, t)[0], t)
@@ -106,9 +148,14 @@ def measure_jax(spec: dict) -> dict:
         if t > 0:
             real += int(metrics["real_steps"])
             executed += int(metrics["executed_steps"])
+            sequential += int(metrics["sequential_steps"])
     if not all(bool(np.isfinite(np.asarray(a)).all()) for a in jax.tree.leaves((server, clients))
                if a.dtype.kind == "f"):
         raise RuntimeError("non-finite state")
+    if spec.get("params_out"):  # for the largest difference from the map row's (`compare_with_map`)
+        np.savez(spec["params_out"], *[np.asarray(a, np.float64) for a in jax.tree.leaves(server)])
+    s = engine.method.setup
+    largest = int(np.asarray(real_steps(np.asarray(exp.data.train.n), s.batch_size, s.local_epochs, s.drop_last)).max())
     steady = float(np.median(times[1:]))
     flops = step_flops(spec["model"], CIFAR_SHAPE, 10, spec["batch"])
     rounds = spec["rounds"]
@@ -120,6 +167,8 @@ def measure_jax(spec: dict) -> dict:
         "peak_memory_bytes": peak_memory_bytes(), "padding_efficiency": real / max(executed, 1),
         "real_client_steps_per_round": real / rounds, "samples_per_s": samples / steady,
         "flops_per_step": flops, "achieved_flops_per_s": achieved, "client_mapping": engine.mapping,
+        "executed_client_steps_per_round": executed / rounds, "sequential_steps_per_round": sequential / rounds,
+        "largest_client_steps": largest,
         "chunk_size": engine.config.chunk_size if engine.mapping == "chunked" else None, "mapping_choice": choice,
     }
 
@@ -153,7 +202,20 @@ def measure_device(spec: dict) -> dict:
             "matmul_peak": [matmul_peak(spec["matmul_size"], d) for d in ("bf16", "fp32")]}
 
 
-MEASURES = {"jax": measure_jax, "torch": measure_torch, "device": measure_device}
+def measure_sweep(spec: dict) -> dict:
+    """One SGD step of ``spec['lanes']`` lanes (flops.sgd_steps_seconds): ms per step, us per client-step, FLOP/s."""
+    from flops import sgd_steps_seconds
+
+    lanes = spec["lanes"]
+    seconds = sgd_steps_seconds(spec["model"], CIFAR_SHAPE, 10, spec["batch"], spec["steps"], reps=3, lanes=lanes,
+                                conv_impl=spec["conv"])
+    flops = step_flops(spec["model"], CIFAR_SHAPE, 10, spec["batch"])
+    return {"lanes": lanes, "s_per_step": seconds, "ms_per_step": 1e3 * seconds, "us_per_client_step": 1e6 * seconds / lanes,
+            "flops_per_step": flops, "achieved_flops_per_s": flops * lanes / seconds if flops else None,
+            "peak_memory_bytes": peak_memory_bytes()}
+
+
+MEASURES = {"jax": measure_jax, "torch": measure_torch, "device": measure_device, "sweep": measure_sweep}
 
 
 def child_env(side: str) -> dict:
@@ -177,7 +239,7 @@ def run_child(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
 
 
 def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
-    label = {k: spec[k] for k in LABEL}
+    label = {k: spec.get(k, "") for k in LABEL}
     try:
         out = run_child(side, spec, in_process, timeout)
     except subprocess.TimeoutExpired:
@@ -187,66 +249,180 @@ def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
     return {"side": side, **label, **out}
 
 
+def _same_row(r: dict, mapping: str, conv: str | None = None):
+    """The key of the JAX row like ``r`` (method, model, clients, variant) with ``mapping`` and ``conv``."""
+    return (r["method"], r["model"], r["clients"], r.get("variant", ""), mapping, conv or r["conv"])
+
+
+def derived(records: list, peaks: dict) -> None:
+    """Add to each measured JAX row what follows from it and its neighbours in the suite (in place): ms per
+    sequential step, us per executed client-step, the shares of the fp32 and bf16 peaks, the latency floor,
+    the ratios to the ``chunked:32`` row and to the PyTorch loop (>1: this row is faster)."""
+    done = [r for r in records if "error" not in r]
+    seconds = {_same_row(r, r["mapping"]): r["s_per_round"] for r in done if r["side"] == "jax"}
+    torch = {(r["model"], r["clients"]): r["s_per_round"] for r in done if r["side"] == "torch"}
+    for r in done:
+        if r["side"] != "jax":
+            continue
+        per_step = r["s_per_round"] / max(r.get("sequential_steps_per_round") or 0, 1)
+        achieved = r.get("achieved_flops_per_s")
+        reference = seconds.get(_same_row(r, REFERENCE_MAPPING))
+        vs_torch = torch.get((r["model"], r["clients"])) if r["method"] == "fedavg" else None
+        r.update({
+            "ms_per_sequential_step": 1e3 * per_step,
+            "us_per_executed_client_step": 1e6 * r["s_per_round"] / max(r.get("executed_client_steps_per_round", 1), 1),
+            **{f"of_{d}_peak": achieved / peaks[d] if achieved and peaks.get(d) else None for d in ("fp32", "bf16")},
+            "latency_floor_s": r.get("largest_client_steps", 0) * per_step,
+            "vs_chunked32": reference / r["s_per_round"] if reference else None,
+            "vs_torch": vs_torch / r["s_per_round"] if vs_torch else None,
+        })
+
+
+def compare_with_map(records: list, params: dict) -> None:
+    """Each JAX row's largest absolute difference of its final server parameters from the ``map`` row of the
+    same method, model, clients, variant (and convolution, where there is such a row), in place."""
+    import numpy as np
+
+    maps = {}
+    for i, r in enumerate(records):
+        if r["side"] == "jax" and r["mapping"] == "map" and i in params and "error" not in r:
+            maps.setdefault(_same_row(r, "map"), params[i])
+            maps.setdefault(_same_row(r, "map", "any"), params[i])
+    for i, r in enumerate(records):
+        reference = maps.get(_same_row(r, "map")) or maps.get(_same_row(r, "map", "any"))
+        if r["side"] != "jax" or "error" in r or i not in params or reference is None:
+            continue
+        with np.load(params[i]) as got, np.load(reference) as want:
+            r["max_param_diff_from_map"] = max(float(np.max(np.abs(got[k] - want[k]))) for k in want.files)
+
+
 def ratio_lines(records: list) -> list[str]:
     """The comparisons of one suite as ratios of seconds per round (>1: the JAX row is faster): each JAX row
-    against the PyTorch loop on the same model and clients, and against the same row with native convolutions."""
+    against the PyTorch loop on the same model and clients, against the same row with native convolutions,
+    and against the same row under ``chunked:32``."""
     done = [r for r in records if "error" not in r]
     torch = {(r["model"], r["clients"]): r["s_per_round"] for r in done if r["side"] == "torch"}
-    native = {(r["method"], r["model"], r["clients"], r["mapping"]): r["s_per_round"]
-              for r in done if r["side"] == "jax" and r["conv"] == "native"}
+    jax_rows = {_same_row(r, r["mapping"]): r["s_per_round"] for r in done if r["side"] == "jax"}
     rows = []
     for r in done:
         if r["side"] != "jax":
             continue
         vs_torch = torch.get((r["model"], r["clients"])) if r["method"] == "fedavg" else None
-        vs_native = native.get((r["method"], r["model"], r["clients"], r["mapping"])) if r["conv"] != "native" else None
-        if vs_torch or vs_native:
+        vs_native = jax_rows.get(_same_row(r, r["mapping"], "native")) if r["conv"] != "native" else None
+        vs_chunked = jax_rows.get(_same_row(r, REFERENCE_MAPPING)) if r["mapping"] != REFERENCE_MAPPING else None
+        if vs_torch or vs_native or vs_chunked:
             rows.append(f"| {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
-                        + " | ".join("-" if v is None else f"{v / r['s_per_round']:.2f}x" for v in (vs_torch, vs_native))
-                        + " |")
+                        + " | ".join("-" if v is None else f"{v / r['s_per_round']:.2f}x"
+                                     for v in (vs_torch, vs_native, vs_chunked)) + " |")
     if not rows:
         return []
     return ["", "Ratios of seconds per round (>1: this JAX row is faster), within this suite:", "",
-            "| method | model | clients | mapping | conv | vs PyTorch loop | vs native conv |", "|" + "---|" * 7, *rows]
+            f"| method | model | clients | mapping | conv | vs PyTorch loop | vs native conv | vs {REFERENCE_MAPPING} |",
+            "|" + "---|" * 8, *rows]
+
+
+def _fmt(v, spec=".3g"):
+    return "-" if v is None else format(v, spec)
+
+
+def row_lines(records: list, peak_fp32: float | None) -> list[str]:
+    """The suite's main table: one line per configuration."""
+    lines = ["", "| side | method | model | clients | mapping | conv | variant | rounds/s | s/round | compile s | "
+             "peak MiB | T | ms/step | us/client-step | padding eff. | TFLOP/s | of fp32 | of bf16 | floor s | "
+             f"vs {REFERENCE_MAPPING} | vs PyTorch | max diff vs map |", "|" + "---|" * 22]
+    for r in records:
+        head = f"| {r['side']} | {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
+        if "error" in r:
+            lines.append(head + f"{r.get('variant', '')} | error: {r['error'][:120]} |" + " |" * 14)
+            continue
+        achieved = r.get("achieved_flops_per_s")
+        chosen = (f" ({r['client_mapping']}{':' + str(r['chunk_size']) if r.get('chunk_size') else ''})"
+                  if r["mapping"] == "auto" or r["mapping"] == "packed" else "")
+        ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+        lines.append(
+            head.replace(f"| {r['mapping']} |", f"| {r['mapping']}{chosen} |") + f"{r.get('variant', '')} | "
+            f"{_fmt(r['rounds_per_s'])} | {_fmt(r['s_per_round'])} | {_fmt(r.get('compile_s'))} | "
+            f"{_fmt(r['peak_memory_bytes'] / 2**20, '.0f')} | {_fmt(r.get('sequential_steps_per_round'), '.0f')} | "
+            f"{_fmt(r.get('ms_per_sequential_step'))} | {_fmt(r.get('us_per_executed_client_step'))} | "
+            f"{_fmt(r.get('padding_efficiency'))} | {_fmt(achieved and achieved / 1e12)} | "
+            f"{_fmt(r.get('of_fp32_peak', achieved / peak_fp32 if achieved and peak_fp32 else None), '.1%')} | "
+            f"{_fmt(r.get('of_bf16_peak'), '.1%')} | {_fmt(r.get('latency_floor_s'))} | {ratio(r.get('vs_chunked32'))} | "
+            f"{ratio(r.get('vs_torch'))} | {_fmt(r.get('max_param_diff_from_map'), '.2g')} |")
+    return lines
+
+
+def sweep_lines(records: list, peaks: dict) -> list[str]:
+    """The --sweep-width table: one line per (model, conv, lanes)."""
+    lines = ["", "| model | conv | lanes | ms/step | us/client-step | TFLOP/s | of fp32 | of bf16 | peak MiB |",
+             "|" + "---|" * 9]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['conv']} | {r['mapping']} | error: {r['error'][:120]} |" + " |" * 5)
+            continue
+        achieved = r.get("achieved_flops_per_s")
+        share = lambda d: achieved / peaks[d] if achieved and peaks.get(d) else None  # noqa: E731
+        lines.append(f"| {r['model']} | {r['conv']} | {r['lanes']} | {_fmt(r['ms_per_step'])} | "
+                     f"{_fmt(r['us_per_client_step'])} | {_fmt(achieved and achieved / 1e12)} | "
+                     f"{_fmt(share('fp32'), '.1%')} | {_fmt(share('bf16'), '.1%')} | "
+                     f"{_fmt(r['peak_memory_bytes'] / 2**20, '.0f')} |")
+    return lines
 
 
 def markdown(report: dict) -> str:
-    fmt = lambda v, spec=".3g": "-" if v is None else format(v, spec)  # noqa: E731
     lines = [f"# GPU suite: {report['device']}", "",
              f"jax {report['jax']}, backend {report['backend']}, python {report['python']}, "
              f"load average {report['load_avg_1min']}", "", f"Workload: {report['workload']}", "",
              "| matmul | n | TFLOP/s |", "|---|---|---|"]
     for p in report["matmul_peak"]:
-        lines.append(f"| {p['dtype']} | {p['n']} | {fmt(p['flops_per_s'] / 1e12)} |")
-    lines += ["", "| side | method | model | clients | mapping | conv | rounds/s | s/round | compile s | peak MiB | "
-              "padding eff. | samples/s | TFLOP/s | of fp32 peak |", "|" + "---|" * 14]
-    peak = next((p["flops_per_s"] for p in report["matmul_peak"] if p["dtype"] == "fp32"), None)
-    for r in report["records"]:
-        head = f"| {r['side']} | {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
-        if "error" in r:
-            lines.append(head + f"error: {r['error'][:120]} |" + " |" * 7)
-            continue
-        achieved = r.get("achieved_flops_per_s")
-        frac = achieved / peak if achieved and peak else None
-        chosen = (f" ({r['client_mapping']}{':' + str(r['chunk_size']) if r.get('chunk_size') else ''})"
-                  if r["mapping"] == "auto" else "")
-        lines.append(
-            head.replace(f"| {r['mapping']} |", f"| {r['mapping']}{chosen} |") +
-            f"{fmt(r['rounds_per_s'])} | {fmt(r['s_per_round'])} | {fmt(r.get('compile_s'))} | "
-            f"{fmt(r['peak_memory_bytes'] / 2**20, '.0f')} | {fmt(r.get('padding_efficiency'))} | "
-            f"{fmt(r.get('samples_per_s'), '.0f')} | {fmt(achieved and achieved / 1e12)} | {fmt(frac, '.1%')} |")
-    lines += ratio_lines(report["records"])
+        lines.append(f"| {p['dtype']} | {p['n']} | {_fmt(p['flops_per_s'] / 1e12)} |")
+    peaks = {p["dtype"]: p["flops_per_s"] for p in report["matmul_peak"]}
+    if report.get("sweep"):
+        lines += sweep_lines(report["records"], peaks)
+        lines += ["", "One SGD step of W lanes, each its own client's parameters and batch of B (vmapped: the packed "
+                  "mapping's step), best of 3 jitted scans; FLOPs are XLA's count of one B-sample step x W."]
+    else:
+        lines += row_lines(report["records"], peaks.get("fp32"))
+        lines += ratio_lines(report["records"])
+        lines += ["", "FLOP/s count one SGD step's XLA FLOPs x real client-steps (FedAS extras not counted). T: "
+                  "sequential local steps per round (the mapping's one-after-another steps); ms/step: s/round / T; "
+                  "us/client-step: s/round / executed client-steps; floor: the largest client's steps x ms/step. "
+                  "PyTorch rows: FedAvg through the per-client loop; peak memory is torch.cuda.max_memory_allocated "
+                  "on CUDA, process RSS on CPU. `auto` and `packed` rows: the mapping the engine chose (every "
+                  "candidate's time is in suite.json's mapping_choice)."]
     failed = sum("error" in r for r in report["records"])
-    lines += ["", "FLOP/s count one SGD step's XLA FLOPs x real client-steps (FedAS extras not counted). "
-              "PyTorch rows: FedAvg through the per-client loop; peak memory is torch.cuda.max_memory_allocated "
-              "on CUDA, process RSS on CPU. `auto` rows: the mapping the engine chose (every candidate's time is in "
-              "suite.json's mapping_choice).", "",
-              f"{failed} of {len(report['records'])} configurations failed." if failed else
+    lines += ["", f"{failed} of {len(report['records'])} configurations failed." if failed else
               f"All {len(report['records'])} configurations completed.", ""]
     if report.get("not_run"):
         lines += [f"Not run ({report['budget_note']}): " + "; ".join(
-            " ".join(str(v) for v in row.values()) for row in report["not_run"]) + ".", ""]
+            " ".join(str(v) for v in row.values() if v != "") for row in report["not_run"]) + ".", ""]
     return "\n".join(lines)
+
+
+def sweep_jobs(args) -> list[tuple[str, dict]]:
+    """The --sweep-width rows: one step of each width for each model and convolution."""
+    return [("sweep", {"method": "sgd step", "model": md, "clients": "-", "mapping": f"{w} lanes", "conv": cv,
+                       "variant": "", "lanes": w, "batch": args.batch, "steps": args.sweep_steps})
+            for md, cv, w in itertools.product(args.models.split(","), args.convs.split(","), args.widths)]
+
+
+def suite_jobs(args, base: dict, sides: set, report: dict) -> list[tuple[str, dict]]:
+    """The JAX rows (`configurations`) and, when torch is there, the PyTorch rows of a suite."""
+    models, clients = args.models.split(","), args.clients.split(",")
+    jobs = configurations(base, args.methods.split(","), models, clients, args.mappings.split(","),
+                          args.convs.split(",")) if "jax" in sides else []
+    has_torch = False
+    if args.no_torch or "torch" not in sides:
+        report["torch_note"] = "--no-torch or --sides jax given: no PyTorch rows"
+    else:
+        try:
+            import torch  # noqa: F401
+            has_torch = True
+        except ImportError:
+            report["torch_note"] = "torch is not installed (pip install 'fedjax_pfl[bench]'): no PyTorch rows"
+    if has_torch and "fedavg" in args.methods.split(","):
+        jobs += [("torch", dict(base, method="fedavg", model=md, clients=int(c), mapping="loop", conv="native"))
+                 for md, c in itertools.product(models, clients)]
+    return jobs
 
 
 def main(argv=None) -> int:
@@ -256,8 +432,9 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default="fedavg,fedas")
     p.add_argument("--models", default="fedavgcnn", help="fedavgcnn, resnet8, lenet (comma-separated)")
     p.add_argument("--clients", default="20,100,1000")
-    p.add_argument("--mappings", default="auto", help="auto (times vmap, chunked:8/32, map; keeps the fastest), "
-                   "or any of vmap, chunked, map for each one's own row and peak memory")
+    p.add_argument("--mappings", default="auto", help="auto (times vmap, chunked:8/32, packed:W*, map; keeps the "
+                   "fastest), or any of vmap, chunked, chunked:W, packed, packed:W, map for each one's own row and "
+                   "peak memory")
     p.add_argument("--convs", default="native,direct", help="native, direct, im2col")
     p.add_argument("--train-samples", type=int, default=45000)
     p.add_argument("--test-samples", type=int, default=15000)
@@ -275,6 +452,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--sides", default="jax,torch", help="jax, torch or both: split a suite over several commands "
                    "without repeating rows (torch rows still need torch and fedavg in --methods)")
+    p.add_argument("--sweep-width", action="store_true", help="time one SGD step of W lanes at each of --widths "
+                   "instead of rounds (the packed mapping's step: how its cost grows with W)")
+    p.add_argument("--widths", default=",".join(map(str, SWEEP_WIDTHS)), help="lanes of --sweep-width")
+    p.add_argument("--sweep-steps", type=int, default=50, help="steps per timed scan of --sweep-width")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
@@ -285,55 +466,51 @@ def main(argv=None) -> int:
     if args.quick:
         args.clients, args.train_samples, args.test_samples = "4", 96, 32
         args.epochs, args.rounds, args.matmul_size = 1, 1, 128
+        args.sweep_steps = 3
         if args.convs == p.get_default("convs"):
             args.convs = "direct"
+        if args.widths == p.get_default("widths"):
+            args.widths = "1,2"
+    args.widths = [int(w) for w in args.widths.split(",")]
 
     sides = set(args.sides.split(","))
     if not sides <= {"jax", "torch"}:
         p.error(f"--sides takes jax, torch or jax,torch, not {args.sides!r}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "params").mkdir(parents=True, exist_ok=True)
     jsonl = out / "suite.jsonl"
     jsonl.unlink(missing_ok=True)
     base = dict(batch=args.batch, epochs=args.epochs, lr=args.lr, join_ratio=args.join_ratio, chunk=args.chunk,
                 train_samples=args.train_samples, test_samples=args.test_samples, rounds=args.rounds)
-    report = {
-        "benchmark": "gpu_suite", "python": platform.python_version(),
-        "load_avg_1min": round(os.getloadavg()[0], 2),
-        "workload": (f"{args.models} on 32x32x3 random images, Dirichlet 0.1 over {args.train_samples}+"
+    workload = (f"one SGD step of {args.models} at B={args.batch} on 32x32x3 random images, W lanes" if args.sweep_width
+                else f"{args.models} on 32x32x3 random images, Dirichlet 0.1 over {args.train_samples}+"
                      f"{args.test_samples} samples, B={args.batch}, E={args.epochs}, join ratio {args.join_ratio}, "
-                     f"lr {args.lr}, {args.rounds} timed rounds after a warm-up round"),
+                     f"lr {args.lr}, {args.rounds} timed rounds after a warm-up round")
+    report = {
+        "benchmark": "gpu_suite", "python": platform.python_version(), "sweep": args.sweep_width,
+        "load_avg_1min": round(os.getloadavg()[0], 2), "workload": workload,
         **run_child("device", {"matmul_size": args.matmul_size}, args.quick, args.child_timeout), "records": [],
     }
-    models, clients = args.models.split(","), args.clients.split(",")
-    jobs = [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv))
-            for m, md, c, mp, cv in itertools.product(args.methods.split(","), models, clients,
-                                                      args.mappings.split(","), args.convs.split(","))
-            if "jax" in sides]
-    has_torch = False
-    if args.no_torch or "torch" not in sides:
-        report["torch_note"] = "--no-torch or --sides jax given: no PyTorch rows"
-    else:
-        try:
-            import torch  # noqa: F401
-            has_torch = True
-        except ImportError:
-            report["torch_note"] = "torch is not installed (pip install 'fedjax_pfl[bench]'): no PyTorch rows"
-    if has_torch and "fedavg" in args.methods.split(","):
-        jobs += [("torch", dict(base, method="fedavg", model=md, clients=int(c), mapping="loop", conv="native"))
-                 for md, c in itertools.product(models, clients)]
+    jobs = sweep_jobs(args) if args.sweep_width else suite_jobs(args, base, sides, report)
     report["not_run"], report["budget_note"] = [], f"--budget-s {args.budget_s:g} reached" if deadline else None
+    params = {}
     for side, spec in jobs:
-        spec["min_size"] = max(1, min(10, args.train_samples // (4 * spec["clients"])))
+        if side != "sweep":
+            spec["min_size"] = max(1, min(10, args.train_samples // (4 * spec["clients"])))
+        if side == "jax":
+            params[len(report["records"])] = spec["params_out"] = str(out / "params" / f"{len(report['records'])}.npz")
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left < MIN_CONFIG_S:
-            report["not_run"].append({"side": side, **{k: spec[k] for k in LABEL}})
+            report["not_run"].append({"side": side, **{k: spec.get(k, "") for k in LABEL}})
             continue
         record = run_spec(side, spec, args.quick, args.child_timeout if left is None else min(args.child_timeout, left))
         report["records"].append(record)
         with open(jsonl, "a") as f:
             f.write(json.dumps(record) + "\n")
         print(json.dumps(record), flush=True)
+    peaks = {p["dtype"]: p["flops_per_s"] for p in report["matmul_peak"]}
+    derived(report["records"], peaks)
+    compare_with_map(report["records"], {i: path for i, path in params.items() if Path(path).is_file()})
     (out / "suite.json").write_text(json.dumps(report, indent=1))
     (out / "suite.md").write_text(markdown(report))
     failed = [r for r in report["records"] if "error" in r]

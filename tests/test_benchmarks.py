@@ -89,7 +89,8 @@ def _suite(tmp_path, *args):
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(BLOCKER)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
-           "PYTHONPATH": f"{site}{os.pathsep}.", "JAX_PLATFORMS": "cpu"}
+           "PYTHONPATH": f"{site}{os.pathsep}.", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}  # the suite's fast-compile flags (conftest.py)
     return subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--quick", "--out", str(tmp_path / "out"), *args],
                           capture_output=True, text=True, timeout=900, cwd=BENCH.parent, env=env)
 
@@ -236,15 +237,61 @@ def test_gpu_suite_reports_its_comparisons_as_ratios(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import gpu_suite
 
-    row = lambda side, conv, s, method="fedavg", clients=100: {  # noqa: E731
-        "side": side, "method": method, "model": "fedavgcnn", "clients": clients, "mapping": "chunked", "conv": conv,
+    row = lambda side, conv, s, method="fedavg", clients=100, mapping="chunked": {  # noqa: E731
+        "side": side, "method": method, "model": "fedavgcnn", "clients": clients, "mapping": mapping, "conv": conv,
         "s_per_round": s}
     lines = gpu_suite.ratio_lines([row("jax", "native", 2.0), row("jax", "direct", 1.6), row("torch", "native", 26.0),
                                    row("jax", "direct", 3.0, method="fedas"), row("jax", "native", 5.0, clients=20),
-                                   {**row("jax", "im2col", 1.0), "error": "out of memory"}])
-    assert lines[5:] == ["| fedavg | fedavgcnn | 100 | chunked | native | 13.00x | - |",
-                         "| fedavg | fedavgcnn | 100 | chunked | direct | 16.25x | 1.25x |"]
+                                   {**row("jax", "im2col", 1.0), "error": "out of memory"},
+                                   row("jax", "direct", 0.8, mapping="chunked:32"), row("jax", "direct", 0.5, mapping="packed")])
+    assert lines[5:] == ["| fedavg | fedavgcnn | 100 | chunked | native | 13.00x | - | - |",
+                         "| fedavg | fedavgcnn | 100 | chunked | direct | 16.25x | 1.25x | 0.50x |",
+                         "| fedavg | fedavgcnn | 100 | chunked:32 | direct | 32.50x | - | - |",
+                         "| fedavg | fedavgcnn | 100 | packed | direct | 52.00x | - | 1.60x |"]
     assert gpu_suite.ratio_lines([row("jax", "native", 2.0)]) == []
+
+
+def test_gpu_suite_packed_rows_carry_steps_peak_shares_floor_and_the_difference_from_map(tmp_path):
+    proc = _suite(tmp_path, "--methods", "fedavg", "--models", "mlp", "--mappings", "map,packed:2", "--no-torch")
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    rows = {r["mapping"]: r for r in json.loads((tmp_path / "out" / "suite.json").read_text())["records"]}
+    packed, plain = rows["packed:2"], rows["map"]
+    assert packed["client_mapping"] == "packed:2" and plain["max_param_diff_from_map"] == 0.0
+    assert 0 <= packed["max_param_diff_from_map"] < 1e-5
+    for r in rows.values():
+        _finite_positive(r, ["sequential_steps_per_round", "ms_per_sequential_step", "us_per_executed_client_step",
+                             "of_fp32_peak", "of_bf16_peak", "latency_floor_s", "padding_efficiency"])
+        assert r["real_client_steps_per_round"] <= r["executed_client_steps_per_round"]
+        assert r["latency_floor_s"] == pytest.approx(r["largest_client_steps"] * r["ms_per_sequential_step"] / 1e3)
+    assert plain["sequential_steps_per_round"] == plain["real_client_steps_per_round"]  # one client at a time
+    assert packed["sequential_steps_per_round"] * 2 == packed["executed_client_steps_per_round"]
+    table = (tmp_path / "out" / "suite.md").read_text()
+    assert "| jax | fedavg | mlp | 4 | packed:2 | direct |" in table and "max diff vs map" in table
+
+
+def test_gpu_suite_sweep_width_times_one_step_at_each_width(tmp_path):
+    proc = _suite(tmp_path, "--sweep-width", "--models", "mlp", "--widths", "1,3")
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    report = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert report["sweep"] and [r["lanes"] for r in report["records"]] == [1, 3]
+    for r in report["records"]:
+        _finite_positive(r, ["ms_per_step", "us_per_client_step", "achieved_flops_per_s"])
+        assert r["us_per_client_step"] == pytest.approx(1e3 * r["ms_per_step"] / r["lanes"])
+    assert "| mlp | direct | 3 |" in (tmp_path / "out" / "suite.md").read_text()
+
+
+def test_padding_efficiency_counts_every_mapping_and_packed_stays_above_097():
+    proc = subprocess.run([sys.executable, str(BENCH / "padding_efficiency.py"), "--clients", "100",
+                           "--widths", "8,24,64"], capture_output=True, text=True, timeout=600, cwd=BENCH.parent,
+                          env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (record,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    eff, executed = record["padding_efficiency"], record["executed_client_steps"]
+    assert executed["map"] == record["real_client_steps"] and eff["map"] == 1.0
+    assert record["packed_at_least_target"] == {"target": 0.97, "widths": [8, 24], "holds": True}
+    assert record["packed_width"] == int(record["total_over_largest"]) == 24
+    assert eff["vmap"] < eff["chunked:24"] < eff["packed:24"] and eff["packed:64"] < 0.97  # the largest caps W=64
+    assert executed["vmap"] == 100 * record["largest_client_steps"]
 
 
 def test_gpu_suite_budget_lists_what_it_did_not_start_and_a_suite_that_measured_nothing_fails(tmp_path):

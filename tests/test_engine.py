@@ -143,11 +143,11 @@ def _reference(method_name, model, rounds, key, sizes=SIZES):
 
 @pytest.mark.parametrize("method_name", ["fedavg", "fedper", "fedrep"])
 def test_engine_equals_per_client_loop_mlp(method_name):
-    """Every client mapping, two rounds, ragged clients (sizes 1..23, B=5)."""
+    """Every client mapping (packed in 2 lanes too), two rounds, ragged clients (sizes 1..23, B=5)."""
     model = build_model("mlp", (6, 6, 1), 4, hidden=(16,))
     key = jax.random.key(3)
     ref_server, ref_personal = _reference(method_name, model, 2, key)
-    for mapping in ("vmap", "map", "chunked"):
+    for mapping in ("vmap", "map", "chunked", "packed:2"):
         server, clients = _run_engine(method_name, model, mapping, 2, key)
         if method_name == "fedavg":
             _assert_close(server["variables"], ref_server)

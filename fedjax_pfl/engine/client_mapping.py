@@ -6,23 +6,39 @@ The per-client function is written once; the mapping is an engine setting:
   CPU, where per-client convolution weights vmap into slow kernels);
 - ``chunked``: ``lax.map`` over chunks of ``chunk_size`` vmapped clients
   (bounds memory for hundreds of clients). The engine hands the clients over
-  sorted by their step count, so each chunk runs to its own largest client.
-All three compute the same numbers (tests/test_engine.py). Under ``chunked``
+  sorted by their step count, so each chunk runs to its own largest client;
+- ``packed:W``: W lanes under one ``vmap``, each training a queue of clients
+  back to back (kernels/packed_loops.py): every loop of the client update
+  runs about max(largest client, total / W) steps of W lanes, so padding
+  efficiency stays near 1 for any W up to total / largest. ``packed`` alone
+  takes W from the data (`packed_width`, set by the engine).
+All compute the same numbers (tests/test_engine.py, tests/test_packed_lanes.py). Under ``chunked``
 the engine also streams the round where the method allows it (`scan_chunks`):
 each chunk's state is gathered, trained and scattered back in turn, so that
 only the uploads are held for every selected client.
 
 Local training loops run each client's own trip count; under ``vmap`` a chunk
-runs to its largest member. `executed_steps` counts what a mapping computes,
+runs to its largest member, under ``packed`` each lane to its summed load. `executed_steps` counts what a mapping computes,
 so that padding efficiency (real / executed client-steps) can be reported.
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-MAPPINGS = ("vmap", "map", "chunked")
+from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.kernels import dealing, packed_loops
+
+MAPPINGS = ("vmap", "map", "chunked", "packed")
+PACKED = "packed"
+# The most lanes `packed_width` gives: on a CPU a few cores share the lanes' work; on an accelerator a step of
+# 128 lanes of B >= 16 samples is a batch of 2,048 or more, past which wider lanes only add padding.
+MAX_LANES = {"cpu": 8}
+MAX_LANES_ACCELERATOR = 128
 
 
 def default_mapping(backend: str | None = None) -> str:
@@ -31,12 +47,59 @@ def default_mapping(backend: str | None = None) -> str:
     return "map" if backend == "cpu" else "vmap"
 
 
+def parse(mapping: str) -> tuple[str, int | None]:
+    """(name, lanes): ('packed', W) for 'packed:W', (mapping, None) for the others; a one-line UserError for
+    anything else.
+
+    Examples:
+        >>> parse("packed:24"), parse("packed"), parse("map")
+        (('packed', 24), ('packed', None), ('map', None))
+    """
+    name, colon, width = str(mapping).partition(":")
+    if name not in ("auto", *MAPPINGS) or (colon and name != PACKED):
+        raise UserError(f"unknown client mapping {mapping!r}; choose auto, vmap, map, chunked, packed or packed:W "
+                        "(W lanes, a whole number >= 1)")
+    if not colon:
+        return name, None
+    if not width.strip().isdigit() or int(width) < 1:
+        raise UserError(f"client mapping {mapping!r}: W in packed:W must be a whole number >= 1 (lanes), "
+                        f"got {width!r}; or give packed alone for W from the data")
+    return name, int(width)
+
+
 def resolve(mapping: str) -> str:
+    """The mapping ``mapping`` names ('auto': this backend's default), checked by `parse`; 'packed:W' written
+    with W as a plain number."""
     if mapping == "auto":
         return default_mapping()
-    if mapping not in MAPPINGS:
-        raise ValueError(f"client mapping must be 'auto' or one of {MAPPINGS}, got {mapping!r}")
-    return mapping
+    name, lanes = parse(mapping)
+    return name if lanes is None else f"{PACKED}:{lanes}"
+
+
+def is_packed(mapping: str) -> bool:
+    """Whether ``mapping`` is 'packed' or 'packed:W'."""
+    return parse(resolve(mapping))[0] == PACKED
+
+
+def packed_width(counts, clients: int, devices: int = 1, backend: str | None = None) -> int:
+    """W* for ``clients`` of trip counts drawn from ``counts`` (every client's, host numbers) per round on
+    ``devices``: about (each device's expected total) / (the largest count), at least 1, at most each device's
+    clients and `MAX_LANES` of the backend. Past it the largest client caps every lane's load.
+
+    Examples:
+        >>> packed_width([580, 300, 100, 100, 50, 10, 0, 60], clients=8)  # total 1200 / largest 580
+        2
+        >>> packed_width([5] * 100, clients=100, backend="gpu")  # equal clients: as wide as the device allows
+        100
+    """
+    counts = np.asarray(counts, np.int64)
+    per_device = -(-clients // devices)
+    largest = int(counts.max()) if counts.size else 0
+    cap = MAX_LANES.get(backend or jax.default_backend(), MAX_LANES_ACCELERATOR)
+    if largest == 0:
+        return 1
+    total = counts.sum() * clients / counts.size / devices
+    return int(max(1, min(math.floor(total / largest), per_device, cap)))
 
 
 def map_clients(fn, mapping: str, chunk_size: int = 8):
@@ -44,31 +107,84 @@ def map_clients(fn, mapping: str, chunk_size: int = 8):
     mapping = resolve(mapping)
     if mapping == "vmap":
         return jax.vmap(fn)
+    if is_packed(mapping):
+        lanes = parse(mapping)[1]
+        if lanes is None:
+            raise ValueError("'packed' needs its width here: the engine sets packed:W from the data (packed_width)")
+
+        def packed(*args):
+            with packed_loops.packing(lanes, jax.tree.leaves(args)[0].shape[0]):
+                return jax.vmap(fn)(*args)
+
+        return packed
     batch = None if mapping == "map" else chunk_size
     return lambda *args: jax.lax.map(lambda a: fn(*a), args, batch_size=batch)
 
 
 def sorts_clients(mapping: str) -> bool:
-    """Whether clients should reach this mapping sorted by cost (only chunks gain from it)."""
+    """Whether clients should reach this mapping sorted by cost (only chunks gain from it; packed lanes deal
+    them themselves)."""
     return resolve(mapping) == "chunked"
 
 
-def executed_steps(steps, mapping: str, chunk_size: int = 8):
+def executed_steps(steps, mapping: str, chunk_size: int = 8, devices: int = 1):
     """Client-steps a mapping computes for per-client trip counts ``steps`` [S]
     (already in the order the mapping sees them): ``map`` runs each client's own
     count, ``vmap`` every client to the largest, ``chunked`` each chunk (and the
-    remainder, as ``lax.map``'s ``batch_size`` does) to its own largest."""
+    remainder, as ``lax.map``'s ``batch_size`` does) to its own largest,
+    ``packed:W`` W lanes to the longest lane's load, on each of ``devices``
+    (clients dealt to them as `sharding.split_over_devices` deals them, the
+    spare slots repeating the cheapest client; the other mappings are counted
+    as on one device).
+
+    Examples:
+        >>> steps = jnp.array([10, 9, 4, 4, 1])
+        >>> [int(executed_steps(steps, m, 2)) for m in ("map", "vmap", "chunked", "packed:2")]
+        [28, 50, 29, 28]
+    """
+    return step_counts(steps, mapping, chunk_size, devices)[1]
+
+
+def sequential_steps(steps, mapping: str, chunk_size: int = 8, devices: int = 1):
+    """Steps a mapping takes one after another for per-client trip counts ``steps`` [S] (as `executed_steps`):
+    ``map`` the sum, ``vmap`` the largest, ``chunked`` the sum of the chunks' largest, ``packed:W`` the
+    longest lane's load (the longest on any device). A round's time is about this many steps of its width.
+
+    Examples:
+        >>> steps = jnp.array([10, 9, 4, 4, 1])
+        >>> [int(sequential_steps(steps, m, 2)) for m in ("map", "vmap", "chunked", "packed:2")]
+        [28, 10, 15, 14]
+    """
+    return step_counts(steps, mapping, chunk_size, devices)[0]
+
+
+def step_counts(steps, mapping: str, chunk_size: int = 8, devices: int = 1):
+    """(`sequential_steps`, `executed_steps`) in one pass.
+
+    Examples:
+        >>> [int(c) for c in step_counts(jnp.array([10, 9, 4, 4, 1]), "packed:2")]
+        [14, 28]
+    """
     mapping = resolve(mapping)
     steps = jnp.asarray(steps, jnp.int32)
     count = steps.shape[0]
     if mapping == "map":
-        return steps.sum()
+        return steps.sum(), steps.sum()
+    if is_packed(mapping):
+        lanes = parse(mapping)[1]
+        per_device = steps[None] if devices == 1 else steps[dealing.balanced_slots(steps, devices)[0]].reshape(
+            devices, -1)
+        width = min(lanes, per_device.shape[1])
+        loads = jax.vmap(lambda c: packed_loops.lane_queues(c, width)[2].max())(per_device)
+        return loads.max(), width * loads.sum()
     if mapping == "vmap" or count <= chunk_size:
-        return count * steps.max()
+        return steps.max(), count * steps.max()
     full = (count // chunk_size) * chunk_size
-    chunks = steps[:full].reshape(-1, chunk_size).max(axis=1).sum() * chunk_size
+    maxima = steps[:full].reshape(-1, chunk_size).max(axis=1)
     rest = steps[full:]
-    return chunks + (rest.shape[0] * rest.max() if rest.shape[0] else 0)
+    if not rest.shape[0]:
+        return maxima.sum(), maxima.sum() * chunk_size
+    return maxima.sum() + rest.max(), maxima.sum() * chunk_size + rest.shape[0] * rest.max()
 
 
 def scan_chunks(step, carry, count: int, chunk_size: int):

@@ -3,7 +3,7 @@
 A round: (1) select round(N * join_ratio) clients from the round key; (2)
 gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
-lax.map or chunked vmap: client_mapping.py); (5) the method's server step on
+lax.map, chunked vmap or packed lanes: client_mapping.py); (5) the method's server step on
 the stacked uploads; (6) scatter client state back; (7) for a method that
 asks (``Method.updates_every_client``: FedALA), a per-client step on ALL N
 clients with the new server state, mapped like evaluation. Under ``chunked`` (and
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ class EngineConfig:
     """Round mechanics that are not a method's business."""
 
     clients_per_round: int
-    client_mapping: str = "auto"
+    client_mapping: str = "auto"  # auto | vmap | map | chunked | packed | packed:W (client_mapping.py)
     chunk_size: int = 8
     straggler_fraction: float = 0.0  # selected clients that train 1..E//2 epochs
     drop_fraction: float = 0.0  # selected clients whose upload is lost
@@ -130,10 +131,14 @@ class Engine:
         self.method = method
         self.config = config
         self.client_data = (train, test, val)  # as given: `with_mapping` builds its engines from them
-        self.mapping = client_mapping.resolve(config.client_mapping)
-        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.needs_selected_state
         self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
+        self.mapping, self.mapping_note = self._packed_or_fallback(client_mapping.resolve(config.client_mapping))
+        # passes over every client (evaluation, `update_every_client`) map like training, lanes from their sizes
+        self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), config.eval_batch_size, 1)
+        self.every_client_mapping = self._all_clients_mapping(np.asarray(train.n), method.setup.batch_size,
+                                                              method.setup.local_epochs, method.setup.drop_last)
+        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.needs_selected_state
         self.padded_clients = sharding.padded_count(self.num_clients, self.mesh)  # array rows (empty ones appended)
         # Evaluation visits clients largest test set first so that chunks are even (host-known sizes);
         # on a mesh each device keeps its own block of clients instead (no reordering across devices).
@@ -162,6 +167,35 @@ class Engine:
             for data_axis in (None, 0)}
         self._init = jax.jit(self._padded_init)  # one compile, not one dispatch per op of the method's init
         self._init_batched = jax.jit(jax.vmap(self._padded_init))
+
+    def _packed_or_fallback(self, mapping: str) -> tuple[str, str | None]:
+        """(the mapping to run, a note on why it is not the one asked for, or None): 'packed' gets its width
+        from the data (`packed_width`); a method that cannot pack (`Method.cannot_pack`) runs 'chunked'."""
+        if not client_mapping.is_packed(mapping):
+            return mapping, None
+        if self.method.cannot_pack:
+            note = (f"method {self.method.name!r} cannot run {mapping} ({self.method.cannot_pack}): "
+                    f"chunked:{self.config.chunk_size} instead")
+            warnings.warn(note, stacklevel=3)
+            return "chunked", note
+        return (f"{mapping}:{self.packed_width()}" if mapping == client_mapping.PACKED else mapping), None
+
+    def packed_width(self) -> int:
+        """W* of this engine's training: about the expected real client-steps of a round on each device over the
+        largest client's (`client_mapping.packed_width`)."""
+        s = self.method.setup
+        steps = np.asarray(local_training.real_steps(np.asarray(self.client_data[0].n), s.batch_size, s.local_epochs,
+                                                     s.drop_last))
+        training = self.num_clients if self.config.all_clients_train else self.config.clients_per_round
+        return client_mapping.packed_width(steps, training, sharding.mesh_size(self.mesh))
+
+    def _all_clients_mapping(self, n, batch_size: int, epochs: int, drop_last: bool = False) -> str:
+        """The mapping of a pass over all N clients of sizes ``n`` (batches of ``batch_size``, ``epochs``): the
+        training mapping, with lanes from these sizes when it is packed."""
+        if not client_mapping.is_packed(self.mapping):
+            return self.mapping
+        counts = np.asarray(local_training.real_steps(n, batch_size, epochs, drop_last))
+        return f"{client_mapping.PACKED}:{client_mapping.packed_width(counts, len(n), sharding.mesh_size(self.mesh))}"
 
     def with_mapping(self, mapping: str, chunk_size: int | None = None) -> "Engine":
         """An engine like this one (method, client data, settings) whose clients are mapped by ``mapping``
@@ -224,6 +258,42 @@ class Engine:
         """One federated round. Donates ``server`` and ``clients``."""
         return self._round(server, clients, self.train, key, jnp.int32(round_index), values or {})
 
+    def _round_plan(self, n, key):
+        """(selected, epochs, uploaded, client keys, real steps, order) of the round with key ``key`` over clients
+        of train sizes ``n``: the first five in the order the clients train (sorted by steps where the mapping
+        wants it; ``order``, else None, is that sort)."""
+        cfg, setup = self.config, self.method.setup
+        k_sel, k_strag, k_clients = jax.random.split(key, 3)
+        selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
+        training = self.num_clients if cfg.all_clients_train else cfg.clients_per_round
+        if cfg.all_clients_train:  # the sampled clients, then the others in index order
+            sampled = jnp.zeros(self.num_clients, bool).at[selected].set(True)
+            others = jnp.argsort(sampled, stable=True)[: self.num_clients - cfg.clients_per_round]
+            selected = jnp.concatenate([selected, others])
+        epochs, uploaded = straggler_plan(k_strag, training, setup.local_epochs, cfg.straggler_fraction,
+                                          cfg.drop_fraction)
+        uploaded &= jnp.arange(training) < cfg.clients_per_round
+        keys = jax.random.split(k_clients, training)
+        steps = local_training.real_steps(n[selected], setup.batch_size, epochs, setup.drop_last)
+        if not client_mapping.sorts_clients(self.mapping) or self.method.server_steps_per_client:
+            return selected, epochs, uploaded, keys, steps, None
+        order = jnp.argsort(-steps, stable=True)  # each chunk runs to its own largest client
+        return (*(a[order] for a in (selected, epochs, uploaded, keys, steps)), order)
+
+    def round_padding(self, key, round_index: int = 0) -> dict:
+        """The round ``round_index`` with round key ``key`` in client-steps, as its metrics will count them, without
+        training: real, executed and sequential steps under this engine's mapping and the padding efficiency
+        (real / executed). Under ``map`` (or one client after another) only the efficiency, 1 by construction."""
+        how = ("map" if self.method.server_steps_per_client else self.mapping, self.config.chunk_size,
+               sharding.mesh_size(self.mesh))
+        if how[0] == "map":  # nothing to count: each client runs its own steps (no compile for the record)
+            return {"round": int(round_index) + 1, "padding_efficiency": 1.0}
+        steps = jax.jit(lambda n, k: self._round_plan(n, k)[4])(jnp.asarray(self.client_data[0].n), key)
+        real = int(steps.sum())
+        sequential, executed = (int(c) for c in client_mapping.step_counts(steps, *how))
+        return {"round": int(round_index) + 1, "real_client_steps": real, "executed_client_steps": executed,
+                "sequential_steps": sequential, "padding_efficiency": round(real / max(executed, 1), 4)}
+
     def _round_impl(self, server, clients, train, key, round_index, values, report=False):
         """One round. With ``all_clients_train`` (train.all_clients_train, as the
         pFedMe authors' serverpFedMe.py: every user trains, then the sampled
@@ -233,24 +303,9 @@ class Engine:
         join_ratio 1 it is the default round. ``values``: traced scalars (`method_at`). ``report``: in-round
         progress callbacks (round_progress.py)."""
         cfg, method = self.config, self.method_at(values, round_index)
-        k_sel, k_strag, k_clients = jax.random.split(key, 3)
-        selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
-        training = self.num_clients if cfg.all_clients_train else cfg.clients_per_round
-        if cfg.all_clients_train:  # the sampled clients, then the others in index order
-            sampled = jnp.zeros(self.num_clients, bool).at[selected].set(True)
-            others = jnp.argsort(sampled, stable=True)[: self.num_clients - cfg.clients_per_round]
-            selected = jnp.concatenate([selected, others])
-        epochs, uploaded = straggler_plan(
-            k_strag, training, method.setup.local_epochs, cfg.straggler_fraction, cfg.drop_fraction
-        )
-        uploaded &= jnp.arange(training) < cfg.clients_per_round
-        keys = jax.random.split(k_clients, training)
-        steps = local_training.real_steps(train.n[selected], method.setup.batch_size, epochs, method.setup.drop_last)
+        selected, epochs, uploaded, keys, steps, order = self._round_plan(train.n, key)
+        training = selected.shape[0]
         sequential = method.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
-        order = None  # each chunk runs to its own largest client (several devices: each deals its own share)
-        if client_mapping.sorts_clients(self.mapping) and not sequential:
-            order = jnp.argsort(-steps, stable=True)
-            selected, epochs, uploaded, keys, steps = (a[order] for a in (selected, epochs, uploaded, keys, steps))
 
         def client_step(server, client, data_i, key_i, epochs_i):
             info = ClientRound(round_index, epochs_i)
@@ -284,7 +339,7 @@ class Engine:
         has_loss = isinstance(uploads, dict) and "loss" in uploads
         client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
                        else jnp.zeros(selected.shape)).astype(jnp.float32)
-        executed = client_mapping.executed_steps(steps, "map" if sequential else self.mapping, cfg.chunk_size)
+        how = ("map" if sequential else self.mapping, cfg.chunk_size, sharding.mesh_size(self.mesh))  # as round_padding
         per_client = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss}
         if order is not None:  # the metrics list the clients as selected, whatever order they trained in
             per_client = jax.tree.map(lambda a: a[jnp.argsort(order)], per_client)
@@ -292,7 +347,7 @@ class Engine:
             **per_client,
             "train_loss": jnp.mean(client_loss),
             "real_steps": steps.sum(),
-            "executed_steps": executed,
+            **dict(zip(("sequential_steps", "executed_steps"), client_mapping.step_counts(steps, *how))),
         }
         return server, clients, metrics
 
@@ -307,8 +362,8 @@ class Engine:
             new = method.update_every_client(server, client, ClientData(*data_i), key_i, round_index)
             return tree_ops.select(real_i, new, client)
 
-        return self._map_clients(one_client)((server, round_index), clients, tuple(train), keys,
-                                                               real)
+        return self._map_clients(one_client, self.every_client_mapping)((server, round_index), clients, tuple(train),
+                                                                        keys, real)
 
     # ------------------------------------------------------------ fused rounds
     def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int,
@@ -435,7 +490,7 @@ class Engine:
             )
             return {"correct": correct, "count": count, "loss_sum": nll}
 
-        mapped = self._map_clients(one_client)
+        mapped = self._map_clients(one_client, self.eval_mapping)
         args = (clients, tuple(train), tuple(test), keys)
         if self.eval_order is None:
             out = jax.tree.map(lambda a: a[:self.num_clients], mapped(server, *args))  # empty clients dropped

@@ -5,8 +5,9 @@ count (benchmarks/RESULTS.md: on a 2-core CPU ``vmap`` wins for an MLP and
 loses 3-8x for a CNN; on a GPU ``vmap`` fills the device until memory runs
 out), so ``auto`` measures instead of guessing. `choose_mapping` compiles
 the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
-``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``map``; chunk sizes
-only below the number of clients each device maps, `clients_per_device`) on
+``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``packed:W*`` with W*
+from the data (`Engine.packed_width`), ``map``; chunk sizes only below the
+number of clients each device maps, `clients_per_device`) on
 the engine's own devices and runs it once on the run's real state for the
 round about to run; the candidates within 25% of the
 best run once more and each keeps its faster time. A candidate that fails
@@ -34,6 +35,7 @@ import time
 
 import jax
 
+from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import sharding
 
 CPU_CANDIDATES = (("map", None), ("chunked", 4), ("vmap", None))
@@ -49,14 +51,20 @@ def worth_timing(rounds_left: int) -> bool:
     return rounds_left >= MIN_ROUNDS and jax.process_count() == 1
 
 
-def candidates(training_clients: int, backend: str | None = None) -> list[tuple[str, int | None]]:
-    """(mapping, chunk size or None) pairs to time for ``training_clients`` clients per round."""
-    base = CPU_CANDIDATES if (backend or jax.default_backend()) == "cpu" else ACCELERATOR_CANDIDATES
-    return [(m, c) for m, c in base if m != "chunked" or c < training_clients]
+def candidates(training_clients: int, backend: str | None = None,
+               packed_width: int | None = None) -> list[tuple[str, int | None]]:
+    """(mapping, chunk size or None) pairs to time for ``training_clients`` clients per round; on an
+    accelerator ``packed:<packed_width>`` too, when given (before ``map``, the slowest there)."""
+    cpu = (backend or jax.default_backend()) == "cpu"
+    base = CPU_CANDIDATES if cpu else ACCELERATOR_CANDIDATES
+    out = [(m, c) for m, c in base if m != "chunked" or c < training_clients]
+    if not cpu and packed_width is not None:
+        out.insert(len(out) - 1 if out[-1][0] == "map" else len(out), (f"packed:{packed_width}", None))
+    return out
 
 
 def label(mapping: str, chunk_size: int | None) -> str:
-    """'map', 'vmap' or 'chunked:<size>'."""
+    """'map', 'vmap', 'packed:<lanes>' or 'chunked:<size>'."""
     return f"{mapping}:{chunk_size}" if mapping == "chunked" else mapping
 
 
@@ -88,7 +96,8 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     ``map`` 2.65 s, ``vmap`` 0.71 s).
     """
     began = time.perf_counter()
-    options = options if options is not None else candidates(clients_per_device(engine))
+    options = options if options is not None else candidates(clients_per_device(engine),
+                                                             packed_width=engine.packed_width())
     timed, runs, record, skipped = {}, {}, {}, None
     for i, (mapping, chunk) in enumerate(options):
         name = label(mapping, chunk)
@@ -133,8 +142,10 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
 
 
 def untimed(engine, requested: str, why: str) -> dict:
-    """The record of a mapping taken without timing (given by the config, or ``auto``'s default), and why."""
+    """The record of a mapping taken without timing (given by the config, or ``auto``'s default), and why
+    (with the engine's note where it runs another mapping than the one asked for: `Engine.mapping_note`)."""
     chunk = engine.config.chunk_size if engine.mapping == "chunked" else None
+    why = why if engine.mapping_note is None else f"{why}; {engine.mapping_note}"
     return {"requested": requested, "chosen": label(engine.mapping, chunk), "mapping": engine.mapping,
             "chunk_size": chunk, "timed": False, "why": why}
 
@@ -153,27 +164,42 @@ def round_seconds(record: dict) -> float | None:
 
 
 def describe(record: dict) -> str:
-    """One log line: the chosen mapping and, when timed, each candidate's seconds per round and the choice's cost."""
+    """One log line: the chosen mapping and, when timed, each candidate's seconds per round and the choice's cost;
+    the padding efficiency of the first round it runs, when the record has it (`with_padding`)."""
+    padding, counts = record.get("padding"), ""
+    if padding is not None and "executed_client_steps" in padding:
+        counts = f" ({padding['real_client_steps']} real of {padding['executed_client_steps']} executed client-steps)"
+    padding = "" if padding is None else (f"; padding efficiency {padding['padding_efficiency']:.3f} in round "
+                                          f"{padding['round']}{counts}")
     if not record["timed"]:
-        return f"client mapping {record['requested']}: {record['chosen']} ({record['why']})"
+        return f"client mapping {record['requested']}: {record['chosen']} ({record['why']}){padding}"
     parts = [f"{n} {c['round_s']:.3g} s" if "round_s" in c else f"{n} failed" for n, c in record["candidates"].items()]
     skipped = f"; not the others: {record['skipped']}" if "skipped" in record else ""
     took = f"reused: {record['reused']}" if "reused" in record else f"choosing took {record['seconds']:.1f} s"
-    return f"client mapping auto: {record['chosen']} (one round each: {', '.join(parts)}; {took}{skipped})"
+    return f"client mapping auto: {record['chosen']} (one round each: {', '.join(parts)}; {took}{skipped}){padding}"
+
+
+def with_padding(engine, record: dict, round_key, round_index: int) -> dict:
+    """``record`` with ``padding``: the real, executed and sequential client-steps and the padding efficiency of
+    round ``round_index`` (round key ``round_key``) under the engine's mapping (`Engine.round_padding`)."""
+    return {**record, "padding": engine.round_padding(round_key, round_index)}
 
 
 def choose_or_default(engine, requested: str, rounds_left: int, server, clients, key, round_index: int,
                       report=None, values: dict | None = None, batched: bool = False, data=None):
     """`choose_mapping` when ``requested`` is 'auto' and timing is worth it (`worth_timing`), else this engine
     with an `untimed` record. ``report``, ``values``, ``batched`` and ``data``: as `choose_mapping`'s."""
+    round_key = engine_lib.round_keys(key[0], round_index)[0] if batched else key  # batched: the first run's
     if requested != "auto":
-        return engine, untimed(engine, requested, "set by train.client_mapping")
+        return engine, with_padding(engine, untimed(engine, requested, "set by train.client_mapping"), round_key,
+                                    round_index)
     if not worth_timing(rounds_left):
         why = (f"the {jax.default_backend()} default, untimed: " +
                (f"fewer than {MIN_ROUNDS} rounds to go" if jax.process_count() == 1 else "several processes"))
-        return engine, untimed(engine, requested, why)
-    return choose_mapping(engine, server, clients, key, round_index, values, rounds_left=rounds_left, report=report,
-                          batched=batched, data=data)
+        return engine, with_padding(engine, untimed(engine, requested, why), round_key, round_index)
+    engine, record = choose_mapping(engine, server, clients, key, round_index, values, rounds_left=rounds_left,
+                                    report=report, batched=batched, data=data)
+    return engine, with_padding(engine, record, round_key, round_index)
 
 
 def _seconds(run) -> float:

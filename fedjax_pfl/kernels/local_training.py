@@ -2,19 +2,21 @@
 
 Each client shuffles only its own ``n`` valid samples every epoch (padding is
 sorted last) and runs exactly ``epochs * ceil(n / B)`` steps: the step loop is
-a `lax.while_loop` with the client's own trip count, so under ``lax.map`` a
-client of 61 samples runs 7 steps while one of 6,413 runs 642. Under ``vmap``
-a while loop runs to the largest trip count of the vmapped clients (finished
-clients are held by a select); the engine groups clients of similar size into
-chunks for that reason (client_mapping.py). The last batch of an epoch may be
+a `packed_loops.counted_loop` (a `lax.fori_loop`) with the client's own trip
+count, so under ``lax.map`` a client of 61 samples runs 7 steps while one of
+6,413 runs 642. Under ``vmap`` a loop runs to the largest trip count of the
+vmapped clients (finished clients are held by a select); the engine groups
+clients of similar size into chunks for that reason, or packs them back to
+back into lanes (``packed:W``: kernels/packed_loops.py, client_mapping.py). The last batch of an epoch may be
 partial (as PyTorch's DataLoader without drop_last): its loss is the mean over
 its valid samples. With ``drop_last`` (train.drop_last; PFAKD's authors'
 DataLoader) that partial batch is dropped: ``epochs * floor(n / B)`` steps, and
 a client with n < B takes no step at all (its model comes back unchanged), as
 PyTorch's ``drop_last=True`` gives it zero batches.
 
-Statistics passes (evaluation, Fisher traces, prototypes) use `sum_batches`,
-which visits only the ``ceil(n / B)`` batches that hold real samples.
+Statistics passes (evaluation, Fisher traces, prototypes, class means) use
+`sum_batches`, which visits only the ``ceil(n / B)`` batches that hold real
+samples, in a counted loop that packs into lanes like the step loop.
 
 While tracing inside `reporting_steps(report)`, each local step calls
 ``report('step', steps_done, total_steps, loss)`` and each batch of a
@@ -36,6 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import packed_loops
 
 
 AUGMENT_STREAM = 1  # fold_in constant of the augmentation keys (kernels/augmentation.py)
@@ -258,8 +261,8 @@ def train_with_state(
     opt_state = optimizer.init(params) if opt_state is None else opt_state
     update_stats = part in ("all", "body") and "batch_stats" in variables
 
-    def step(carry):
-        i, params, opt_state, stats, loss_sum = carry
+    def step(i, carry):
+        params, opt_state, stats, loss_sum = carry
         index, mask = step_batch_index(orders, i, data.n, batch_size, spe)
         k = step_keys[(i // spe) * spe_max + i % spe]
         batch = make_batch(data, index, mask, batch_input(normalize, augment, k))
@@ -276,11 +279,10 @@ def train_with_state(
         stats = new_stats if update_stats else stats
         for report in _step_reports:
             report("step", i + 1, total, loss)
-        return i + 1, params, opt_state, stats, loss_sum + loss
+        return params, opt_state, stats, loss_sum + loss.astype(loss_sum.dtype)  # float32 whatever the loss's
 
-    stats0 = variables.get("batch_stats")
-    carry = (jnp.zeros((), jnp.int32), params, opt_state, stats0, jnp.zeros((), jnp.float32))
-    _, params, opt_state, stats, loss_sum = jax.lax.while_loop(lambda c: c[0] < total, step, carry)
+    carry = (params, opt_state, variables.get("batch_stats"), jnp.zeros((), jnp.float32))
+    params, opt_state, stats, loss_sum = packed_loops.counted_loop(step, total, carry)
     out = tree_ops.with_trainable(variables, part, params)
     if stats is not None:
         out = {**out, "batch_stats": stats}
@@ -316,7 +318,7 @@ def sum_batches(fn, data, batch_size: int, normalize: Callable):
             report("pass", t + 1, count, summed)
         return summed
 
-    return jax.lax.fori_loop(0, count, body, zeros)
+    return packed_loops.counted_loop(body, count, zeros)
 
 
 def map_batches(fn, data, batch_size: int, normalize: Callable):

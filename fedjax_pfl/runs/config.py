@@ -48,9 +48,12 @@ def _schemes():
     return (*SCHEMES, *OWN_SCHEMES)
 
 
-def _mappings():
-    from fedjax_pfl.engine.client_mapping import MAPPINGS
-    return ("auto", *MAPPINGS)
+def _client_mapping(value) -> None:
+    from fedjax_pfl.engine.client_mapping import parse
+    try:
+        parse(value)
+    except UserError as e:
+        raise UserError(f"train.client_mapping: {e}") from None
 
 
 def _augmentations():
@@ -159,8 +162,9 @@ class TrainConfig:
     join_ratio: float = setting(0.6, "share of clients sampled each round", more_than=0, at_most=1, flag=True)
     straggler_fraction: float = setting(0.0, "selected clients that train 1..E//2 epochs", at_least=0, at_most=1)
     drop_fraction: float = setting(0.0, "selected clients whose upload is lost", at_least=0, at_most=1)
-    client_mapping: str = setting("auto", "how clients are mapped over in a round (auto: measured per backend)",
-                                  choices=_mappings, flag=True)
+    client_mapping: str = setting("auto", "how clients are mapped over in a round (auto: measured per backend; "
+                                  "packed:W: W lanes, packed: W from the data)", check=_client_mapping,
+                                  allowed="auto, vmap, map, chunked, packed or packed:W (W >= 1)", flag=True)
     chunk_size: int = setting(8, "clients vmapped at once under the chunked mapping", at_least=1)
     share_batch_stats: bool = setting(True, "BatchNorm statistics travel with the shared parameters")
     rounds_per_call: int = setting(0, "rounds fused into one compiled call (0: auto, calls of about 2 s)",

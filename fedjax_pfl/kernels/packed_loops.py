@@ -1,0 +1,189 @@
+"""Counted loops of many clients packed into W lanes, each lane training its queue of clients back to back.
+
+A client's local training and its statistics passes are loops with the
+client's own trip count (kernels/local_training.py). Under ``vmap`` a loop
+runs to the largest count of the vmapped clients. Under the ``packed``
+client mapping (engine/client_mapping.py) the engine vmaps the per-client
+function over the S clients inside `packing(lanes, S)`, and every loop
+written with `counted_loop` is then run as one loop over W lanes instead: the
+S clients are dealt, longest first, to the least-loaded lane (`lane_queues`,
+the rule `kernels/dealing.balanced_slots` uses across devices), and each lane
+trains its queue back to back. A lane that finishes a client writes that
+client's carry out and, in the same compiled step, starts its next client
+from that client's own initial carry and its own loop inputs (data rows,
+key schedule, closed-over per-client values). The loop runs max over lanes
+of the lane's summed counts, close to max(largest count, total / W): the
+lane-steps past a lane's own load (W x that - total) are the only padding.
+
+The mechanism is general: whatever a loop's body closes over is traced once
+(`jax.make_jaxpr`) and the per-client values among it are handed to the
+lanes explicitly (`jax.custom_batching.custom_vmap` sees them stacked), so a
+method written for one client packs without knowing it, phase by phase: a
+client update made of several loops (FedAS's class means, alignment,
+training and Fisher pass; FedRep's head then body; Ditto's two models) packs
+each loop in turn, and the straight-line code between loops stays vmapped
+over the S clients. A loop inside a packed loop's body, or one vmapped over
+another axis than the engine's clients (a method's own vmap over models), runs
+as a plain ``vmap`` of ``lax.fori_loop``. Results equal the unpacked loop's:
+each client runs exactly its own steps on its own inputs.
+
+Outside `packing` (every other mapping) `counted_loop` is `jax.lax.fori_loop`
+and adds nothing to the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+
+from fedjax_pfl.kernels.dealing import balanced_slots
+
+_packing: list[tuple[int, int]] = []  # trace time: (lanes, clients) of the packed mapping being traced
+_in_body: list[bool] = []  # trace time: a packed loop's body is being traced (loops inside it run plainly)
+
+
+@contextlib.contextmanager
+def packing(lanes: int, clients: int) -> Iterator[None]:
+    """While tracing inside this block, `counted_loop` under a ``vmap`` of ``clients`` runs in ``lanes`` lanes.
+
+    Examples:
+        >>> def client(n):  # sum of 1..n: a loop of the client's own count
+        ...     return counted_loop(lambda i, acc: acc + i + 1, n, jnp.int32(0))
+        >>> with packing(lanes=2, clients=4):
+        ...     jax.vmap(client)(jnp.array([3, 0, 1, 4])).tolist()
+        [6, 0, 1, 10]
+    """
+    _packing.append((int(lanes), int(clients)))
+    try:
+        yield
+    finally:
+        _packing.pop()
+
+
+def lane_queues(counts, lanes: int):
+    """(queue [W, S], lengths [W], loads [W]): the S clients of trip counts ``counts`` dealt to W lanes.
+
+    Longest first to the least-loaded lane (`balanced_slots` with no limit on
+    a lane's count). Lane l trains ``queue[l, :lengths[l]]`` in that order,
+    its clients in decreasing count; clients with count 0 are in no queue (they
+    take no step); ``loads[l]`` is the lane's summed count, so a packed loop
+    runs ``max(loads)`` steps of W lanes.
+
+    Examples:
+        >>> queue, lengths, loads = lane_queues(jnp.array([9, 1, 5, 0, 4, 3]), 2)
+        >>> [queue[l, :lengths[l]].tolist() for l in range(2)], loads.tolist()
+        ([[0, 5], [2, 4, 1]], [12, 10])
+    """
+    counts = jnp.asarray(counts, jnp.int32)
+    rows = counts.shape[0]
+    slots, slot_of = balanced_slots(counts, lanes, per=rows)
+    queue = slots.reshape(lanes, rows)
+    dealt = jnp.zeros(lanes * rows, bool).at[slot_of].set(True).reshape(lanes, rows)  # not a filler repeat
+    queued = dealt & (counts[queue] > 0)  # a prefix of each lane: its clients come in decreasing count
+    return queue, queued.sum(axis=1), jnp.where(queued, counts[queue], 0).sum(axis=1)
+
+
+def counted_loop(body: Callable, count, init):
+    """``body(i, carry)`` for ``i = 0 .. count - 1`` from ``init`` (``lax.fori_loop``); packed in lanes inside
+    `packing` (see the module docstring).
+
+    Examples:
+        >>> int(counted_loop(lambda i, acc: acc * 2, 3, jnp.int32(1)))
+        8
+    """
+    if not _packing or _in_body:
+        return jax.lax.fori_loop(0, count, body, init)
+    lanes, clients = _packing[-1]
+    count = jnp.asarray(count, jnp.int32)
+    _in_body.append(True)
+    try:
+        closed = jax.make_jaxpr(body)(jnp.int32(0), init)
+    finally:
+        _in_body.pop()
+    treedef = jax.tree.structure(init)
+
+    def step(i, carry, consts):
+        out = jex.core.jaxpr_as_fun(closed.replace(consts=list(consts)))(i, *jax.tree.leaves(carry))
+        return jax.tree.unflatten(treedef, out)
+
+    def plain(count, init, consts):
+        return jax.lax.fori_loop(0, count, lambda i, carry: step(i, carry, consts), init)
+
+    loop = jax.custom_batching.custom_vmap(plain)
+
+    @loop.def_vmap
+    def rule(axis_size, in_batched, count, init, consts):
+        if axis_size != clients:  # another vmap than the engine's over its clients: no packing
+            axes = jax.tree.map(lambda b: 0 if b else None, in_batched)
+            return jax.vmap(plain, in_axes=axes)(count, init, consts), jax.tree.map(lambda _: True, init)
+        return _run_lanes(step, min(lanes, axis_size), axis_size, in_batched, count, init, consts)
+
+    return loop(count, init, list(closed.consts))
+
+
+def _rows(a, rows):
+    """``a[rows]`` for in-bounds ``rows`` (no negative-index arithmetic: a smaller program)."""
+    return a.at[rows.astype(jnp.uint32)].get(mode="promise_in_bounds")
+
+
+def _lane_select(mask, new, old):
+    """Per lane (mask [W]), ``new`` where ``mask`` else ``old``, leaf by leaf."""
+    return jax.tree.map(lambda a, b: jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b), new, old)
+
+
+def _run_lanes(step, lanes: int, clients: int, in_batched, count, init, consts):
+    """The packed loop of `counted_loop` over ``clients`` stacked rows -> (outputs [S, ...], all batched)."""
+    count_batched, init_batched, consts_batched = in_batched
+    counts = count if count_batched else jnp.broadcast_to(count, (clients,))
+    queue, lengths, _ = lane_queues(counts, lanes)
+    last = queue.shape[1] - 1
+    lane = jnp.arange(lanes, dtype=jnp.uint32)
+    own = [j for j, b in enumerate(consts_batched) if b]  # per-client inputs: each lane holds its client's
+
+    def client_at(position):
+        return queue.at[lane, jnp.minimum(position, last).astype(jnp.uint32)].get(mode="promise_in_bounds")
+
+    def initial(rows):
+        return jax.tree.map(lambda a, b: _rows(a, rows) if b else jnp.broadcast_to(a, (lanes,) + jnp.shape(a)),
+                            init, init_batched)
+
+    def inputs(rows):
+        return [_rows(consts[j], rows) for j in own]
+
+    def lane_step(i, carry, held):
+        merged = list(consts)
+        for j, value in zip(own, held):
+            merged[j] = value
+        return step(i, carry, merged)
+
+    def next_clients(state, finished, client):
+        position, within, carry, held, out = state
+        written = jnp.where(finished, client, clients).astype(jnp.uint32)  # row S: dropped
+        out = jax.tree.map(lambda o, c: o.at[written].set(c, mode="drop"), out, carry)
+        position = position + finished
+        following = client_at(position)
+        starts = finished & (position < lengths)
+        carry = _lane_select(starts, initial(following), carry)
+        held = _lane_select(starts, inputs(following), held)
+        return position, jnp.where(finished, 0, within), carry, held, out
+
+    def one_step(state):
+        position, within, carry, held, out = state
+        active = position < lengths
+        client = client_at(position)
+        carry = jax.vmap(lane_step)(within, carry, held)  # an idle lane's carry is never written out again
+        within = within + active
+        finished = active & (within == _rows(counts, client))
+        state = (position, within, carry, held, out)
+        return jax.lax.cond(finished.any(), lambda s: next_clients(s, finished, client), lambda s: s, state)
+
+    out = jax.tree.map(lambda a, b: a if b else jnp.broadcast_to(a, (clients,) + jnp.shape(a)), init, init_batched)
+    first = queue[:, 0]
+    zeros = jnp.zeros(lanes, jnp.int32)
+    state = (zeros, zeros, initial(first), inputs(first), out)
+    out = jax.lax.while_loop(lambda s: (s[0] < lengths).any(), one_step, state)[-1]
+    return out, jax.tree.map(lambda _: True, init)
