@@ -126,4 +126,4 @@ def test_compact_with_dry_run_is_one_line(tmp_path, capsys):
     (tmp_path / "tiny.yaml").write_text(TABLE)
     assert reproduce.main(["--table-file", str(tmp_path / "tiny.yaml"), "--dry-run", "--compact"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--dry-run writes nothing and --compact writes the table" in err[0]
+    assert len(err) == 1 and "--dry-run writes nothing, --table-only and --compact write the table" in err[0]

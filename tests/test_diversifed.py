@@ -179,7 +179,7 @@ def test_partial_participation_round():
     others = np.setdiff1d(np.arange(N), selected)
     expected_u, _, _ = md.mix_models(stored_before, 0.5, 0.01, normalization="mean", rows=jnp.asarray(selected))
     for got, exp in zip(jax.tree.leaves(clients["anchor"]), jax.tree.leaves(expected_u)):
-        np.testing.assert_allclose(np.asarray(got)[selected], exp, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(got)[selected], exp, rtol=1e-5, atol=1e-5)
     for stored, before, trained in zip(jax.tree.leaves(server["params"]), jax.tree.leaves(stored_before),
                                        jax.tree.leaves(clients["variables"]["params"])):
         stored = np.asarray(stored)

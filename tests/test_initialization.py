@@ -121,7 +121,7 @@ def test_model_init_is_a_config_key_recorded_and_checked():
     cfg = config_lib.build(overrides=["model.init=torch"])
     assert config_lib.to_dict(cfg)["model"]["init"] == "torch"
     assert config_lib.to_dict(config_lib.build())["model"]["init"] == "flax"
-    with pytest.raises(UserError, match="model.init must be one of flax, torch"):
+    with pytest.raises(UserError, match="model.init must be one of: flax, torch"):
         config_lib.validate_values(config_lib.build(overrides=["model.init=kaiming"]))
     with pytest.raises(UserError, match="Unknown model init 'kaiming'"):
         build_model("mlr", (60,), 10, init="kaiming")

@@ -67,11 +67,18 @@ class PFAKDConfig(Options):
                                       "code); false: on the received running statistics")
 
 
+def _some_layers(layers) -> None:
+    if not layers:
+        raise UserError("method.at_layers lists no conv map; leave it unset for all of them, or use "
+                        "--method pfakd for no attention transfer")
+
+
 @dataclasses.dataclass(frozen=True)
 class PFAKDATConfig(PFAKDConfig):
     gamma: float = option(1.0, "weight of attention transfer between local and teacher conv maps", at_least=0.0)
     at_layers: tuple[int, ...] | None = option(None, "indices of the conv maps that attention transfer compares "
-                                               "(negative: from the last)", none="all conv maps")
+                                               "(negative: from the last)", none="all conv maps",
+                                               check=_some_layers)
 
 
 def teacher_outputs(model, teacher, x, train: bool = True, mask=None):
