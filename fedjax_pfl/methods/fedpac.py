@@ -52,6 +52,10 @@ client's own group of 4 of 20 clients: 0.32 after round 1, 0.23 after round
 FedAvg (87.4% there, FedPAC 91.7%); ``temperature=0.1`` keeps the weights on
 similar clients and follows FedPAC (reproductions/fedpac_table1, its notes).
 
+Diagnostics (`round_diagnostics`): the uploading clients' mean weight a_ii on
+their own head and mass on the others' heads (1 and 0 for a client that keeps
+its head), and the distances of the uploaded heads.
+
 Evaluation (``eval.model``): ``global`` by default, the global body with the
 client's (combined) head, i.e. the model the client holds after the round in
 the authors' code; ``local`` evaluates the client's own trained body with
@@ -82,7 +86,7 @@ import jax.numpy as jnp
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.kernels import classifier_combination, optim, prototypes, simplex_qp
+from fedjax_pfl.kernels import classifier_combination, collaboration, optim, prototypes, simplex_qp
 from fedjax_pfl.methods.shared_body import SharedBodyMethod
 from fedjax_pfl.methods.options import Options, option
 
@@ -208,6 +212,20 @@ class FedPAC(SharedBodyMethod):
             P, info.uploaded, floor=h.psd_floor, repair=h.psd_repair, min_weight=h.min_weight,
             num_iters=h.qp_iters)
 
+    def combination(self, uploads, info):
+        """(weights [S, S], keep_own [S]): the head weights of the clients that combine, zero rows for those
+        that keep their own head (upload lost, or no finite weights)."""
+        weights = self.head_weights(uploads, info)
+        keep_own = ~info.uploaded | ~jnp.all(jnp.isfinite(weights), axis=1)
+        return jnp.where(keep_own[:, None], 0.0, weights), keep_own
+
+    def round_diagnostics(self, server, new_server, uploads, info):
+        """The new heads' weights (a kept head: weight 1 on itself) and the uploaded heads' distances."""
+        weights, keep_own = self.combination(uploads, info)
+        own = jnp.arange(weights.shape[0])
+        weights = jnp.where(keep_own[:, None], jnp.eye(weights.shape[0]), weights)
+        return {**collaboration.weight_summary(weights, own), **collaboration.distance_summary(uploads["head"])}
+
     def server_update(self, server, clients, uploads, info):
         server, clients = super().server_update(server, clients, uploads, info)
         weights = aggregation.prototype_weights(uploads["counts"], info.uploaded, self.hparams.proto_weights)
@@ -218,9 +236,7 @@ class FedPAC(SharedBodyMethod):
             "prototypes": jnp.where(any_upload, protos, server["prototypes"]),
             "present": jnp.where(any_upload, present, server["present"]),
         }
-        weights = self.head_weights(uploads, info)
-        keep_own = ~info.uploaded | ~jnp.all(jnp.isfinite(weights), axis=1)
-        weights = jnp.where(keep_own[:, None], 0.0, weights)
+        weights, keep_own = self.combination(uploads, info)
 
         def combine(a):  # new head_i = sum_j a_ij head_j over arrived uploads; else head_i itself
             arrived = info.uploaded.reshape((-1,) + (1,) * (a.ndim - 1))

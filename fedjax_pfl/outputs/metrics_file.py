@@ -5,7 +5,9 @@ are not one (a write cut short by a kill leaves a torn last line; anything
 else is damage), so that no caller silently stops at the first bad line:
 the report warns and reads on, a resumed run decides whether it can go on
 without losing a record (runs/resume.py). `MetricsLog` appends while a run
-trains; `rewrite` replaces the file atomically (when resuming).
+trains; `rewrite` replaces the file atomically (when resuming). A record may hold the
+method's ``diagnostics`` of its round (a dict of numbers: `Method.round_diagnostics`);
+`flat_record` spreads it into columns, `diagnostics` gathers it per name.
 """
 
 from __future__ import annotations
@@ -77,6 +79,34 @@ def read_metrics(path: Path) -> MetricsFile:
                 records.append({**record, "round": record["round"] + shift})
                 line_of.append(number)
     return MetricsFile(path, records, damaged, line_of)
+
+
+def flat_record(record: dict) -> dict:
+    """``record`` with each nested dict (the method's ``diagnostics``: name -> number) spread into
+    ``'group/name'`` fields in its place, for metrics.csv's columns and TensorBoard's tags.
+
+    Examples:
+        >>> flat_record({"round": 3, "diagnostics": {"self_weight": 0.5}, "seconds": 1.0})
+        {'round': 3, 'diagnostics/self_weight': 0.5, 'seconds': 1.0}
+    """
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}/{name}": v for name, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def diagnostics(records: list[dict]) -> dict[str, list[float]]:
+    """{name: [value per record]} of the method's diagnostics (NaN where a record lacks one).
+
+    Examples:
+        >>> diagnostics([{"round": 1}, {"round": 2, "diagnostics": {"self_weight": 0.5}}])
+        {'self_weight': [nan, 0.5]}
+    """
+    names = list(dict.fromkeys(k for r in records for k in r.get("diagnostics", {})))
+    return {name: [r.get("diagnostics", {}).get(name, float("nan")) for r in records] for name in names}
 
 
 def line(record: dict) -> str:
