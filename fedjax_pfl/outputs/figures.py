@@ -134,6 +134,8 @@ DIAGNOSTIC_LABELS = {  # kernels/collaboration.py's names; any other diagnostic 
 def diagnostics_curves(records: list[dict], title: str = "") -> Figure:
     """One panel per diagnostic the method reported (`Method.round_diagnostics`), over the rounds."""
     series = metrics_file.diagnostics(records)
+    known = list(DIAGNOSTIC_LABELS)
+    series = dict(sorted(series.items(), key=lambda item: known.index(item[0]) if item[0] in known else len(known)))
     columns = min(3, max(len(series), 1))
     rows = -(-len(series) // columns)
     fig = _new(3.2 * columns, 2.6 * rows + 0.4)
