@@ -106,7 +106,7 @@ def test_simplex_option_and_what_is_trained_and_uploaded():
 
 
 PFLLIB = {"same_init": True, "core_after_round": "mix", "p_gradient": "layer_mean", "p_momentum": 0.0,
-          "schedule": "cosine", "mu": 0.0}  # PFLlib's protocol, as the DiversiFed tables set it
+          "schedule": "cosine", "mu": 0.0, "sequential": True}  # PFLlib's protocol, as the DiversiFed tables set it
 
 
 def test_pfllib_protocol_replaces_the_core_by_the_personalized_mix():
@@ -120,6 +120,7 @@ def test_pfllib_protocol_replaces_the_core_by_the_personalized_mix():
                                                                                     "core_after_round": "trained"})),
                                    (0,))[2][0]
     ref.assert_close(out["variables"], trained["variables"], tol=1e-6)  # the same training and mix
+    ref.assert_close(upload["trained"], trained["core"], tol=1e-6)  # the trained core, for the later clients
     gap = np.abs(tree_ops.flatten_stacked(jax.tree.map(lambda a: a[None], trained["core"]))
                  - tree_ops.flatten_stacked(jax.tree.map(lambda a: a[None], out["core"]))).max()
     assert gap > 1e-3  # which the trained core is not
@@ -150,7 +151,8 @@ def test_layer_mean_gradient_equals_float64_reference():
 
 
 @pytest.mark.parametrize("options", [{"mu": -1.0}, {"reg_rounds": -1}, {"schedule": "linear"}, {"p_lr": 0.0},
-                                     {"p_momentum": 1.0}, {"p_gradient": "mean"}, {"core_after_round": "own"}])
+                                     {"p_momentum": 1.0}, {"p_gradient": "mean"}, {"core_after_round": "own"},
+                                     {"sequential": "yes"}])
 def test_bad_options_raise_user_error(options):
     with pytest.raises(UserError):
         config_lib.method_options(APPLEConfig, options)
@@ -210,15 +212,17 @@ def _reference(method, rounds, key, pfllib=False):
     for t in range(rounds):
         selected, keys = ref.round_keys(key, t)
         coef = hp.mu * 1e-3 ** (t / hp.reg_rounds) if t < hp.reg_rounds else 0.0
-        snapshot = jax.tree.map(lambda *a: jnp.stack(a), *cores)
+        seen = list(cores)  # pfllib: clients in turn, each seeing the cores the earlier ones trained
         for j, c in enumerate(selected):
+            snapshot = jax.tree.map(lambda *a: jnp.stack(a), *seen)
             others = jnp.asarray(np.arange(n) != c, jnp.float32)
             start = {"core": own[c], "p": jnp.asarray(p[c], jnp.float32)}
             trained = ref.train_epochs(loss, opt, start, xs[c], ys[c], keys[j], epochs=1,
                                        extra=(snapshot, others, jnp.float32(coef)), gradient=pfllib)
             own[c], p[c] = trained["core"], np.asarray(trained["p"])
             personal[c] = _apple_mix(trained, snapshot, others)
-            if pfllib:  # the core becomes the personalized mix
+            if pfllib:  # the later clients see its trained core; its core becomes the personalized mix
+                seen[c] = own[c]
                 own[c] = personal[c]
         for c in selected:
             cores[c] = own[c]

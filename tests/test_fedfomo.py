@@ -89,23 +89,29 @@ def _setup(epochs=1, hidden=(8,), lr=0.1):
                       normalize=ref.normalize)
 
 
+def _client_and_noisy_server(method, step, noise):
+    """Client 1 whose latest model is its baseline moved by ``step`` x the gradient of its validation loss
+    (< 0: better, > 0: worse), and a server storing the initial models plus noise of std ``noise``, clients
+    0, 2 and 3 available -> (server, client, the client's data, its validation split)."""
+    xs, ys = ref.client_arrays((6, 6, 1), seed=3)
+    server, clients = method.init(jax.random.key(0), len(ref.SIZES))
+    client = tree_ops.gather(clients, 1)
+    data = jax.tree.map(lambda a: a[1], ref.stacked(xs, ys))
+    _, validation = split_train_validation(data, 0.2)
+    move = jax.jit(lambda v: tree_ops.add(v, tree_ops.scale(jax.grad(method.validation_loss)(v, validation), step)))
+    client = {**client, "variables": move(client["variables"])}
+    rng = np.random.default_rng(2)
+    noisy = jax.tree.map(lambda a: a + jnp.asarray(noise * rng.normal(size=a.shape), a.dtype), server["models"])
+    return {"models": noisy, "available": jnp.array([True, False, True, True, False])}, client, data, validation
+
+
 def test_client_never_moves_toward_a_worse_model():
     """Own model better than the baseline, random received models (worse): the start of local
     training is a convex combination of the baseline and the better models only."""
     method = FedFomo(_setup(), FedFomoConfig(num_received=2, epsilon=0.0))
-    xs, ys = ref.client_arrays((6, 6, 1), seed=3)
-    data = ref.stacked(xs, ys)
-    server, clients = method.init(jax.random.key(0), len(ref.SIZES))
-    client = tree_ops.gather(clients, 1)
-    d1 = jax.tree.map(lambda a: a[1], data)
-    _, validation = split_train_validation(d1, 0.2)
+    server, client, _, validation = _client_and_noisy_server(method, step=-2.0, noise=1.0)  # own model: better
+    noisy = server["models"]
     val_loss = jax.jit(method.validation_loss)
-    # the client's own latest model: a descent step on its validation loss from the baseline (better)
-    descent = jax.jit(lambda v: tree_ops.sub(v, tree_ops.scale(jax.grad(method.validation_loss)(v, validation), 2.0)))
-    client = {**client, "variables": descent(client["variables"])}
-    rng = np.random.default_rng(2)
-    noisy = jax.tree.map(lambda a: a + jnp.asarray(rng.normal(size=a.shape), a.dtype), server["models"])
-    server = {"models": noisy, "available": jnp.array([True, False, True, True, False])}
     federated_start = jax.jit(method.federated_start)
     start, *_ = federated_start(server, client, validation, jax.random.key(4), jnp.int32(3))
 
@@ -134,19 +140,8 @@ def test_when_every_weight_is_zero_the_baseline_moves_to_the_latest_model(no_gai
     (PFLlib's rule) the client trains on from its latest model, which becomes its next baseline;
     ``no_gain=baseline`` restarts from the baseline, which then never moves."""
     method = FedFomo(_setup(), FedFomoConfig(num_received=2, epsilon=0.0, no_gain=no_gain))
-    xs, ys = ref.client_arrays((6, 6, 1), seed=3)
-    data = ref.stacked(xs, ys)
-    server, clients = method.init(jax.random.key(0), len(ref.SIZES))
-    client = tree_ops.gather(clients, 1)
-    d1 = jax.tree.map(lambda a: a[1], data)
-    _, validation = split_train_validation(d1, 0.2)
-    # the client's latest model: an ascent step on its validation loss from the baseline (worse)
-    ascent = jax.jit(lambda v: tree_ops.add(v, tree_ops.scale(jax.grad(method.validation_loss)(v, validation), 2.0)))
-    latest = ascent(client["variables"])
-    client = {**client, "variables": latest}
-    rng = np.random.default_rng(2)
-    noisy = jax.tree.map(lambda a: a + jnp.asarray(3 * rng.normal(size=a.shape), a.dtype), server["models"])
-    server = {"models": noisy, "available": jnp.array([True, False, True, True, False])}
+    server, client, d1, _ = _client_and_noisy_server(method, step=2.0, noise=3.0)  # own model: worse
+    latest = client["variables"]
     new, upload = jax.jit(method.client_update)(server, client, d1, jax.random.key(4),
                                                 ClientRound(jnp.int32(3), jnp.int32(1)))
     assert float(upload["collaboration"]["all_zero_share"]) == 1.0  # no candidate beats the baseline

@@ -45,11 +45,18 @@ DiversiFed paper ran; configs/tables/diversifed_table*.yaml set it):
   - the coefficient's cosine shape over L x rounds with L = 1 and mu = 0
     (PFLlib's defaults: ``schedule=cosine``, ``reg_rounds`` = the rounds,
     ``mu=0``), so nothing pulls p back to p^0.
-Where this library differs from PFLlib there: the clients train in parallel,
-each against the cores as sent at the start of the round (PFLlib's clients
-run one after another, a later one seeing the cores the earlier ones
-trained that round), and the core trains with the run's optimizer (PFLlib
-steps it by hand, plain SGD at N x the run's lr, its optimizer unused).
+  - the clients train one after another (``sequential=true``), each mixing
+    the cores that the clients before it trained this round (PFLlib's clients
+    step their cores in place, in the list all clients share) and the
+    others' cores as sent at the round's start: within a round the clients'
+    progress accumulates, as in sequential SGD over clients, where clients
+    that all start from the sent cores would each move their mix by only
+    p_ii of their own progress. The engine visits the selected clients in
+    the round's order (PFLlib: every client, by index).
+Where this library differs from PFLlib there: the core trains with the run's
+optimizer (PFLlib steps it by hand, plain SGD at N x the run's lr, its
+optimizer unused), and the clients are the round's selected ones (PFLlib's
+APPLE trains all of them whatever the join ratio).
 
 Evaluation protocol: each client's personalized model sum_j p_ij w_c,j as it
 stood at the end of its last local training (own trained core, the others'
@@ -61,7 +68,7 @@ training, their mass sum_{j != i} |p_ij| on the others' cores, and the
 distances of the cores the server sent.
 
 Options (``method.<name>=value``): mu, reg_rounds, schedule, p_lr, p_momentum,
-p_gradient, simplex, same_init, core_after_round.
+p_gradient, simplex, same_init, core_after_round, sequential.
 """
 
 from __future__ import annotations
@@ -97,6 +104,8 @@ class APPLEConfig(Options):
     same_init: bool = option(False, "every client's core starts from the same initialization")
     core_after_round: str = option("trained", "a client's core after its round: its trained core (authors) or "
                                    "its personalized mix (PFLlib)", choices=CORES_AFTER_ROUND)
+    sequential: bool = option(False, "clients train one after another, each mixing the cores the earlier ones "
+                              "trained this round (PFLlib); else each the cores sent at the round's start")
 
 
 class APPLE(Method):
@@ -109,6 +118,11 @@ class APPLE(Method):
             raise UserError("method 'apple' supports models without BatchNorm (e.g. --model mlp, lenet, fedavgcnn)")
         return variables
 
+    @property
+    def server_steps_per_client(self):
+        """sequential: the engine visits the clients one after another, the server storing each one's cores."""
+        return self.hparams.sequential
+
     def init(self, key, num_clients):
         keys = jax.random.split(key, num_clients)
         if self.hparams.same_init:
@@ -116,10 +130,23 @@ class APPLE(Method):
         cores = jax.lax.map(self.init_variables, keys)
         p0 = core_mixing.initial_relationships(num_clients)
         personal = jax.tree.map(lambda c: jnp.tensordot(p0, c, axes=1), cores)
-        clients = {"core": jax.tree.map(jnp.copy, cores), "p": jnp.tile(p0, (num_clients, 1)),
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  distinct buffers: the engine donates state
+        clients = {"core": copy(cores), "p": jnp.tile(p0, (num_clients, 1)),
                    "variables": jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape), personal),
                    "index": jnp.arange(num_clients, dtype=jnp.int32)}
-        return {"cores": cores}, clients
+        server = {"cores": cores}
+        if self.hparams.sequential:  # this round's trained cores, and the round each was trained in
+            server.update(trained=copy(cores), trained_round=jnp.full((num_clients,), -1, jnp.int32))
+        return server, clients
+
+    def cores_seen(self, server, round_index):
+        """The cores a client mixes: as sent at the round's start, or (sequential) the cores the clients
+        before it trained this round where they have."""
+        if not self.hparams.sequential:
+            return server["cores"]["params"]
+        fresh = server["trained_round"] == round_index
+        return jax.tree.map(lambda t, c: jnp.where(fresh.reshape((-1,) + (1,) * (c.ndim - 1)), t, c),
+                            server["trained"]["params"], server["cores"]["params"])
 
     def relationship_optimizer(self):
         hp = self.hparams
@@ -128,7 +155,7 @@ class APPLE(Method):
 
     def client_update(self, server, client, data, key, info):
         hp, index = self.hparams, client["index"]
-        cores = server["cores"]["params"]
+        cores = self.cores_seen(server, info.round)
         p0 = core_mixing.initial_relationships(client["p"].shape[0])
         coef = core_mixing.proximal_coefficient(info.round, hp.mu, hp.reg_rounds, hp.schedule)
 
@@ -149,12 +176,19 @@ class APPLE(Method):
         core = personal if hp.core_after_round == "mix" else {"params": own}
         client = {**client, "core": core, "p": p, "variables": personal}
         shares = collaboration.own_and_others(p, jnp.arange(p.shape[0]) == index)
-        return client, {"core": core, "loss": loss, "collaboration": shares}
+        upload = {"core": core, "loss": loss, "collaboration": shares}
+        if hp.sequential:  # what the clients after it see this round
+            upload["trained"] = {"params": own}
+        return client, upload
 
     def round_diagnostics(self, server, new_server, uploads, info):
         return {**collaboration.client_means(uploads["collaboration"]),
                 **collaboration.distance_summary(server["cores"]["params"])}
 
     def server_update(self, server, clients, uploads, info):
-        return {"cores": model_store.store_arrived(server["cores"], info.selected, info.uploaded,
-                                                   uploads["core"])}, clients
+        store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)  # noqa: E731
+        new = {"cores": store(server["cores"], uploads["core"])}
+        if self.hparams.sequential:
+            new.update(trained=store(server["trained"], uploads["trained"]),
+                       trained_round=store(server["trained_round"], jnp.full(info.selected.shape, info.round)))
+        return new, clients
