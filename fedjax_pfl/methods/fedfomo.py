@@ -16,8 +16,12 @@ Each client keeps its own model; the server keeps every client's latest upload
    weighted sum is skipped and the client trains on from the model it holds),
    so the baseline of the next round, the start of this round's training,
    moves with it; ``no_gain='baseline'`` restarts from theta_b instead (the
-   formula with all w_m = 0), which leaves theta_b where it was round after
-   round once no candidate beats it;
+   formula with all w_m = 0, and the authors' code, whose client then takes
+   its first model), which leaves theta_b where it was round after round
+   once no candidate beats it: the client retrains the same model. The
+   default is PFLlib's because with E local epochs on a few hundred samples
+   the client's own latest model often loses to theta_b on validation, so
+   that under the baseline rule most clients stop learning after a few rounds;
 3. adds raw / |sum raw| to P_i at the models it evaluated (the authors' code);
 4. trains theta E epochs on its train part and uploads the result.
 Round 0 has nothing to download (as the authors' first round: local training only).
@@ -34,7 +38,8 @@ Validation split: ``val_fraction`` (default 0.2, the authors' ``--train_split
 0.8``) of each client's OWN train samples, deterministic and evenly spaced
 (`validation_split`); it is never trained on. Test data is never touched.
 A client with fewer than 1 / val_fraction samples has no validation sample:
-all its weights are 0 and every round it trains again from theta_b.
+all its weights are 0 and every round it trains on from its latest model
+(from theta_b with ``no_gain='baseline'``).
 
 Choices from the authors' code (NVlabs/FedFomo, the README commands behind the
 published numbers), where the paper is silent or differs:
