@@ -56,28 +56,31 @@ def round_keys(key, t):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_step(loss_fn, optimizer):
-    """One jitted optimizer step on ``loss_fn(params, x_batch, y_batch, *extra)``, cached per pair."""
+def _jitted_step(loss_fn, optimizer, gradient=False):
+    """One jitted optimizer step on ``loss_fn(params, x_batch, y_batch, *extra)``, cached per pair
+    (``gradient``: ``loss_fn`` returns the gradient itself)."""
+    grad_fn = loss_fn if gradient else jax.grad(loss_fn)
 
     @jax.jit
     def step(params, state, xb, yb, *extra):
-        updates, state = optimizer.update(jax.grad(loss_fn)(params, xb, yb, *extra), state, params)
+        updates, state = optimizer.update(grad_fn(params, xb, yb, *extra), state, params)
         return optax.apply_updates(params, updates), state
 
     return step
 
 
-def train_epochs(loss_fn, optimizer, params, x, y, key, epochs=E, n_max=None, extra=()):
+def train_epochs(loss_fn, optimizer, params, x, y, key, epochs=E, n_max=None, extra=(), gradient=False):
     """E epochs of minibatch steps over the n real samples, in the library's shuffle order.
 
-    ``loss_fn(params, x_batch, y_batch, *extra)``; pass the same ``loss_fn`` and ``optimizer``
-    objects across calls so that their jitted step is compiled once.
+    ``loss_fn(params, x_batch, y_batch, *extra)`` (``gradient``: a function of the same arguments that
+    returns the gradient); pass the same ``loss_fn`` and ``optimizer`` objects across calls so that
+    their jitted step is compiled once.
     """
     n = x.shape[0]
     n_max = max(SIZES) if n_max is None else n_max
     sched_key, _ = jax.random.split(key)
     epoch_keys = jax.random.split(sched_key, epochs)
-    step = _jitted_step(loss_fn, optimizer)
+    step = _jitted_step(loss_fn, optimizer, gradient)
     state = optimizer.init(params)
     for e in range(epochs):
         order = np.asarray(local_training.epoch_order(epoch_keys[e], n, n_max))[:n]

@@ -105,7 +105,54 @@ def test_simplex_option_and_what_is_trained_and_uploaded():
     ref.assert_close(out["variables"]["params"], mix, tol=1e-6)
 
 
-@pytest.mark.parametrize("options", [{"mu": -1.0}, {"reg_rounds": -1}, {"schedule": "linear"}, {"p_lr": 0.0}])
+PFLLIB = {"same_init": True, "core_after_round": "mix", "p_gradient": "layer_mean", "p_momentum": 0.0,
+          "schedule": "cosine", "mu": 0.0, "sequential": True}  # PFLlib's protocol, as the DiversiFed tables set it
+
+
+def test_pfllib_protocol_replaces_the_core_by_the_personalized_mix():
+    method = APPLE(_setup(epochs=3), APPLEConfig(p_lr=0.5, **PFLLIB))
+    server, clients, ((out, upload),) = _one_client_round(method, (0,))
+    kernel = server["cores"]["params"]["head"]["logits"]["kernel"]
+    np.testing.assert_array_equal(kernel[0], kernel[1])  # one initialization for every core
+    ref.assert_close(out["core"], out["variables"], tol=0)  # the core is now the personalized mix
+    ref.assert_close(upload["core"], out["variables"], tol=0)  # and so is what the server sends around
+    trained, _ = _one_client_round(APPLE(_setup(epochs=3), APPLEConfig(p_lr=0.5, **{**PFLLIB,
+                                                                                    "core_after_round": "trained"})),
+                                   (0,))[2][0]
+    ref.assert_close(out["variables"], trained["variables"], tol=1e-6)  # the same training and mix
+    ref.assert_close(upload["trained"], trained["core"], tol=1e-6)  # the trained core, for the later clients
+    gap = np.abs(tree_ops.flatten_stacked(jax.tree.map(lambda a: a[None], trained["core"]))
+                 - tree_ops.flatten_stacked(jax.tree.map(lambda a: a[None], out["core"]))).max()
+    assert gap > 1e-3  # which the trained core is not
+    assert 0 < float(jnp.abs(out["p"] - 0.2).max()) < 1e-2  # p moves, slowly (layer-averaged gradient)
+
+
+def test_layer_mean_gradient_equals_float64_reference():
+    rng = np.random.default_rng(3)
+    n = 4
+    cores = {"w": rng.normal(size=(n, 3, 2)), "b": rng.normal(size=(n, 2))}
+    own = {"w": rng.normal(size=(3, 2)), "b": rng.normal(size=(2,))}
+    target = {"w": rng.normal(size=(3, 2)), "b": rng.normal(size=(2,))}
+    p = rng.uniform(size=n)
+    f32 = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)  # noqa: E731
+
+    def loss(q):  # a quadratic in the mixed model: its gradient there is g = mix - target
+        layered = core_mixing.layer_mean_relationships(q, f32(cores))
+        mixed = core_mixing.mix_cores(layered, f32(cores), 1, f32(own))
+        return 0.5 * sum(jnp.sum((mixed[k] - target[k]) ** 2) for k in mixed)
+
+    got = np.asarray(jax.grad(loss)(jnp.asarray(p, jnp.float32)))
+    mix = {k: sum(p[j] * (own[k] if j == 1 else cores[k][j]) for j in range(n)) for k in cores}
+    g = {k: mix[k] - target[k] for k in cores}
+    want = [np.mean([np.mean(g[k] * (own[k] if j == 1 else cores[k][j])) for k in cores]) for j in range(n)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(loss(jnp.asarray(p, jnp.float32))),
+                               0.5 * sum(np.sum(g[k] ** 2) for k in g), rtol=1e-5)  # the same model
+
+
+@pytest.mark.parametrize("options", [{"mu": -1.0}, {"reg_rounds": -1}, {"schedule": "linear"}, {"p_lr": 0.0},
+                                     {"p_momentum": 1.0}, {"p_gradient": "mean"}, {"core_after_round": "own"},
+                                     {"sequential": "yes"}])
 def test_bad_options_raise_user_error(options):
     with pytest.raises(UserError):
         config_lib.method_options(APPLEConfig, options)
@@ -133,37 +180,61 @@ def _apple_loss(params, xb, yb, cores, others, coef, *, model):
     return losses.cross_entropy(logits, yb) + coef * jnp.sum((params["p"] - 1.0 / n) ** 2)
 
 
-def _reference(method, rounds, key):
+def _pfllib_gradient(params, xb, yb, cores, others, coef, *, model):
+    """PFLlib's clientapple.py step direction, written out: the core's gradient through the mix, and for
+    each j the mean over parameter tensors of mean(g * core_j), g the gradient at the mixed model."""
+    mixed = _apple_mix(params, cores, others)
+    g = jax.grad(lambda m: losses.cross_entropy(model.apply({"params": m}, xb).logits, yb))(mixed)
+    own_weight = jnp.sum(params["p"] * (1.0 - others))
+    n = others.shape[0]
+
+    def core_j(j):
+        return jax.tree.map(lambda o, stacked: others[j] * stacked[j] + (1.0 - others[j]) * o, params["core"], cores)
+
+    leaves = lambda tree: jax.tree.leaves(tree)  # noqa: E731
+    p_grad = jnp.stack([sum(jnp.mean(a * b) for a, b in zip(leaves(g), leaves(core_j(j)))) / len(leaves(g))
+                        for j in range(n)])
+    return {"core": jax.tree.map(lambda a: own_weight * a, g), "p": p_grad + 2 * coef * (params["p"] - 1.0 / n)}
+
+
+def _reference(method, rounds, key, pfllib=False):
     model, hp = method.model, method.hparams
     xs, ys = ref.client_arrays(model.input_shape)
     n = len(ref.SIZES)
     init_key, key = jax.random.split(key)
-    cores = [model.init(k)["params"] for k in jax.random.split(init_key, n)]
+    init_keys = jax.random.split(init_key, n)
+    cores = [model.init(init_keys[0] if pfllib else k)["params"] for k in init_keys]
     own, p = list(cores), [np.full(n, 1.0 / n)] * n
     personal = [None] * n
-    loss = functools.partial(_apple_loss, model=model)
-    opt = optax.multi_transform({"core": optax.sgd(0.1), "p": optax.sgd(hp.p_lr, momentum=0.9)},
-                                {"core": "core", "p": "p"})
+    loss = functools.partial(_pfllib_gradient if pfllib else _apple_loss, model=model)
+    p_opt = optax.sgd(hp.p_lr) if pfllib else optax.sgd(hp.p_lr, momentum=0.9)
+    opt = optax.multi_transform({"core": optax.sgd(0.1), "p": p_opt}, {"core": "core", "p": "p"})
     for t in range(rounds):
         selected, keys = ref.round_keys(key, t)
         coef = hp.mu * 1e-3 ** (t / hp.reg_rounds) if t < hp.reg_rounds else 0.0
-        snapshot = jax.tree.map(lambda *a: jnp.stack(a), *cores)
+        seen = list(cores)  # pfllib: clients in turn, each seeing the cores the earlier ones trained
         for j, c in enumerate(selected):
+            snapshot = jax.tree.map(lambda *a: jnp.stack(a), *seen)
             others = jnp.asarray(np.arange(n) != c, jnp.float32)
             start = {"core": own[c], "p": jnp.asarray(p[c], jnp.float32)}
             trained = ref.train_epochs(loss, opt, start, xs[c], ys[c], keys[j], epochs=1,
-                                       extra=(snapshot, others, jnp.float32(coef)))
+                                       extra=(snapshot, others, jnp.float32(coef)), gradient=pfllib)
             own[c], p[c] = trained["core"], np.asarray(trained["p"])
             personal[c] = _apple_mix(trained, snapshot, others)
+            if pfllib:  # the later clients see its trained core; its core becomes the personalized mix
+                seen[c] = own[c]
+                own[c] = personal[c]
         for c in selected:
             cores[c] = own[c]
     return own, p, personal, cores
 
 
-def test_engine_equals_per_client_loop():
-    method = APPLE(_setup(), APPLEConfig(mu=0.5, reg_rounds=4, p_lr=0.05))
+@pytest.mark.parametrize("pfllib", [False, True])
+def test_engine_equals_per_client_loop(pfllib):
+    options = {**PFLLIB, "schedule": "exponential", "mu": 0.5, "p_lr": 5.0} if pfllib else {"p_lr": 0.05}
+    method = APPLE(_setup(), APPLEConfig(**{"mu": 0.5, "reg_rounds": 4, **options}))
     key = jax.random.key(4)
-    ref_own, ref_p, ref_personal, ref_cores = _reference(method, 2, key)
+    ref_own, ref_p, ref_personal, ref_cores = _reference(method, 2, key, pfllib)
     xs, ys = ref.client_arrays(method.model.input_shape)
     data = ref.stacked(xs, ys)
     eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))

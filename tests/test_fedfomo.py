@@ -22,7 +22,7 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
+from fedjax_pfl.methods.base import ClientRound, LocalSetup
 from fedjax_pfl.methods.fedfomo import FedFomo, FedFomoConfig
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.data.validation_split import split_train_validation, validation_mask
@@ -89,25 +89,31 @@ def _setup(epochs=1, hidden=(8,), lr=0.1):
                       normalize=ref.normalize)
 
 
+def _client_and_noisy_server(method, step, noise):
+    """Client 1 whose latest model is its baseline moved by ``step`` x the gradient of its validation loss
+    (< 0: better, > 0: worse), and a server storing the initial models plus noise of std ``noise``, clients
+    0, 2 and 3 available -> (server, client, the client's data, its validation split)."""
+    xs, ys = ref.client_arrays((6, 6, 1), seed=3)
+    server, clients = method.init(jax.random.key(0), len(ref.SIZES))
+    client = tree_ops.gather(clients, 1)
+    data = jax.tree.map(lambda a: a[1], ref.stacked(xs, ys))
+    _, validation = split_train_validation(data, 0.2)
+    move = jax.jit(lambda v: tree_ops.add(v, tree_ops.scale(jax.grad(method.validation_loss)(v, validation), step)))
+    client = {**client, "variables": move(client["variables"])}
+    rng = np.random.default_rng(2)
+    noisy = jax.tree.map(lambda a: a + jnp.asarray(noise * rng.normal(size=a.shape), a.dtype), server["models"])
+    return {"models": noisy, "available": jnp.array([True, False, True, True, False])}, client, data, validation
+
+
 def test_client_never_moves_toward_a_worse_model():
     """Own model better than the baseline, random received models (worse): the start of local
     training is a convex combination of the baseline and the better models only."""
     method = FedFomo(_setup(), FedFomoConfig(num_received=2, epsilon=0.0))
-    xs, ys = ref.client_arrays((6, 6, 1), seed=3)
-    data = ref.stacked(xs, ys)
-    server, clients = method.init(jax.random.key(0), len(ref.SIZES))
-    client = tree_ops.gather(clients, 1)
-    d1 = jax.tree.map(lambda a: a[1], data)
-    _, validation = split_train_validation(d1, 0.2)
+    server, client, _, validation = _client_and_noisy_server(method, step=-2.0, noise=1.0)  # own model: better
+    noisy = server["models"]
     val_loss = jax.jit(method.validation_loss)
-    # the client's own latest model: a descent step on its validation loss from the baseline (better)
-    descent = jax.jit(lambda v: tree_ops.sub(v, tree_ops.scale(jax.grad(method.validation_loss)(v, validation), 2.0)))
-    client = {**client, "variables": descent(client["variables"])}
-    rng = np.random.default_rng(2)
-    noisy = jax.tree.map(lambda a: a + jnp.asarray(rng.normal(size=a.shape), a.dtype), server["models"])
-    server = {"models": noisy, "available": jnp.array([True, False, True, True, False])}
     federated_start = jax.jit(method.federated_start)
-    start, _ = federated_start(server, client, validation, jax.random.key(4), jnp.int32(3))
+    start, *_ = federated_start(server, client, validation, jax.random.key(4), jnp.int32(3))
 
     loss = lambda v: float(val_loss(v, validation))
     base, own = client["first"], client["variables"]
@@ -124,8 +130,33 @@ def test_client_never_moves_toward_a_worse_model():
     # every received model worse and the own model equal to the baseline: no move at all
     assert all(loss(m) > loss(base) for m in received)
     client_same = {**client, "variables": base}
-    start2, _ = federated_start(server, client_same, validation, jax.random.key(4), jnp.int32(3))
+    start2, *_ = federated_start(server, client_same, validation, jax.random.key(4), jnp.int32(3))
     jax.tree.map(np.testing.assert_array_equal, start2, base)
+
+
+@pytest.mark.parametrize("no_gain", ["latest", "baseline"])
+def test_when_every_weight_is_zero_the_baseline_moves_to_the_latest_model(no_gain):
+    """Own latest model and every received model worse than the baseline on validation: by default
+    (PFLlib's rule) the client trains on from its latest model, which becomes its next baseline;
+    ``no_gain=baseline`` restarts from the baseline, which then never moves."""
+    method = FedFomo(_setup(), FedFomoConfig(num_received=2, epsilon=0.0, no_gain=no_gain))
+    server, client, d1, _ = _client_and_noisy_server(method, step=2.0, noise=3.0)  # own model: worse
+    latest = client["variables"]
+    new, upload = jax.jit(method.client_update)(server, client, d1, jax.random.key(4),
+                                                ClientRound(jnp.int32(3), jnp.int32(1)))
+    assert float(upload["collaboration"]["all_zero_share"]) == 1.0  # no candidate beats the baseline
+    assert float(upload["collaboration"]["self_weight"]) == 1.0 and float(upload["collaboration"]["other_weight"]) == 0
+    kept = latest if no_gain == "latest" else client["first"]
+    jax.tree.map(np.testing.assert_array_equal, new["first"], kept)  # the next baseline: where training started
+    assert float(np.abs(_flat64(latest) - _flat64(client["first"])).max()) > 1e-3  # the two differ
+
+
+def test_top_m_selection():
+    top = jax.jit(fw.top_m_select, static_argnums=2)
+    affinity = jnp.array([0.5, 1.0, -0.2, 0.7, 0.0])
+    assert np.asarray(top(jax.random.key(0), affinity, 3)).tolist() == [1, 3, 0]  # highest first, self (1) among them
+    ties = {tuple(np.asarray(top(jax.random.key(seed), jnp.zeros(4), 2)).tolist()) for seed in range(20)}
+    assert len(ties) > 1  # ties broken at random
 
 
 def test_egreedy_selection():
@@ -160,6 +191,7 @@ def test_validation_split_is_deterministic_disjoint_and_from_train_only():
 
 @pytest.mark.parametrize("options", [{"num_received": 0}, {"epsilon": 1.5}, {"val_fraction": 0.0},
                                      {"val_fraction": 1.0}, {"norm": "l3"}, {"num_federations": -1},
+                                     {"no_gain": "first"}, {"selection": "random"},
                                      {"num_federations": 2, "offer_average": True}])
 def test_bad_options_raise_user_error(options):
     with pytest.raises(UserError):
@@ -191,13 +223,17 @@ def _federation_candidates(affinity, last_round, stored, k, start):
     return models, ok + [True]
 
 
-def _reference(model, rounds, key, offer_average=False, federations=0):
+def _reference(model, rounds, key, offer_average=False, federations=0, no_gain="latest", selection="egreedy",
+               norm="l1"):
+    """Per-client loop of FedFomo -> (own models, affinity rows, count of client rounds with all weights 0)."""
     xs, ys = ref.client_arrays(model.input_shape)
     n_clients = len(ref.SIZES)
     init_key, key = jax.random.split(key)
     v0 = model.init(init_key)
     own, first = [v0] * n_clients, [v0] * n_clients
-    affinity = [0.1 * np.eye(n_clients)[c] for c in range(n_clients)]
+    top_m = selection == "top_m"
+    affinity = [(1.0 if top_m else 0.1) * np.eye(n_clients)[c] for c in range(n_clients)]
+    no_gain_rounds = 0
     stored, available = [v0] * n_clients, np.zeros(n_clients, bool)
     average = v0  # offer_average: the train-size-weighted mean of last round's uploads
     last_round = -np.ones(n_clients, int)  # federations: each client's last upload round
@@ -210,6 +246,7 @@ def _reference(model, rounds, key, offer_average=False, federations=0):
     apply = jax.jit(lambda v, x: model.apply(v, ref.normalize(x)).logits)
     sgd = optax.sgd(0.1)
     select = jax.jit(fw.egreedy_select, static_argnums=3)
+    top = jax.jit(fw.top_m_select, static_argnums=2)
 
     def val_loss(v, x, y):  # x, y: the client's samples with the non-validation ones masked out below
         if len(y) == 0:
@@ -228,14 +265,19 @@ def _reference(model, rounds, key, offer_average=False, federations=0):
             k_select, k_train = jax.random.split(keys[j])
             is_val = _val_positions(ref.SIZES[c])
             xv, yv, xt, yt = xs[c][is_val], ys[c][is_val], xs[c][~is_val], ys[c][~is_val]
-            avail = available.copy()
-            avail[c] = False
-            eps = max(0.3 - 0.05 * t, 0.0)
-            others, valid = select(k_select, jnp.asarray(affinity[c], jnp.float32), jnp.asarray(avail),
-                                              4, eps)
-            ids = [c] + list(np.asarray(others))
-            ok = [True] + list(np.asarray(valid))
-            models = [own[c]] + [stored[i] for i in ids[1:]]
+            if top_m:  # PFLlib: the 5 highest affinities, own included, as many as uploaded last round
+                ids = [int(i) for i in top(k_select, jnp.asarray(affinity[c], jnp.float32), 5)]
+                ok = [k < available.sum() for k in range(5)]
+                models = [own[c] if i == c else stored[i] for i in ids]
+            else:
+                avail = available.copy()
+                avail[c] = False
+                eps = max(0.3 - 0.05 * t, 0.0)
+                others, valid = select(k_select, jnp.asarray(affinity[c], jnp.float32), jnp.asarray(avail),
+                                       4, eps)
+                ids = [c] + list(np.asarray(others))
+                ok = [True] + list(np.asarray(valid))
+                models = [own[c]] + [stored[i] for i in ids[1:]]
             if offer_average:  # a candidate without an affinity entry, once uploads have arrived
                 models, ok = models + [average], ok + [bool(available.any())]
             if federations:  # k + 1 candidates without affinity entries, from round 1 on
@@ -244,7 +286,8 @@ def _reference(model, rounds, key, offer_average=False, federations=0):
             lb = val_loss(base, xv, yv)
             raw = []
             for m, good in zip(models, ok):
-                d = np.abs(_flat64(m["params"]) - _flat64(base["params"])).sum()
+                diff = _flat64(m["params"]) - _flat64(base["params"])
+                d = np.abs(diff).sum() if norm == "l1" else np.sqrt((diff ** 2).sum())
                 raw.append((lb - val_loss(m, xv, yv)) / d if good and d > 0 else 0.0)
             raw = np.array(raw)
             pos = np.maximum(raw, 0)
@@ -253,7 +296,12 @@ def _reference(model, rounds, key, offer_average=False, federations=0):
                                  + sum(wi * (np.asarray(mi, np.float64) - np.asarray(b, np.float64))
                                        for wi, mi in zip(w, ms)), base, *models)
             start = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), start)
-            for i, good, r in zip(ids, ok, raw / max(abs(raw.sum()), 1e-9)):  # zip stops before the average
+            if pos.sum() == 0:
+                no_gain_rounds += 1
+                if no_gain == "latest":  # keep the latest model; it becomes the next baseline
+                    start = own[c]
+            increment = raw if top_m else raw / max(abs(raw.sum()), 1e-9)
+            for i, good, r in zip(ids, ok, increment):  # zip stops before the average
                 if good:
                     affinity[c] = affinity[c].copy()
                     affinity[c][i] += r
@@ -268,31 +316,35 @@ def _reference(model, rounds, key, offer_average=False, federations=0):
         if federations:
             last_round[selected] = t
             fed_models, fed_ok = _federation_candidates(affinity, last_round, stored, federations, cluster_start)
-    return own, affinity
+    return own, affinity, no_gain_rounds
 
 
-@pytest.mark.parametrize("offer_average,federations", [(False, 0), (True, 0), (False, 2)])
-def test_engine_equals_per_client_loop(offer_average, federations):
+@pytest.mark.parametrize("offer_average,federations,pfllib", [(False, 0, False), (True, 0, False), (False, 2, False),
+                                                             (False, 0, True)])
+def test_engine_equals_per_client_loop(offer_average, federations, pfllib):
+    """``pfllib``: PFLlib's FedFomo (top-M selection, L2 distance), as the DiversiFed tables run it."""
     model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
     key = jax.random.key(3)
-    rounds = 2 if not (offer_average or federations) else 3  # server models from round 1: two rounds use them
-    ref_own, ref_affinity = _reference(model, rounds, key, offer_average, federations)
+    rounds = 2 if not (offer_average or federations or pfllib) else 3  # server models from round 1
+    options = {"selection": "top_m", "norm": "l2"} if pfllib else {}
+    ref_own, ref_affinity, no_gain_rounds = _reference(model, rounds, key, offer_average, federations, **options)
+    assert no_gain_rounds >= ref.S  # round 0 at least: the rule for all weights 0 is exercised
     xs, ys = ref.client_arrays(model.input_shape)
     data = ref.stacked(xs, ys)
     method = get_method("fedfomo")(_setup(), FedFomoConfig(offer_average=offer_average,
-                                                           num_federations=federations))
+                                                           num_federations=federations, **options))
     eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     server, clients, _ = eng.run(server, clients, key, rounds)
-    if offer_average or federations:  # the reference without them lands elsewhere: the option changes the run
-        plain_own, _ = _reference(model, rounds, jax.random.key(3))
+    if offer_average or federations or pfllib:  # the reference without them lands elsewhere: the option matters
+        plain_own, *_ = _reference(model, rounds, jax.random.key(3))
         assert max(float(np.abs(_flat64(plain_own[c]) - _flat64(ref_own[c])).max()) for c in range(len(ref.SIZES))) > 1e-4
     for c in range(len(ref.SIZES)):
         ref.assert_close(tree_ops.gather(clients["variables"], c), ref_own[c])
         # affinity sums ratios of float32 loss differences (cancellation): 1e-3 relative
         np.testing.assert_allclose(clients["affinity"][c], ref_affinity[c], rtol=1e-3, atol=1e-5)
-    assert np.abs(np.asarray(clients["affinity"]) - 0.1 * np.eye(5)).max() > 0  # the affinity moved
+    assert np.abs(np.asarray(clients["affinity"]) - method.self_affinity * np.eye(5)).max() > 0  # it moved
     if federations:  # the server's sub-federation models, from its own stored state, against float64
         n = len(ref.SIZES)
         stored = [tree_ops.gather(server["models"], c) for c in range(n)]

@@ -15,17 +15,17 @@ from PIL import Image
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import cli as train
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.outputs import figures, run_folder
+from fedjax_pfl.outputs import figures, metrics_file, run_folder
 from fedjax_pfl.outputs import report
 from fedjax_pfl.outputs.results_writer import ResultsWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _tiny_cfg(out, **extra):
+def _tiny_cfg(out, method="fedavg", **extra):
     """6 synthetic clients, logistic regression, 3 rounds: compiles in seconds."""
     return config_lib.build(overrides=[
-        "method_name=fedavg", "data.name=synthetic", "model.name=mlr", "partition.scheme=natural",
+        f"method_name={method}", "data.name=synthetic", "model.name=mlr", "partition.scheme=natural",
         "partition.num_clients=6", "train.rounds=3", "train.local_epochs=1", "train.batch_size=32",
         "train.lr=0.05", f"out={out}", *[f"{k}={v}" for k, v in extra.items()]])
 
@@ -33,7 +33,8 @@ def _tiny_cfg(out, **extra):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("results") / "run"
-    summary = train.run(_tiny_cfg(out, checkpoint_every=2, **{"log.tensorboard": "true"}), progress=False)
+    # FedAMP: a method that reports diagnostics (Method.round_diagnostics), so they pass through every file
+    summary = train.run(_tiny_cfg(out, "fedamp", checkpoint_every=2, **{"log.tensorboard": "true"}), progress=False)
     assert summary["status"] == "finished"
     return out
 
@@ -52,7 +53,9 @@ def test_metrics_csv_equals_metrics_jsonl(run_dir):
         rows = list(csv.DictReader(f))
     assert [r["round"] for r in records] == [1, 2, 3]
     assert len(rows) == len(records)
+    assert all("diagnostics/self_weight" in row for row in rows)  # the method's diagnostics as columns
     for row, record in zip(rows, records):
+        record = metrics_file.flat_record(record)
         assert list(row) == list(record)
         assert {k: (v if isinstance(record[k], str) else float(v)) for k, v in row.items()} == record  # exact
 
@@ -76,7 +79,7 @@ def test_clients_csv_is_the_final_per_client_evaluation(run_dir):
 
 
 def test_run_writes_its_figures_as_pngs(run_dir):
-    for name in figures.RUN_FIGURES:
+    for name in (*figures.RUN_FIGURES, figures.DIAGNOSTICS_FIGURE):
         _assert_png(run_dir / "plots" / name)
 
 
@@ -98,8 +101,9 @@ def _read_tensorboard_scalars(folder):
 
 def test_tensorboard_events_hold_the_metrics(run_dir):
     scalars = _read_tensorboard_scalars(run_dir)
-    records = run_folder.read_records(run_dir)
+    records = [metrics_file.flat_record(r) for r in run_folder.read_records(run_dir)]
     numeric = {k for k, v in records[0].items() if not isinstance(v, str)}
+    assert "diagnostics/self_weight" in numeric
     assert set(scalars) == numeric - {"round"}
     for tag, by_step in scalars.items():
         assert by_step == {r["round"]: float(np.float32(r[tag])) for r in records}, tag
@@ -208,7 +212,7 @@ def test_report_command_on_a_real_run_and_redraw(run_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fedjax_pfl.report", str(run_dir), "--out", str(tmp_path / "rep"),
                            "--redraw"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "| fedavg | synthetic | 6 | natural | mlr | 0 |" in proc.stdout
+    assert "| fedamp | synthetic | 6 | natural | mlr | 0 |" in proc.stdout
     _assert_png(tmp_path / "rep" / "accuracy.png")
     _assert_png(run_dir / "plots" / "loss.png")
 

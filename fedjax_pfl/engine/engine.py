@@ -6,7 +6,9 @@ gather their state and data; (3) let the method prepare them (batched server
 lax.map, chunked vmap or packed lanes: client_mapping.py); (5) the method's server step on
 the stacked uploads; (6) scatter client state back; (7) for a method that
 asks (``Method.updates_every_client``: FedALA), a per-client step on ALL N
-clients with the new server state, mapped like evaluation. Under ``chunked`` (and
+clients with the new server state, mapped like evaluation; (8) the method's
+`round_diagnostics` (scalars, e.g. how much clients learn from each other)
+join the round metrics. Under ``chunked`` (and
 ``stream_chunks``), for a method without ``needs_selected_state``, steps 2, 4
 and 6 run chunk by chunk instead (`client_mapping.scan_chunks`): the round
 holds the [N, ...] state, one chunk's work and the [S, ...] uploads, not
@@ -116,6 +118,18 @@ def every_client_keys(round_key, num_clients: int):
     """Per-client keys of `Method.update_every_client` in a round: ``split(fold_in(round_key, 3), N)``,
     a stream apart from the round key's three (selection, stragglers, client updates)."""
     return jax.random.split(jax.random.fold_in(round_key, 3), num_clients)
+
+
+def round_diagnostics(method: Method, server, new_server, uploads, info: ServerRound) -> dict:
+    """`Method.round_diagnostics` as float32 scalars (the round metrics' ``diagnostics``); ValueError
+    for a value that is not one number."""
+    out = {}
+    for name, value in method.round_diagnostics(server, new_server, uploads, info).items():
+        value = jnp.asarray(value, jnp.float32)
+        if value.shape != ():
+            raise ValueError(f"{method.name}.round_diagnostics: {name!r} has shape {value.shape}; give a scalar")
+        out[name] = value
+    return out
 
 
 def is_eval_round(round_index, total_rounds: int, eval_every: int):
@@ -314,6 +328,7 @@ class Engine:
             return round_progress.report_client(out) if report else out
 
         info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
+        started_from = server  # the round's server state, for the method's diagnostics
         if sequential:  # the server steps after each client
             server, clients, uploads = sequential_clients.scan_clients(method, client_step, server, clients, train,
                                                                        info, keys, epochs)
@@ -348,6 +363,7 @@ class Engine:
             "train_loss": jnp.mean(client_loss),
             "real_steps": steps.sum(),
             **dict(zip(("sequential_steps", "executed_steps"), client_mapping.step_counts(steps, *how))),
+            "diagnostics": round_diagnostics(method, started_from, server, uploads, info),
         }
         return server, clients, metrics
 

@@ -27,8 +27,9 @@ EXPONENTIAL_FLOOR = 1e-3  # the authors' epsilon: coef falls from mu to mu * 1e-
 def mix_cores(p, cores, own_index, own_core):
     """sum_{j != own} p_j cores_j + p_own * own_core.
 
-    p [N]; ``cores`` a stacked tree [N, ...] of all clients' cores (row
-    ``own_index`` is ignored and replaced by ``own_core``, a single tree).
+    p [N], or a tree like ``cores`` of one p [N] per leaf (`layer_mean_relationships`); ``cores`` a
+    stacked tree [N, ...] of all clients' cores (row ``own_index`` is ignored and replaced by
+    ``own_core``, a single tree).
 
     Examples:
         >>> cores = {"w": jnp.array([[1.0], [2.0], [4.0]])}  # N=3 clients' cores
@@ -36,13 +37,37 @@ def mix_cores(p, cores, own_index, own_core):
         >>> mix_cores(p, cores, 0, {"w": jnp.array([10.0])})["w"].tolist()  # 0.5*10 + 0.25*2 + 0.25*4
         [6.5]
     """
-    others = jnp.where(jnp.arange(p.shape[0]) == own_index, 0.0, p)
-
-    def leaf(stacked, own):
+    def leaf(q, stacked, own):
+        others = jnp.where(jnp.arange(q.shape[0]) == own_index, 0.0, q)
         mixed = jnp.tensordot(others.astype(jnp.float32), stacked.astype(jnp.float32), axes=1)
-        return (mixed + p[own_index] * own).astype(own.dtype)
+        return (mixed + q[own_index] * own).astype(own.dtype)
 
-    return jax.tree.map(leaf, cores, own_core)
+    per_leaf = p if isinstance(p, dict) else jax.tree.map(lambda _: p, cores)
+    return jax.tree.map(leaf, per_leaf, cores, own_core)
+
+
+def layer_mean_relationships(p, cores):
+    """``p`` as one value per leaf of ``cores`` whose gradient is PFLlib's layer-averaged one.
+
+    Mixing leaf t with its copy of ``p`` gives the same model as with ``p``;
+    only the gradient of p changes: from sum_t sum_e g_t c_j,t (the exact
+    one) to (1/T) sum_t mean_e g_t c_j,t (PFLlib's clientapple.py: the mean
+    over the elements of each of the T parameter tensors, averaged over them).
+
+    Examples:
+        >>> cores = {"a": jnp.ones((2, 4)), "b": jnp.ones((2, 1))}  # N=2 cores, leaves of 4 and 1 elements
+        >>> grad = jax.grad(lambda p: sum(jnp.sum(jnp.tensordot(q, c, axes=1)) for q, c in
+        ...     zip(jax.tree.leaves(layer_mean_relationships(p, cores)), jax.tree.leaves(cores))))(jnp.ones(2))
+        >>> grad.tolist()  # exact gradient 5 per client; layer mean (4/4 + 1/1) / 2
+        [1.0, 1.0]
+    """
+    leaves = jax.tree.leaves(cores)
+
+    def scaled(leaf):
+        s = 1.0 / (len(leaves) * math.prod(leaf.shape[1:]))
+        return p * s + jax.lax.stop_gradient(p * (1.0 - s))  # value p, gradient s * dp
+
+    return jax.tree.map(scaled, cores)
 
 
 def initial_relationships(num_clients: int, sizes=None):

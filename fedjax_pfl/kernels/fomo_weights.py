@@ -11,7 +11,8 @@ so a model that is worse than the baseline on the client's validation data
 gets weight 0 and the client never moves toward it; if no model is better, the
 client keeps theta_b. The client-to-client affinity row grows by
 ``raw / |sum raw|`` (`affinity_increment`, the authors' code) and decides,
-epsilon-greedily, whose models are downloaded next (`egreedy_select`).
+epsilon-greedily, whose models are downloaded next (`egreedy_select`), or, as
+PFLlib's FedFomo, the highest entries of the row (`top_m_select`).
 
 The norm is L1 by default (the authors' ``--model_delta_norm l1`` default,
 which produced the published numbers) or L2 (the paper's ||.||). Pairs at
@@ -136,3 +137,15 @@ def egreedy_select(key, affinity, available, count: int, epsilon):
     chosen = greedy | (rest & (random_rank < n_explore))
     index = jnp.argsort(~chosen, stable=True)[:count]
     return index, chosen[index]
+
+
+def top_m_select(key, affinity, count: int):
+    """The ``count`` clients of highest affinity (ties broken at random) -> indices [count], highest first
+    (PFLlib's ``torch.topk`` of the affinity row, the client itself a candidate like any other).
+
+    Examples:
+        >>> top_m_select(jax.random.PRNGKey(0), jnp.array([1.0, 0.2, 0.7, -0.5]), count=2).tolist()
+        [0, 2]
+    """
+    tie = jax.random.uniform(key, affinity.shape)
+    return jnp.lexsort((-tie, -affinity))[:count]

@@ -10,6 +10,8 @@ its own w_i, or from u_i when `start_from_anchor` is True, and uploads w_i;
 `server_update` stores the arrived uploads (a dropped upload leaves the stored
 copy as it was, while the client keeps its trained model). Evaluation: each
 client's own model w_i. All clients start from the same initial model.
+Diagnostics (`round_diagnostics`): the selected rows' self-weight xi_ii and
+mass on the others, and the distances of the stored models.
 
 Only trainable parameters (``params``) are stored and mixed; BatchNorm
 statistics, if any, stay private.
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
+from fedjax_pfl.kernels import collaboration
 from fedjax_pfl.methods.base import Method, shared_init
 
 
@@ -57,6 +60,13 @@ class AnchoredPersonalMethod(Method):
             start = tree_ops.with_trainable(start, "all", anchor)
         variables, loss = self.train(objective, start, data, key, info.epochs)
         return {**client, "variables": variables}, {"params": variables["params"], "loss": loss}
+
+    def round_diagnostics(self, server, new_server, uploads, info):
+        """The selected clients' rows of this round's mixing weights and the distances of the N stored
+        models they were computed from (kernels/collaboration.py)."""
+        _, weights = self.anchors(server, info.selected)
+        return {**collaboration.weight_summary(weights, info.selected),
+                **collaboration.distance_summary(server["params"])}
 
     def server_update(self, server, clients, uploads, info):
         keep = info.uploaded

@@ -31,10 +31,41 @@ Choices from the authors' code (ljaiverson/pFL-APPLE), where the paper is silent
     download budget is not implemented).
 Models with BatchNorm are not supported (the mix of statistics is undefined).
 
+PFLlib's protocol (TsingZ0/PFLlib clientapple.py / serverapple.py, which the
+DiversiFed paper ran; configs/tables/diversifed_table*.yaml set it):
+  - every core starts from the same initialization: ``same_init=true``;
+  - after its local training a client's core becomes its personalized mix
+    (PFLlib's ``model_c = deepcopy(model)``), which is what it uploads, so the
+    server sends the clients' mixes around: ``core_after_round=mix``;
+  - p_i moves slowly: plain SGD (``p_momentum=0``) at ``p_lr`` (PFLlib's
+    ``dr_learning_rate``) on PFLlib's layer-averaged gradient, for each j the
+    mean over the parameter tensors of mean(g * w_c,j) over each tensor's
+    elements, g the gradient at the personalized model
+    (``p_gradient=layer_mean``; `core_mixing.layer_mean_relationships`);
+  - the coefficient's cosine shape over L x rounds with L = 1 and mu = 0
+    (PFLlib's defaults: ``schedule=cosine``, ``reg_rounds`` = the rounds,
+    ``mu=0``), so nothing pulls p back to p^0.
+  - the clients train one after another (``sequential=true``), each mixing
+    the cores that the clients before it trained this round (PFLlib's clients
+    step their cores in place, in the list all clients share) and the
+    others' cores as sent at the round's start: within a round the clients'
+    progress accumulates, as in sequential SGD over clients, where clients
+    that all start from the sent cores would each move their mix by only
+    p_ii of their own progress. The engine visits the selected clients in
+    the round's order (PFLlib: every client, by index).
+Where this library differs from PFLlib there: the core trains with the run's
+optimizer (PFLlib steps it by hand, plain SGD at N x the run's lr, its
+optimizer unused), and the clients are the round's selected ones (PFLlib's
+APPLE trains all of them whatever the join ratio).
+
 Evaluation protocol: each client's personalized model sum_j p_ij w_c,j as it
 stood at the end of its last local training (own trained core, the others'
 cores as downloaded that round: the authors' ``ClientNet`` evaluation); a
 client never selected holds the mix of the initial cores with p^0.
+
+Diagnostics (`round_diagnostics`): the selected clients' mean p_ii after
+training, their mass sum_{j != i} |p_ij| on the others' cores, and the
+distances of the cores the server sent.
 """
 
 from __future__ import annotations
@@ -46,10 +77,14 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl import losses
-from fedjax_pfl.kernels import core_mixing, model_store
+from fedjax_pfl.kernels import collaboration, core_mixing, model_store
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method
 from fedjax_pfl.methods.options import Options, option
+
+
+P_GRADIENTS = ("exact", "layer_mean")
+CORES_AFTER_ROUND = ("trained", "mix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +93,16 @@ class APPLEConfig(Options):
     reg_rounds: int = option(16, "rounds L over which the coefficient decays to 0 (authors: 10% of the rounds)",
                              at_least=0)
     schedule: str = option("exponential", "decay shape of the coefficient", choices=core_mixing.SCHEDULES)
-    p_lr: float = option(0.001, "SGD step size (momentum 0.9) of the relationship vector p_i", more_than=0.0)
+    p_lr: float = option(0.001, "SGD step size of the relationship vector p_i", more_than=0.0)
+    p_momentum: float = option(0.9, "SGD momentum of p_i (authors 0.9, PFLlib 0)", at_least=0.0, less_than=1.0)
+    p_gradient: str = option("exact", "gradient of p_i: the exact one (authors) or PFLlib's layer-averaged one",
+                             choices=P_GRADIENTS)
     simplex: bool = option(False, "project p_i onto the probability simplex after every step")
     same_init: bool = option(False, "every client's core starts from the same initialization")
+    core_after_round: str = option("trained", "a client's core after its round: its trained core (authors) or "
+                                   "its personalized mix (PFLlib)", choices=CORES_AFTER_ROUND)
+    sequential: bool = option(False, "clients train one after another, each mixing the cores the earlier ones "
+                              "trained this round (PFLlib); else each the cores sent at the round's start")
 
 
 class APPLE(Method):
@@ -73,6 +115,11 @@ class APPLE(Method):
             raise UserError("method 'apple' supports models without BatchNorm (e.g. --model mlp, lenet, fedavgcnn)")
         return variables
 
+    @property
+    def server_steps_per_client(self):
+        """sequential: the engine visits the clients one after another, the server storing each one's cores."""
+        return self.hparams.sequential
+
     def init(self, key, num_clients):
         keys = jax.random.split(key, num_clients)
         if self.hparams.same_init:
@@ -80,24 +127,39 @@ class APPLE(Method):
         cores = jax.lax.map(self.init_variables, keys)
         p0 = core_mixing.initial_relationships(num_clients)
         personal = jax.tree.map(lambda c: jnp.tensordot(p0, c, axes=1), cores)
-        clients = {"core": jax.tree.map(jnp.copy, cores), "p": jnp.tile(p0, (num_clients, 1)),
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  distinct buffers: the engine donates state
+        clients = {"core": copy(cores), "p": jnp.tile(p0, (num_clients, 1)),
                    "variables": jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape), personal),
                    "index": jnp.arange(num_clients, dtype=jnp.int32)}
-        return {"cores": cores}, clients
+        server = {"cores": cores}
+        if self.hparams.sequential:  # this round's trained cores, and the round each was trained in
+            server.update(trained=copy(cores), trained_round=jnp.full((num_clients,), -1, jnp.int32))
+        return server, clients
+
+    def cores_seen(self, server, round_index):
+        """The cores a client mixes: as sent at the round's start, or (sequential) the cores the clients
+        before it trained this round where they have."""
+        if not self.hparams.sequential:
+            return server["cores"]["params"]
+        fresh = server["trained_round"] == round_index
+        return jax.tree.map(lambda t, c: jnp.where(fresh.reshape((-1,) + (1,) * (c.ndim - 1)), t, c),
+                            server["trained"]["params"], server["cores"]["params"])
 
     def relationship_optimizer(self):
-        sgd = optax.sgd(self.hparams.p_lr, momentum=0.9)
-        return optax.chain(sgd, core_mixing.onto_simplex()) if self.hparams.simplex else sgd
+        hp = self.hparams
+        sgd = optax.sgd(hp.p_lr, momentum=hp.p_momentum or None)
+        return optax.chain(sgd, core_mixing.onto_simplex()) if hp.simplex else sgd
 
     def client_update(self, server, client, data, key, info):
         hp, index = self.hparams, client["index"]
-        cores = server["cores"]["params"]
+        cores = self.cores_seen(server, info.round)
         p0 = core_mixing.initial_relationships(client["p"].shape[0])
         coef = core_mixing.proximal_coefficient(info.round, hp.mu, hp.reg_rounds, hp.schedule)
 
         def objective(v, batch, _key):
             own, p = v["params"]["core"], v["params"]["p"]
-            mixed = core_mixing.mix_cores(p, cores, index, own)
+            q = core_mixing.layer_mean_relationships(p, cores) if hp.p_gradient == "layer_mean" else p
+            mixed = core_mixing.mix_cores(q, cores, index, own)
             logits = self.model.apply({"params": mixed}, batch.x, train=True).logits
             loss = losses.cross_entropy(logits, batch.y, batch.mask)
             return loss + core_mixing.relationship_penalty(p, p0, coef), None
@@ -108,9 +170,22 @@ class APPLE(Method):
         trained, loss = self.train(objective, start, data, key, info.epochs, optimizer=optimizer)
         own, p = trained["params"]["core"], trained["params"]["p"]
         personal = {"params": core_mixing.mix_cores(p, cores, index, own)}
-        client = {**client, "core": {"params": own}, "p": p, "variables": personal}
-        return client, {"core": {"params": own}, "loss": loss}
+        core = personal if hp.core_after_round == "mix" else {"params": own}
+        client = {**client, "core": core, "p": p, "variables": personal}
+        shares = collaboration.own_and_others(p, jnp.arange(p.shape[0]) == index)
+        upload = {"core": core, "loss": loss, "collaboration": shares}
+        if hp.sequential:  # what the clients after it see this round
+            upload["trained"] = {"params": own}
+        return client, upload
+
+    def round_diagnostics(self, server, new_server, uploads, info):
+        return {**collaboration.client_means(uploads["collaboration"]),
+                **collaboration.distance_summary(server["cores"]["params"])}
 
     def server_update(self, server, clients, uploads, info):
-        return {"cores": model_store.store_arrived(server["cores"], info.selected, info.uploaded,
-                                                   uploads["core"])}, clients
+        store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)  # noqa: E731
+        new = {"cores": store(server["cores"], uploads["core"])}
+        if self.hparams.sequential:
+            new.update(trained=store(server["trained"], uploads["trained"]),
+                       trained_round=store(server["trained_round"], jnp.full(info.selected.shape, info.round)))
+        return new, clients

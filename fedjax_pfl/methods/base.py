@@ -137,6 +137,16 @@ class Method:
         may be None, to return as is: see ``needs_selected_state``)."""
         return server, clients
 
+    def round_diagnostics(self, server, new_server, uploads, info: ServerRound) -> dict:
+        """Scalars about this round, {name: scalar}: the engine adds them to the round metrics
+        (``metrics['diagnostics']``), metrics.jsonl records them with each evaluation and the run's figures
+        draw them (plots/diagnostics.png). ``server``: the state the round started from; ``new_server``:
+        after `server_update`; ``uploads``: the round's stacked uploads [S, ...], where a method may put
+        per-client values for this step (``upload['collaboration']``, averaged by
+        `kernels.collaboration.client_means`). A method that weights other clients' models reports its
+        collaboration here (kernels/collaboration.py; docs/methods/conventions.md). Default: none."""
+        return {}
+
     def update_every_client(self, server, client, data, key, round_index):
         """-> client: one client's step from the new server state, which the engine runs on every client
         after the server step and before evaluation (only when ``updates_every_client``)."""

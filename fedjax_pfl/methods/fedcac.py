@@ -35,6 +35,10 @@ Partial participation (the authors' runs use every client every round): the
 server keeps each client's latest uploaded model and mask; clients that have
 not trained yet take no part in the overlaps and hold the global model.
 With tau = 0 nothing is critical and the method is exactly FedAvg (tested).
+Diagnostics (`round_diagnostics`): the selected clients' self-weight in the
+customized mix of step 6 (1 / (1 + collaborators)) and its mass on the
+collaborators (the non-critical parameters are FedAvg's global model in any
+case), and the distances of the stored models.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import critical_params
+from fedjax_pfl.kernels import collaboration, critical_params
 from fedjax_pfl.methods.base import Method
 from fedjax_pfl.methods.options import Options, option
 
@@ -130,14 +134,24 @@ class FedCAC(Method):
         models = jax.tree.map(store, server["models"], uploads["params"])
         masks = jax.tree.map(store, server["masks"], uploads["mask"])
         active = store(server["active"], keep)
-        overlap = critical_params.overlap_rates(masks)
-        threshold = critical_params.collaboration_threshold(overlap, active, info.round, self.hparams.beta)
-        weights = critical_params.collaboration_weights(overlap, active, threshold)
+        weights = self.collaboration_weights(masks, active, info.round)
         customized = critical_params.customized_models(weights, models)
         personalized = critical_params.merge(masks, customized, global_params)
         server = {"global": global_params, "models": models, "masks": masks, "active": active,
                   "personalized": personalized}
         return server, clients
+
+    def collaboration_weights(self, masks, active, round_index):
+        """W [N, N] of step 6: row i uniform over {i} and its collaborators of this round."""
+        overlap = critical_params.overlap_rates(masks)
+        threshold = critical_params.collaboration_threshold(overlap, active, round_index, self.hparams.beta)
+        return critical_params.collaboration_weights(overlap, active, threshold)
+
+    def round_diagnostics(self, server, new_server, uploads, info):
+        """The selected clients' rows of W (the critical parameters' mix) and the stored models' distances."""
+        weights = self.collaboration_weights(new_server["masks"], new_server["active"], info.round)
+        return {**collaboration.weight_summary(weights[info.selected], info.selected),
+                **collaboration.distance_summary(new_server["models"])}
 
     def eval_variables(self, server, client, data, key):
         return self.personalized(server, client)

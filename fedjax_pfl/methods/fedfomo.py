@@ -11,16 +11,35 @@ Each client keeps its own model; the server keeps every client's latest upload
        w_m = max((L(theta_b) - L(theta_m)) / ||theta_m - theta_b||, 0), normalised,
        theta = theta_b + sum_m w_m (theta_m - theta_b)
    (`fomo_weights`), so it never moves toward a model that is worse than the
-   baseline on its validation data, and keeps theta_b if none is better;
+   baseline on its validation data; if none is better (every weight 0) it
+   keeps its latest model (``no_gain='latest'``, PFLlib's clientfomo: the
+   weighted sum is skipped and the client trains on from the model it holds),
+   so the baseline of the next round, the start of this round's training,
+   moves with it; ``no_gain='baseline'`` restarts from theta_b instead (the
+   formula with all w_m = 0, and the authors' code, whose client then takes
+   its first model), which leaves theta_b where it was round after round
+   once no candidate beats it: the client retrains the same model. The
+   default is PFLlib's because with E local epochs on a few hundred samples
+   the client's own latest model often loses to theta_b on validation, so
+   that under the baseline rule most clients stop learning after a few rounds;
 3. adds raw / |sum raw| to P_i at the models it evaluated (the authors' code);
 4. trains theta E epochs on its train part and uploads the result.
 Round 0 has nothing to download (as the authors' first round: local training only).
+
+Selection (``selection``): ``egreedy`` (the authors', above), or ``top_m``,
+PFLlib's FedFomo (serverfomo.py), which the DiversiFed paper ran: the
+client evaluates the models of the ``num_received + 1`` highest entries of
+its affinity row over all clients, itself included (its own latest model
+when it is among them), once last round's uploads arrived (as many as
+arrived, at most that many); the row starts as the identity (self 1, others
+0) and grows by the raw weights of the models evaluated.
 
 Validation split: ``val_fraction`` (default 0.2, the authors' ``--train_split
 0.8``) of each client's OWN train samples, deterministic and evenly spaced
 (`validation_split`); it is never trained on. Test data is never touched.
 A client with fewer than 1 / val_fraction samples has no validation sample:
-all its weights are 0 and every round it trains again from theta_b.
+all its weights are 0 and every round it trains on from its latest model
+(from theta_b with ``no_gain='baseline'``).
 
 Choices from the authors' code (NVlabs/FedFomo, the README commands behind the
 published numbers), where the paper is silent or differs:
@@ -52,6 +71,14 @@ ran.
 
 Evaluation protocol: each client's own model after its local training (the
 authors evaluate ``client.model``); a client never selected keeps the initial model.
+
+Diagnostics (`round_diagnostics`): the selected clients' mean weight on
+their own models (1 when every weight is 0: they keep their own), the mass
+on the others' and the server averages, the share whose weights were all 0,
+and the distances of the server's stored models.
+
+The DiversiFed tables (configs/tables/diversifed_table*.yaml) set PFLlib's
+FedFomo: ``selection=top_m norm=l2``.
 """
 
 from __future__ import annotations
@@ -63,13 +90,16 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import fomo_weights, model_store, spectral_clustering, sub_federations
+from fedjax_pfl.kernels import collaboration, fomo_weights, model_store, spectral_clustering, sub_federations
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import Method, shared_init
 from fedjax_pfl.data.validation_split import split_train_validation
 from fedjax_pfl.methods.options import Options, option
 
 SELF_AFFINITY = 0.1  # the authors' --client_initial_self_weight
+TOP_M_SELF_AFFINITY = 1.0  # PFLlib's P = identity
+NO_GAIN = ("latest", "baseline")
+SELECTIONS = ("egreedy", "top_m")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +113,10 @@ class FedFomoConfig(Options):
                                  more_than=0.0, less_than=1.0)
     norm: str = option("l1", "norm of the parameter difference in the weights (l1: authors' code, l2: paper)",
                        choices=fomo_weights.NORMS)
+    no_gain: str = option("latest", "when every weight is 0: keep the latest model, the baseline moving to it "
+                          "(PFLlib), or restart from the baseline", choices=NO_GAIN)
+    selection: str = option("egreedy", "candidates: epsilon-greedy over last round's uploaders (authors) or the "
+                            "num_received + 1 highest affinities, own included (PFLlib)", choices=SELECTIONS)
     offer_average: bool = option(False, "also offer the train-size-weighted mean of last round's uploads "
                                         "(the authors' global model; no affinity for it)")
     num_federations: int = option(0, "k > 0: also offer the averages of k sub-federations (spectral clusters of "
@@ -108,10 +142,14 @@ class FedFomo(Method):
     name = "fedfomo"
     hparams_type = FedFomoConfig
 
+    @property
+    def self_affinity(self) -> float:
+        return TOP_M_SELF_AFFINITY if self.hparams.selection == "top_m" else SELF_AFFINITY
+
     def init(self, key, num_clients):
         _, clients = shared_init(self, key, num_clients)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)  # distinct buffers: the engine donates state
-        affinity = SELF_AFFINITY * jnp.eye(num_clients, dtype=jnp.float32)
+        affinity = self.self_affinity * jnp.eye(num_clients, dtype=jnp.float32)
         server = {"models": copy(clients), "available": jnp.zeros((num_clients,), bool)}
         if self.hparams.offer_average:  # valid once a round's uploads arrived
             server["average"] = jax.tree.map(lambda a: jnp.copy(a[0]), clients)
@@ -126,7 +164,7 @@ class FedFomo(Method):
         if k >= num_clients:
             raise UserError(f"method.num_federations={k} needs more clients than sub-federations "
                             f"({num_clients} clients); lower it")
-        return {"affinity": SELF_AFFINITY * jnp.eye(num_clients, dtype=jnp.float32),
+        return {"affinity": self.self_affinity * jnp.eye(num_clients, dtype=jnp.float32),
                 "last_round": jnp.full((num_clients,), -1, jnp.int32),
                 "sizes": jnp.zeros((num_clients,), jnp.float32),
                 "cluster_start": jax.random.randint(jax.random.fold_in(key, 1), (), 0, num_clients),
@@ -159,46 +197,72 @@ class FedFomo(Method):
         nll, count = self.map_batches(batch_sums, data)  # fixed length: differentiable (tests take its gradient)
         return jnp.sum(nll) / jnp.maximum(jnp.sum(count), 1.0)
 
-    def federated_start(self, server, client, validation, key, round_index):
-        """Steps 1-3: the model to train from this round and the new affinity row."""
+    def client_candidates(self, server, client, key, round_index):
+        """Step 1 -> (models [M, ...], their client ids [M], valid [M], is_own [M])."""
         hp = self.hparams
         index, affinity = client["index"], client["affinity"]
+        own_model = jax.tree.map(lambda a: a[None], client["variables"])
+        if hp.selection == "top_m":
+            count = min(hp.num_received + 1, affinity.shape[0])
+            ids = fomo_weights.top_m_select(key, affinity, count)
+            is_own = ids == index
+            models = jax.tree.map(lambda stored, own: jnp.where(is_own.reshape((-1,) + (1,) * (own.ndim - 1)),
+                                                                own, stored),
+                                  tree_ops.gather(server["models"], ids), own_model)
+            return models, ids, jnp.arange(count) < jnp.sum(server["available"]), is_own
         count = min(hp.num_received, affinity.shape[0] - 1)
+        if count == 0:  # a single client: only its own model
+            return own_model, index[None], jnp.ones(1, bool), jnp.ones(1, bool)
+        available = server["available"].at[index].set(False)
+        eps = fomo_weights.exploration_rate(round_index, hp.epsilon, hp.epsilon_decay)
+        others, valid = fomo_weights.egreedy_select(key, affinity, available, count, eps)
+        is_own = jnp.arange(count + 1) == 0
+        return (_prepend(client["variables"], tree_ops.gather(server["models"], others)),
+                jnp.concatenate([index[None], others]), jnp.concatenate([jnp.ones(1, bool), valid]), is_own)
+
+    def federated_start(self, server, client, validation, key, round_index):
+        """Steps 1-3 -> (the model to train from this round, the new affinity row, the client's
+        collaboration: weight on its own models and on the others', whether all weights were 0)."""
+        hp = self.hparams
+        candidates, ids, clients_valid, is_own = self.client_candidates(server, client, key, round_index)
+        valid = clients_valid
+        extra = []  # server averages after the clients' models; they have no affinity entries
+        if hp.offer_average:
+            extra.append((jax.tree.map(lambda a: a[None], server["average"]), jnp.any(server["available"])[None]))
+        if hp.num_federations:  # k sub-federation averages and their mean
+            extra.append((server["federations"], server["federations_valid"]))
+        for models, ok in extra:
+            candidates, valid = _concat(candidates, models), jnp.concatenate([valid, ok])
+            is_own = jnp.concatenate([is_own, jnp.zeros(ok.shape, bool)])
         base = client["first"]
-        if count > 0:
-            available = server["available"].at[index].set(False)
-            eps = fomo_weights.exploration_rate(round_index, hp.epsilon, hp.epsilon_decay)
-            others, valid = fomo_weights.egreedy_select(key, affinity, available, count, eps)
-            candidates = _prepend(client["variables"], tree_ops.gather(server["models"], others))
-            ids, valid = jnp.concatenate([index[None], others]), jnp.concatenate([jnp.ones(1, bool), valid])
-        else:  # a single client: only its own model
-            candidates = jax.tree.map(lambda a: a[None], client["variables"])
-            ids, valid = index[None], jnp.ones(1, bool)
-        clients_valid = valid
-        if hp.offer_average:  # one more candidate after the clients' models; it has no affinity entry
-            candidates = _concat(candidates, jax.tree.map(lambda a: a[None], server["average"]))
-            valid = jnp.concatenate([valid, jnp.any(server["available"])[None]])
-        if hp.num_federations:  # k sub-federation averages and their mean, no affinity entries either
-            candidates = _concat(candidates, server["federations"])
-            valid = jnp.concatenate([valid, server["federations_valid"]])
         val_losses = jax.vmap(lambda v: self.validation_loss(v, validation))(_prepend(base, candidates))
         distances = jax.vmap(lambda c: fomo_weights.parameter_distance(c, base["params"], hp.norm))(candidates["params"])
         raw = fomo_weights.raw_weights(val_losses[0], val_losses[1:], distances, valid)
-        start = fomo_weights.apply_weights(base, candidates, fomo_weights.positive_weights(raw))
-        increment = fomo_weights.affinity_increment(raw)[:ids.shape[0]]  # over all candidates, as the authors
-        affinity = affinity.at[ids].add(jnp.where(clients_valid, increment, 0.0))
-        return start, affinity
+        weights = fomo_weights.positive_weights(raw)
+        start = fomo_weights.apply_weights(base, candidates, weights)
+        no_gain = ~jnp.any(weights > 0)
+        if hp.no_gain == "latest":
+            start = tree_ops.select(no_gain, client["variables"], start)
+        increment = raw if hp.selection == "top_m" else fomo_weights.affinity_increment(raw)  # over all candidates
+        affinity = client["affinity"].at[ids].add(jnp.where(clients_valid, increment[:ids.shape[0]], 0.0))
+        shares = collaboration.own_and_others(weights, is_own)
+        shares = {**shares, "self_weight": jnp.where(no_gain, 1.0, shares["self_weight"]), "all_zero_share": no_gain}
+        return start, affinity, shares
 
     def client_update(self, server, client, data, key, info):
         k_select, k_train = jax.random.split(key)
         train_part, validation = split_train_validation(data, self.hparams.val_fraction)
-        start, affinity = self.federated_start(server, client, validation, k_select, info.round)
+        start, affinity, shares = self.federated_start(server, client, validation, k_select, info.round)
         variables, loss = self.train(self.supervised_objective(), start, train_part, k_train, info.epochs)
         client = {**client, "variables": variables, "first": start, "affinity": affinity}
-        upload = {"variables": variables, "loss": loss}
+        upload = {"variables": variables, "loss": loss, "collaboration": shares}
         if self.hparams.num_federations:  # the server clusters every client's affinity row
             upload["affinity"] = affinity
         return client, upload
+
+    def round_diagnostics(self, server, new_server, uploads, info):
+        return {**collaboration.client_means(uploads["collaboration"]),
+                **collaboration.distance_summary(server["models"]["params"])}
 
     def server_update(self, server, clients, uploads, info):
         models = model_store.store_arrived(server["models"], info.selected, info.uploaded, uploads["variables"])

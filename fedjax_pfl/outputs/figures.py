@@ -22,11 +22,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
+from fedjax_pfl.outputs import metrics_file
 from fedjax_pfl.outputs.run_folder import partition_label
 from fedjax_pfl.outputs.atomic_file import atomic_write
 
 DPI = 120
 RUN_FIGURES = ("accuracy.png", "loss.png", "client_accuracy.png", "partition.png")
+DIAGNOSTICS_FIGURE = "diagnostics.png"  # drawn for a method that reports diagnostics (metrics_file.diagnostics)
 
 
 def _new(width: float = 6.4, height: float = 4.0) -> Figure:
@@ -132,6 +134,33 @@ def evaluated_model(eval_model: str | None) -> str:
     return MODEL_EVALUATED.get(eval_model, f"a client's model ({eval_model})" if eval_model else "a client's model")
 
 
+DIAGNOSTIC_LABELS = {  # kernels/collaboration.py's names; any other diagnostic is drawn under its own name
+    "self_weight": "mean self-weight",
+    "other_weight": "mean weight mass on other clients",
+    "all_zero_share": "share of clients with all weights 0",
+    "distance_mean": "mean pairwise model distance",
+    "distance_max": "largest pairwise model distance",
+}
+
+
+def diagnostics_curves(records: list[dict], title: str = "") -> Figure:
+    """One panel per diagnostic the method reported (`Method.round_diagnostics`), over the rounds."""
+    series = metrics_file.diagnostics(records)
+    known = list(DIAGNOSTIC_LABELS)
+    series = dict(sorted(series.items(), key=lambda item: known.index(item[0]) if item[0] in known else len(known)))
+    columns = min(3, max(len(series), 1))
+    rows = -(-len(series) // columns)
+    fig = _new(3.2 * columns, 2.6 * rows + 0.4)
+    x = _column(records, "round")
+    for i, (name, values) in enumerate(series.items()):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        ax.plot(x, np.asarray(values, float), marker="." if len(x) <= 30 else None)
+        ax.set_title(DIAGNOSTIC_LABELS.get(name, name), fontsize="small")
+        _rounds_axis(ax)
+    fig.suptitle(title or "what the method reports about each round", fontsize="medium")
+    return fig
+
+
 def client_accuracy_histogram(clients: list[dict], title: str = "", eval_model: str | None = None) -> Figure:
     """How many clients reach each test accuracy (5-point bins), with the mean and median marked; the axis
     names the model ``eval_model`` evaluates."""
@@ -228,6 +257,8 @@ def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clien
         todo["accuracy.png"] = lambda: accuracy_curves(records, f"test accuracy: {title}" if title else "")
     if any("loss" in r for r in records):  # (a compact record keeps accuracies only)
         todo["loss.png"] = lambda: loss_curves(records, f"loss: {title}" if title else "")
+    if metrics_file.diagnostics(records):
+        todo[DIAGNOSTICS_FIGURE] = lambda: diagnostics_curves(records, f"diagnostics: {title}" if title else "")
     if clients:
         eval_model = records[-1].get("eval_model") if records else None
         todo["client_accuracy.png"] = lambda: client_accuracy_histogram(

@@ -5,11 +5,14 @@ are not one (a write cut short by a kill leaves a torn last line; anything
 else is damage), so that no caller silently stops at the first bad line:
 the report warns and reads on, a resumed run decides whether it can go on
 without losing a record (runs/resume.py). `MetricsLog` appends while a run
-trains; `rewrite` replaces the file atomically (when resuming).
+trains; `rewrite` replaces the file atomically (when resuming). A record may hold the
+method's ``diagnostics`` of its round (a dict of numbers: `Method.round_diagnostics`);
+`flat_record` spreads it into columns, `diagnostics` gathers it per name.
 
 A compact record (outputs/compact_record.py) keeps instead `COMPACT`,
-metrics.jsonl.xz: the same lines, xz-compressed, with only `COMPACT_KEYS`,
-each value as metrics.jsonl wrote it, so every number reads back exactly;
+metrics.jsonl.xz: the same lines, xz-compressed, with only `COMPACT_KEYS`
+(and `COMPACT_IF_PRESENT`), each value as
+metrics.jsonl wrote it, so every number reads back exactly;
 `read_metrics` reads both, `run_metrics` finds a run folder's.
 """
 
@@ -29,6 +32,7 @@ NAME = "metrics.jsonl"
 COMPACT = "metrics.jsonl.xz"
 # what the tables and the report read from every record (the last one's other numbers are in summary.json)
 COMPACT_KEYS = ("round", "accuracy", "accuracy_weighted", "seconds")
+COMPACT_IF_PRESENT = ("diagnostics",)  # kept where a record has them: whether the method's clients mixed
 
 @dataclasses.dataclass
 class MetricsFile:
@@ -93,6 +97,34 @@ def read_metrics(path: Path) -> MetricsFile:
     return MetricsFile(path, records, damaged, line_of)
 
 
+def flat_record(record: dict) -> dict:
+    """``record`` with each nested dict (the method's ``diagnostics``: name -> number) spread into
+    ``'group/name'`` fields in its place, for metrics.csv's columns and TensorBoard's tags.
+
+    Examples:
+        >>> flat_record({"round": 3, "diagnostics": {"self_weight": 0.5}, "seconds": 1.0})
+        {'round': 3, 'diagnostics/self_weight': 0.5, 'seconds': 1.0}
+    """
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}/{name}": v for name, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def diagnostics(records: list[dict]) -> dict[str, list[float]]:
+    """{name: [value per record]} of the method's diagnostics (NaN where a record lacks one).
+
+    Examples:
+        >>> diagnostics([{"round": 1}, {"round": 2, "diagnostics": {"self_weight": 0.5}}])
+        {'self_weight': [nan, 0.5]}
+    """
+    names = list(dict.fromkeys(k for r in records for k in r.get("diagnostics", {})))
+    return {name: [r.get("diagnostics", {}).get(name, float("nan")) for r in records] for name in names}
+
+
 def line(record: dict) -> str:
     return json.dumps(record, default=jsonable) + "\n"
 
@@ -104,8 +136,10 @@ def rewrite(path: Path, records: list[dict]) -> None:
 
 
 def compact_lines(records: list[dict]) -> str:
-    """The lines of `COMPACT` for ``records``: each with `COMPACT_KEYS` only, values as metrics.jsonl has them."""
-    return "".join(line({k: r[k] for k in COMPACT_KEYS}) for r in records)
+    """The lines of `COMPACT` for ``records``: each with `COMPACT_KEYS` (and `COMPACT_IF_PRESENT` where it has
+    them) only, values as metrics.jsonl has them."""
+    return "".join(line({k: r[k] for k in COMPACT_KEYS + COMPACT_IF_PRESENT if k in r or k in COMPACT_KEYS})
+                   for r in records)
 
 
 def write_compact(path: Path, records: list[dict]) -> None:

@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_pfl.outputs.atomic_file import atomic_write
+from fedjax_pfl.outputs.metrics_file import flat_record
 
 CLIENT_COLUMNS = ("client", "train_size", "test_size", "accuracy", "loss")
 
 
 def metrics_columns(records: list[dict]) -> list[str]:
-    """Every key of any record, in order of first appearance."""
+    """Every key of any (flat) record, in order of first appearance."""
     return list(dict.fromkeys(k for r in records for k in r))
 
 
@@ -32,6 +33,8 @@ def _cell(value):
 
 
 def write_metrics_csv(path: Path, records: list[dict]) -> None:
+    """One row per record; the method's diagnostics as ``diagnostics/NAME`` columns (`flat_record`)."""
+    records = [flat_record(r) for r in records]
     columns = metrics_columns(records)
     with atomic_write(path, newline="") as f:
         out = csv.writer(f)

@@ -14,14 +14,16 @@ from numbers import Real
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.outputs.metrics_file import flat_record
 
 MISSING = ("--tensorboard (log.tensorboard=true) needs tensorboardX: pip install 'fedjax_pfl[tensorboard]', "
            "or run without it")
 
 
 def scalars(record: dict) -> dict[str, float]:
-    """The fields of a metrics record that TensorBoard shows as scalars."""
-    return {k: float(v) for k, v in record.items()
+    """The fields of a metrics record that TensorBoard shows as scalars (diagnostics as
+    ``diagnostics/NAME``: `flat_record`)."""
+    return {k: float(v) for k, v in flat_record(record).items()
             if k != "round" and isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)}
 
 

@@ -19,8 +19,12 @@ from fedjax_pfl.engine.engine import summarize_evaluation
 
 
 def rounds_of_call(metrics: dict, rounds: int) -> list[dict]:
-    """The first ``rounds`` slots of a call's stacked round metrics, one dict per round."""
-    return [{k: v[j] for k, v in metrics.items()} for j in range(rounds)]
+    """The first ``rounds`` slots of a call's stacked round metrics, one dict per round (a nested dict
+    of metrics, such as ``diagnostics``, sliced the same way)."""
+    def slot(value, j):
+        return {k: slot(v, j) for k, v in value.items()} if isinstance(value, dict) else value[j]
+
+    return [slot(metrics, j) for j in range(rounds)]
 
 
 def first_bad_round(records: list[dict]):
@@ -48,8 +52,8 @@ def check_rounds(records: list[dict], step_sizes: list[str] = ()) -> None:
 
 
 def evaluation_record(per_client: dict, round_metrics: dict, t: int, seconds: float, eval_model: str) -> dict:
-    """The metrics.jsonl record of the evaluation after round index ``t`` (``round`` t + 1);
-    DivergedError if the test loss is not finite.
+    """The metrics.jsonl record of the evaluation after round index ``t`` (``round`` t + 1), with the
+    method's ``diagnostics`` of that round when it reports any; DivergedError if the test loss is not finite.
 
     ``seconds``: the run's wall time when the call holding round ``t`` returned.
     """
@@ -59,5 +63,9 @@ def evaluation_record(per_client: dict, round_metrics: dict, t: int, seconds: fl
             f"round {t + 1}: test loss is not finite ({evaluation['loss']}); "
             "lower the learning rate (--lr) or check the data normalisation"
         )
-    return {"round": t + 1, **evaluation, "train_loss": float(round_metrics["train_loss"]), "eval_model": eval_model,
-            "seconds": seconds}
+    record = {"round": t + 1, **evaluation, "train_loss": float(round_metrics["train_loss"]),
+              "eval_model": eval_model, "seconds": seconds}
+    diagnostics = round_metrics.get("diagnostics")
+    if diagnostics:  # the method's scalars about round t (Method.round_diagnostics)
+        record["diagnostics"] = {k: float(v) for k, v in diagnostics.items()}
+    return record
