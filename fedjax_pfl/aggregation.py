@@ -117,9 +117,9 @@ from fedjax_pfl.kernels.model_distance import (  # noqa: E402,F401
     apply_mixing,
     mix_models,
     mixing_matrix,
-    normalize_distances,
     pairwise_distances,
     pairwise_sq_distances,
+    similarities,
 )
 
 # FedPAC's simplex QP (classifier-combination weights), from its own module.
