@@ -48,6 +48,7 @@ FULL_SIZES = (50_000, 500_000, 2_000_000, 11_000_000)
 QUICK_SIZES = (50_000, 500_000)
 COPIES = 4  # W, its centered copy, U, headroom
 TAU, ETA = 1.0, 0.01
+SCALE, SPREAD = 0.05, 0.01  # random models: shared offset of SPREAD, per-model noise of SCALE per parameter
 
 
 def available_bytes() -> int:
@@ -71,7 +72,8 @@ def block(tree):
 
 
 def time_kernel(w, repeats):
-    fn = jax.jit(lambda w: md.mix_models(w, TAU, ETA, normalization="mean"))
+    sigma = 2 * SCALE ** 2 * w.shape[1]  # the models' expected squared distance: similarities about 1/e
+    fn = jax.jit(lambda w: md.mix_models(w, TAU, ETA, sigma))
     start = time.perf_counter()
     out = block(fn(w))
     compile_s = time.perf_counter() - start
@@ -147,8 +149,8 @@ def kernel_vs_naive(ns, sizes, repeats, budget_s):
                                 f"({COPIES} x N x P float32), {avail / 2**30:.1f} GiB available"})
                 print(f"skip N={n} P={p}: does not fit memory", file=sys.stderr)
                 continue
-            w = jax.random.normal(jax.random.fold_in(key, n * 7 + p), (n, p), jnp.float32) * 0.05
-            w = block(w + 0.01 * jax.random.normal(jax.random.fold_in(key, p), (1, p), jnp.float32))
+            w = jax.random.normal(jax.random.fold_in(key, n * 7 + p), (n, p), jnp.float32) * SCALE
+            w = block(w + SPREAD * jax.random.normal(jax.random.fold_in(key, p), (1, p), jnp.float32))
             (u, xi, d), kernel_s, compile_s = time_kernel(w, repeats)
             naive_s, details, got = time_naive(w, xi, budget_s)
             d_host = np.asarray(d)

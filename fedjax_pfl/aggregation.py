@@ -18,9 +18,9 @@ from fedjax_pfl.kernels.model_distance import (
     apply_mixing,
     mix_models,
     mixing_matrix,
-    normalize_distances,
     pairwise_distances,
     pairwise_sq_distances,
+    similarities,
 )
 from fedjax_pfl.kernels.prototypes import PROTO_WEIGHTS, prototype_aggregate, prototype_weights
 from fedjax_pfl.kernels.simplex_qp import (
@@ -35,7 +35,7 @@ from fedjax_pfl.kernels.weighted_average import normalize_weights, softmax_weigh
 
 __all__ = [
     "PROTO_WEIGHTS", "apply_mixing", "attention_weights", "combination_weights", "combination_weights_batch",
-    "fisher_weights", "mix_models", "mixing_matrix", "normalize_distances", "normalize_weights",
+    "fisher_weights", "mix_models", "mixing_matrix", "normalize_weights",
     "pairwise_distances", "pairwise_sq_distances", "personalized_cloud_models", "project_simplex",
     "prototype_aggregate", "prototype_weights", "repair_psd", "softmax_weights", "solve_simplex_qp",
     "solve_simplex_qp_batch", "weighted_mean", "weighted_mean_or",

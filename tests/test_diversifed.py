@@ -1,5 +1,7 @@
 """DiversiFed (methods/diversifed.py): options, server storage, anchors under
-partial participation, the proximal client step, and learning on FMNIST."""
+partial participation, the proximal client step, the server step's
+diagnostics, mixing and finiteness on the Dirichlet(0.5) preset, and learning
+on FMNIST."""
 
 import math
 
@@ -24,6 +26,8 @@ from fedjax_pfl.methods.diversifed import DiversiFed, DiversiFedConfig
 from fedjax_pfl.models.networks import build_model
 
 N, FEATURES, CLASSES = 6, 8, 3
+SIGMA = 25.0  # kernel scale for `_two_group_params` (63 parameters): within-group k ~ 1, across ~ 0.05
+ALPHA05 = "configs/diversifed_fmnist_dirichlet0.5.yaml"
 
 
 def _setup(epochs=2, lr=0.05):
@@ -60,7 +64,7 @@ def _two_group_params(method, key):
 # ------------------------------------------------------------------- options
 @pytest.mark.parametrize("options", [
     {"tau": 0.0}, {"tau": -1.0}, {"tau": float("nan")}, {"eta": -0.1}, {"lamda": -1.0},
-    {"lamda": float("inf")}, {"normalization": "median"},
+    {"lamda": float("inf")}, {"sigma": 0.0}, {"sigma": -2.0}, {"start": "middle"},
 ])
 def test_bad_options_raise_user_error(options):
     with pytest.raises(UserError):
@@ -78,8 +82,8 @@ def test_unknown_or_mistyped_option_is_a_user_error():
 
 def test_registered_and_options_parse():
     assert get_method("diversifed") is DiversiFed
-    hp = config_lib.method_options(DiversiFedConfig, {"tau": 2, "eta": 0.5, "normalization": "none"})
-    assert hp.tau == 2.0 and hp.eta == 0.5 and hp.normalization == "none"
+    hp = config_lib.method_options(DiversiFedConfig, {"tau": 2, "eta": 0.5, "sigma": 3, "start": "own"})
+    assert hp.tau == 2.0 and hp.eta == 0.5 and hp.sigma == 3.0 and hp.start == "own"
 
 
 # ---------------------------------------------------------------- mechanics
@@ -101,13 +105,13 @@ def test_init_stores_every_model_in_distinct_buffers():
 
 
 def test_prepare_uses_all_stored_models_and_attracts_own_group():
-    method = DiversiFed(_setup(), DiversiFedConfig(tau=0.3, eta=1e-3))
+    method = DiversiFed(_setup(), DiversiFedConfig(tau=1.0, eta=1e-3, sigma=SIGMA))
     server, clients = method.init(jax.random.key(0), N)
     server = {"params": _two_group_params(method, jax.random.key(1))}
     selected = jnp.array([4, 1])
     chosen = tree_ops.gather(clients, selected)
     prepared = jax.jit(method.prepare)(server, chosen, selected)
-    expected, _, _ = md.mix_models(server["params"], 0.3, 1e-3, normalization="mean", rows=selected)
+    expected, _, _ = md.mix_models(server["params"], 1.0, 1e-3, SIGMA, rows=selected)
     for a, b in zip(jax.tree.leaves(prepared["anchor"]), jax.tree.leaves(expected)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     w = np.asarray(tree_ops.flatten_stacked(server["params"]))
@@ -133,7 +137,8 @@ def test_server_stores_only_arrived_uploads():
         np.testing.assert_array_equal(after[[1, 2, 3, 4]], before[[1, 2, 3, 4]])
 
 
-def test_client_trains_from_own_model_toward_its_anchor():
+@pytest.mark.parametrize("start", ["own", "anchor"])
+def test_client_trains_toward_its_anchor(start):
     data = _data()
     client0 = tree_ops.gather(DiversiFed(_setup()).init(jax.random.key(0), N)[1], 0)
     data0 = jax.tree.map(lambda a: a[0], data)
@@ -143,7 +148,7 @@ def test_client_trains_from_own_model_toward_its_anchor():
     key = jax.random.key(3)
 
     def train(lamda):
-        method = DiversiFed(_setup(), DiversiFedConfig(lamda=lamda))
+        method = DiversiFed(_setup(), DiversiFedConfig(lamda=lamda, start=start))
         out, upload = jax.jit(method.client_update)({}, client0, data0, key, info)
         assert math.isfinite(float(upload["loss"]))
         jax.tree.map(np.testing.assert_array_equal, upload["params"], out["variables"]["params"])
@@ -153,20 +158,24 @@ def test_client_trains_from_own_model_toward_its_anchor():
         return float(jnp.sqrt(tree_ops.squared_norm(tree_ops.sub(out["variables"]["params"], anchor))))
 
     free, pulled = train(0.0), train(100.0)
-    start = float(jnp.sqrt(tree_ops.squared_norm(tree_ops.sub(client0["variables"]["params"], anchor))))
+    start_gap = float(jnp.sqrt(tree_ops.squared_norm(tree_ops.sub(client0["variables"]["params"], anchor))))
     assert gap(pulled) < 0.5 * gap(free)
-    assert gap(free) > 0.5 * start
-    # lamda = 0 is Local's client step (up to float rounding of the added zero term)
+    # lamda = 0 is Local's client step from the client's own model (start='own') or from u_i ('anchor')
+    begin = client0["variables"] if start == "own" else {**client0["variables"], "params": anchor}
     local = get_method("local")(_setup())
-    out_local, _ = jax.jit(local.client_update)({}, {"variables": client0["variables"]}, data0, key, info)
+    out_local, _ = jax.jit(local.client_update)({}, {"variables": begin}, data0, key, info)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), out_local["variables"],
                  free["variables"])
+    if start == "own":
+        assert gap(free) > 0.5 * start_gap
+    else:
+        assert gap(free) < 0.5 * start_gap
 
 
 def test_partial_participation_round():
     """Selected clients get anchors from all N stored models; the server stores their uploads."""
     data = _data()
-    method = DiversiFed(_setup(), DiversiFedConfig(tau=0.5, eta=0.01))
+    method = DiversiFed(_setup(), DiversiFedConfig(tau=0.5, eta=0.01, sigma=SIGMA))
     eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(clients_per_round=3,
                                                                         client_mapping="vmap"))
     server, clients = eng.init(jax.random.key(0))
@@ -177,7 +186,7 @@ def test_partial_participation_round():
     server, clients, metrics = eng.round(server, clients, jax.random.key(7), 0)
     selected = np.asarray(metrics["selected"])
     others = np.setdiff1d(np.arange(N), selected)
-    expected_u, _, _ = md.mix_models(stored_before, 0.5, 0.01, normalization="mean", rows=jnp.asarray(selected))
+    expected_u, _, _ = md.mix_models(stored_before, 0.5, 0.01, SIGMA, rows=jnp.asarray(selected))
     for got, exp in zip(jax.tree.leaves(clients["anchor"]), jax.tree.leaves(expected_u)):
         np.testing.assert_allclose(np.asarray(got)[selected], exp, rtol=1e-5, atol=1e-5)
     for stored, before, trained in zip(jax.tree.leaves(server["params"]), jax.tree.leaves(stored_before),
@@ -186,6 +195,64 @@ def test_partial_participation_round():
         np.testing.assert_array_equal(stored[selected], np.asarray(trained)[selected])
         np.testing.assert_array_equal(stored[others], before[others])
         assert not np.allclose(stored[selected], before[selected])
+
+
+# -------------------------------------------------------------- diagnostics
+def test_round_diagnostics_report_the_server_step():
+    """self-weight, mass on others, attracting / repelling parts and distances of this round's Xi."""
+    method = DiversiFed(_setup(), DiversiFedConfig(tau=1.0, eta=0.01, sigma=SIGMA))
+    server = {"params": _two_group_params(method, jax.random.key(1))}
+    selected = jnp.array([4, 1, 2])
+    info = ServerRound(jnp.int32(3), selected, jnp.ones(3), jnp.ones(3, bool))
+    out = jax.jit(method.round_diagnostics)(server, server, {}, info)
+    _, xi, d = md.mix_models(server["params"], 1.0, 0.01, SIGMA, rows=selected)
+    xi, d = np.asarray(xi, np.float64), np.asarray(d, np.float64)
+    own = xi[np.arange(3), np.asarray(selected)]
+    others = xi.copy()
+    others[np.arange(3), np.asarray(selected)] = 0.0
+    off = ~np.eye(N, dtype=bool)
+    expected = {"self_weight": own.mean(), "other_weight": np.abs(others).sum(1).mean(),
+                "attraction": np.clip(others, 0, None).sum(1).mean(), "repulsion": np.clip(others, None, 0).sum(1).mean(),
+                "distance_mean": d[off].mean(), "distance_max": d[off].max()}
+    assert set(out) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(float(out[name]), value, rtol=1e-5, atol=1e-7, err_msg=name)
+    assert out["self_weight"] < 1 and out["attraction"] > 0 and out["repulsion"] < 0
+
+
+def _alpha05_engine(data_dir, *extra):
+    """The Dirichlet(0.5) preset with its method options (the defaults); ``extra`` overrides the data's size."""
+    from fedjax_pfl.runs.experiment import build_experiment
+
+    cfg = config_lib.build(ALPHA05, [f"data.data_dir={data_dir}", *extra])
+    assert cfg.method == {} and cfg.method_name == "diversifed"
+    return build_experiment(cfg).engine
+
+
+def test_preset_mixes_within_five_rounds_and_stays_finite_for_fifty(data_dir):
+    """The alpha=0.5 preset's options (40 clients; 100 train / 20 test samples each to keep it cheap): after
+    5 rounds the server step mixes other clients in (mean self-weight in (0, 0.9)); after 50, losses,
+    models and distances are finite, the models still mix and beat the majority class."""
+    eng = _alpha05_engine(data_dir, "partition.train_per_client=100", "partition.test_per_client=20",
+                          "train.rounds=50")
+    init_key, key = jax.random.split(jax.random.key(0))
+    server, clients = eng.init(init_key)
+    server, clients, _ = eng.run(server, clients, key, 5)
+    selected = jnp.arange(eng.num_clients)
+    info = ServerRound(jnp.int32(5), selected, jnp.ones(eng.num_clients), jnp.ones(eng.num_clients, bool))
+    after_five = {k: float(v) for k, v in jax.jit(eng.method.round_diagnostics)(server, server, {}, info).items()}
+    assert 0.0 < after_five["self_weight"] < 0.9, after_five
+    assert after_five["attraction"] > 0.1 and after_five["repulsion"] < 0.0, after_five
+
+    server, clients, metrics = eng.run(server, clients, key, 50, first=5)
+    last = eng.evaluate_summary(server, clients, key)
+    assert math.isfinite(last["loss"]) and math.isfinite(float(metrics["train_loss"]))
+    assert all(np.all(np.isfinite(np.asarray(a))) for a in jax.tree.leaves(server))
+    diagnostics = {k: float(v) for k, v in metrics["diagnostics"].items()}  # round 50's server step
+    assert all(math.isfinite(v) for v in diagnostics.values()), diagnostics
+    assert 0.0 < diagnostics["self_weight"] < 0.9, diagnostics
+    assert diagnostics["distance_max"] < 100.0, diagnostics
+    assert last["accuracy"] > majority_baseline.from_engine(eng), last
 
 
 # ------------------------------------------------------------------ learning
@@ -204,7 +271,7 @@ def test_diversifed_learns_on_fmnist(data_dir):
     assert last["accuracy"] > fedavg + 0.2, (last, fedavg)  # the paper's claim on pathological label skew
     # the server step is active on the trained models: distances > 0, Xi finite, off-diagonal non-zero
     hp = eng.method.hparams
-    u, xi, d = jax.jit(lambda p: md.mix_models(p, hp.tau, hp.eta, normalization=hp.normalization))(server["params"])
+    u, xi, d = jax.jit(lambda p: md.mix_models(p, hp.tau, hp.eta, hp.sigma))(server["params"])
     xi = np.asarray(xi)
     assert np.all(np.isfinite(xi)) and np.all(np.asarray(d)[~np.eye(10, dtype=bool)] > 0)
     assert np.abs(xi - np.diag(np.diag(xi))).max() > 0

@@ -16,9 +16,9 @@ from fedjax_pfl.kernels import model_distance as md
 REL = 1e-5
 
 # Eager dispatch compiles every primitive separately (slow on busy CPUs): jit once.
-mix_models = jax.jit(md.mix_models, static_argnames=("normalization", "loss_fn", "scale_free"))
+mix_models = jax.jit(md.mix_models, static_argnames=("loss_fn",))
 pairwise_distances = jax.jit(md.pairwise_distances)
-mixing_matrix = jax.jit(md.mixing_matrix, static_argnames=("loss_fn", "scale_free"))
+mixing_matrix = jax.jit(md.mixing_matrix, static_argnames=("loss_fn",))
 
 
 # ---------------------------------------------------------------- references
@@ -33,31 +33,25 @@ def distances_loop64(w):
     return d
 
 
-def mixing_loop64(d, tau, eta, scale_free=False):
-    """Xi from docs/methods/conventions.md written out pair by pair (closed form of dL/dd).
-
-    ``scale_free``: c of L(D / mean(D)) at mean(D) = 1, i.e. c_ij - sum_kl c_kl d_kl / (N (N - 1)).
-    """
+def mixing_loop64(d, tau, eta, sigma):
+    """Xi from the module docstring written out pair by pair (closed form of dL/d(d^2)), d Euclidean."""
     n = d.shape[0]
+    k = np.exp(-d ** 2 / sigma)
     s = np.zeros((n, n))
     for i in range(n):
-        z = np.array([d[i, k] / tau for k in range(n) if k != i])
+        others = [l for l in range(n) if l != i]
+        z = np.array([tau * k[i, l] for l in others])
         e = np.exp(z - z.max())
-        probs = e / e.sum()
-        s[i, [k for k in range(n) if k != i]] = probs
-    c = np.zeros((n, n))
-    for i in range(n):
-        for j in range(n):
-            if j != i:
-                c[i, j] = (1 - (n - 1) * s[i, j]) / tau + (1 - (n - 1) * s[j, i]) / tau
-    if scale_free:
-        kappa = sum(c[k, l] * d[k, l] for k in range(n) for l in range(n) if k != l) / (n * (n - 1))
-        c = c - kappa
+        s[i, others] = e / e.sum()
     xi = np.zeros((n, n))
     for i in range(n):
         for j in range(n):
-            if j != i and d[i, j] > 0:
-                xi[i, j] = eta * c[i, j] / d[i, j]
+            if j != i:
+                c = tau * (k[i, j] * ((n - 1) * s[i, j] - 1) + k[j, i] * ((n - 1) * s[j, i] - 1))
+                xi[i, j] = 2 * eta * c
+        net = sum(xi[i, j] for j in range(n) if j != i)
+        if net > 1:  # the step is cut where it would weigh the client's own model negatively
+            xi[i] /= net
         xi[i, i] = 1.0 - sum(xi[i, j] for j in range(n) if j != i)
     return xi
 
@@ -119,14 +113,13 @@ def test_distances_nearly_identical_models(n, spread):
     assert off_diag_rel_err(naive, ref) > 1e-2
 
 
-def test_identical_models_give_zero_distance_and_finite_gradient():
+def test_identical_models_give_zero_distance_and_identity_mixing():
     w = jnp.broadcast_to(jnp.arange(30.0), (5, 30))
-    d = pairwise_distances(w)
-    assert np.all(np.asarray(d) == 0.0)
-    g = jax.jit(jax.grad(lambda w: md.model_distance_loss(md.pairwise_distances(w), 0.5)))(w)
+    sq = md.pairwise_sq_distances(w)
+    assert np.all(np.asarray(pairwise_distances(w)) == 0.0)
+    g = jax.jit(jax.grad(lambda w: md.model_distance_loss(md.pairwise_sq_distances(w), 0.5, 1.0)))(w)
     assert np.all(np.isfinite(np.asarray(g)))
-    xi = mixing_matrix(d, 0.5, 0.1)
-    np.testing.assert_array_equal(np.asarray(xi), np.eye(5))
+    np.testing.assert_array_equal(np.asarray(mixing_matrix(sq, 0.5, 0.1, 1.0)), np.eye(5))
 
 
 def test_clustered_models_within_documented_error_model():
@@ -158,7 +151,7 @@ def test_stacked_tree_equals_flat_matrix():
             "head": {"bias": jnp.asarray(rng.normal(size=(6, 3)), jnp.float32)}}
     flat = np.concatenate([np.asarray(tree["body"]["kernel"]).reshape(6, -1), np.asarray(tree["head"]["bias"])], 1)
     np.testing.assert_allclose(pairwise_distances(tree), pairwise_distances(jnp.asarray(flat)), rtol=1e-6)
-    xi = mixing_matrix(pairwise_distances(tree), 1.0, 0.1, rows=jnp.array([4, 1]))
+    xi = mixing_matrix(md.pairwise_sq_distances(tree), 1.0, 0.1, 40.0, rows=jnp.array([4, 1]))
     u_tree = md.apply_mixing(xi, tree)
     assert u_tree["body"]["kernel"].shape == (2, 5, 4) and u_tree["head"]["bias"].shape == (2, 3)
     u_flat = md.apply_mixing(xi, jnp.asarray(flat))
@@ -167,175 +160,192 @@ def test_stacked_tree_equals_flat_matrix():
 
 
 # --------------------------------------------------------------- loss, mixing
+def mean_sq_distance(w):
+    """A kernel scale at the models' own spread: the mean squared distance of different pairs (float64)."""
+    d = distances_loop64(w)
+    n = d.shape[0]
+    return float((d ** 2).sum() / (n * (n - 1)))
+
+
 def test_loss_value_matches_formula():
     d = distances_loop64(random_models(6, 50))
-    tau = 0.7
+    tau, sigma = 0.7, 100.0
     ref = 0.0
     for i in range(6):
-        z = [d[i, k] / tau for k in range(6) if k != i]
+        z = [tau * np.exp(-d[i, l] ** 2 / sigma) for l in range(6) if l != i]
         lse = np.log(np.sum(np.exp(z)))
         ref += sum(zj - lse for zj in z)
     with jax.enable_x64(True):
-        val = md.model_distance_loss(jnp.asarray(d), tau)
+        val = md.model_distance_loss(jnp.asarray(d ** 2), tau, sigma)
         assert abs(float(val) - ref) < 1e-10 * abs(ref)
 
 
 def test_autodiff_grad_equals_closed_form():
     with jax.enable_x64(True):
-        d = jnp.asarray(distances_loop64(random_models(12, 40)))
-        g = jax.grad(md.model_distance_loss)(d, 0.3)
-        np.testing.assert_allclose(g, md.model_distance_loss_grad(d, 0.3), rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(np.asarray(g).sum(axis=1), 0.0, atol=1e-9)
+        sq = jnp.asarray(distances_loop64(random_models(12, 40)) ** 2)
+        g = jax.grad(md.model_distance_loss)(sq, 0.3, 80.0)
+        np.testing.assert_allclose(g, md.model_distance_loss_grad(sq, 0.3, 80.0), rtol=1e-10, atol=1e-14)
+        # each client's pull on its more-similar models outweighs its push on the others
+        assert np.all(np.asarray(g).sum(axis=1) > 0)
 
 
 def test_gradient_through_kernel_matches_finite_differences():
     rng = np.random.default_rng(0)
     with jax.enable_x64(True):
         w = jnp.asarray(rng.normal(size=(7, 20)))
-        f = jax.jit(lambda w: md.model_distance_loss(md.pairwise_distances(w), 0.8))
+        f = jax.jit(lambda w: md.model_distance_loss(md.pairwise_sq_distances(w), 0.8, 30.0))
         g = jax.jit(jax.grad(f))(w)
         h = 1e-6
         for _ in range(5):
             v = jnp.asarray(rng.normal(size=w.shape))
             fd = (f(w + h * v) - f(w - h * v)) / (2 * h)
             assert abs(float(jnp.vdot(g, v)) - float(fd)) < 1e-6 * max(1.0, abs(float(fd)))
-        # and entry by entry for a few coordinates
         for i, p in [(0, 0), (3, 7), (6, 19)]:
             e = jnp.zeros_like(w).at[i, p].set(1.0)
             fd = (f(w + h * e) - f(w - h * e)) / (2 * h)
             assert abs(float(g[i, p]) - float(fd)) < 1e-6 * max(1.0, abs(float(fd)))
 
 
-@pytest.mark.parametrize("normalization,scale_free", [("none", False), ("mean", False), ("sqrt_params", False),
-                                                      ("mean", True)])
-def test_mixing_is_a_gradient_step_on_the_loss(normalization, scale_free):
-    """Lemma 1: U = W - eta * s^2 * grad_W L(D(W) / s), s the normaliser: a constant, or the
-    mean distance differentiated through (scale_free)."""
+@pytest.mark.parametrize("eta", [0.05, 50.0])
+def test_mixing_is_a_gradient_step_on_the_loss(eta):
+    """Lemma 1: U = Xi @ W equals W - eta_i * sigma * grad_W L(D^2(W)), eta_i = eta unless cut where the
+    full step would weigh a client's own model negatively (then xi_ii = 0)."""
     rng = np.random.default_rng(1)
     with jax.enable_x64(True):
-        w = jnp.asarray(rng.normal(size=(9, 30)))
-        tau, eta = 0.5, 0.05
-        u, xi, d = mix_models(w, tau, eta, normalization=normalization, scale_free=scale_free)
-        _, s = md.normalize_distances(d, normalization, 30)
-
-        def loss(w):
-            dist = md.pairwise_distances(w)
-            scale = md.mean_distance(dist) if scale_free else s
-            return md.model_distance_loss(dist / scale, tau)
-
-        ref = w - eta * s ** 2 * jax.jit(jax.grad(loss))(w)
-        np.testing.assert_allclose(u, ref, rtol=1e-10, atol=1e-12)
-
-
-def test_scale_free_step_does_not_inflate_distances():
-    """scale_free: the step is orthogonal to a common scaling (sum_ij c_ij d_ij = 0); fixed scale: it is not."""
-    with jax.enable_x64(True):
-        d = jnp.asarray(distances_loop64(two_groups(6, 40, spread=0.5)))
-        d_hat = d / md.mean_distance(d)
-        free = md.pair_coefficients(d_hat, 0.3, scale_free=True)
-        fixed = md.pair_coefficients(d_hat, 0.3)
-        assert abs(float(jnp.sum(free * d_hat))) < 1e-10 * float(jnp.sum(jnp.abs(free * d_hat)))
-        assert float(jnp.sum(fixed * d_hat)) < -1e-3  # descent on L would inflate every distance
-        # The spread of the models changes at second order in eta scale-free, first order with 'none'.
-        w = jnp.asarray(two_groups(6, 40, spread=0.5), jnp.float64)
-        tau_raw = 0.3 * float(md.mean_distance(d))
-
-        def spread_change(normalization, eta):
-            u, _, _ = mix_models(w, tau_raw if normalization == "none" else 0.3, eta, normalization=normalization,
-                                 scale_free=normalization == "mean")
-            before = float(jnp.sum(jnp.square(w - w.mean(0))))
-            return (float(jnp.sum(jnp.square(u - u.mean(0)))) - before) / before
-
-        assert spread_change("mean", 1e-4) / spread_change("mean", 1e-5) > 80
-        ratio = spread_change("none", 1e-4) / spread_change("none", 1e-5)
-        assert 8 < ratio < 12 and spread_change("none", 1e-4) > 0
+        w = jnp.asarray(two_groups(5, 30, spread=0.4, seed=1), jnp.float64)
+        tau, sigma = 0.5, 60.0
+        u, xi, _ = mix_models(w, tau, eta, sigma)
+        grad = jax.jit(jax.grad(lambda w: md.model_distance_loss(md.pairwise_sq_distances(w), tau, sigma)))(w)
+        pull = 2 * sigma * md.pair_coefficients(md.pairwise_sq_distances(w), tau, sigma)
+        steps = np.asarray(md.step_sizes(pull, eta))
+        np.testing.assert_allclose(u, w - steps[:, None] * sigma * grad, rtol=1e-10, atol=1e-12)
+        self_weight = np.diag(np.asarray(xi))
+        if eta < 1:
+            np.testing.assert_array_equal(steps, eta)
+        else:
+            cut = steps < eta
+            assert cut.all() and np.all(steps > 0)
+            np.testing.assert_allclose(self_weight[cut], 0.0, atol=1e-12)
+        assert np.all(self_weight >= -1e-12)
 
 
-@pytest.mark.parametrize("n,p,kind,normalization", [
-    (10, 2000, "random", "mean"), (40, 1000, "random", "mean"), (40, 1000, "random", "none"),
-    (100, 800, "random", "mean"), (100, 1500, "near", "mean"), (100, 800, "random", "sqrt_params"),
-    (40, 1000, "random", "mean+scale_free")])
-def test_mixed_models_match_float64_loop(n, p, kind, normalization):
-    scale_free = normalization.endswith("+scale_free")
-    normalization = normalization.split("+")[0]
-    w = random_models(n, p, seed=n) if kind == "random" else near_identical_models(n, p, 1e-4, seed=n)
-    tau, eta = 1.0, 0.02
+@pytest.mark.parametrize("n,p,kind,eta", [(10, 2000, "random", 0.02), (40, 1000, "random", 0.02),
+                                          (100, 800, "random", 0.02), (100, 1500, "near", 0.02),
+                                          (40, 1000, "groups", 0.02), (40, 1000, "groups", 5.0)])
+def test_mixed_models_match_float64_loop(n, p, kind, eta):
+    w = {"random": lambda: random_models(n, p, seed=n),
+         "near": lambda: near_identical_models(n, p, 1e-4, seed=n),
+         "groups": lambda: two_groups(n // 2, p, spread=0.3, seed=n)}[kind]()
+    tau, sigma = 1.0, mean_sq_distance(w)
     d64 = distances_loop64(w)
-    scale = {"mean": d64.sum() / (n * (n - 1)), "none": 1.0, "sqrt_params": np.sqrt(p)}[normalization]
-    xi64 = mixing_loop64(d64 / scale, tau, eta, scale_free=scale_free)
+    xi64 = mixing_loop64(d64, tau, eta, sigma)
     u64 = mix_loop64(xi64, w)
-    u, xi, d = mix_models(jnp.asarray(w), tau, eta, normalization=normalization, scale_free=scale_free)
+    u, xi, d = mix_models(jnp.asarray(w), tau, eta, jnp.float32(sigma))
     u, xi = np.asarray(u, np.float64), np.asarray(xi, np.float64)
+    assert off_diag_rel_err(d, d64) < REL
     np.testing.assert_allclose(xi.sum(axis=1), 1.0, atol=1e-5)
-    assert np.max(np.abs(xi - xi64)) < REL * np.max(np.abs(xi64))
+    if eta > 1:  # every step cut (tested): no client weighs its own model negatively
+        assert np.all(np.diag(xi64) < 1e-12) and np.all(np.diag(xi) > -1e-5)
+    # Off the diagonal to 1e-4 of the largest coefficient (they hold (N-1) s_ij - 1, a difference of
+    # nearly equal numbers when the similarities are alike); the diagonal, about 1, to float32's ulps.
+    off64 = xi64 - np.diag(np.diag(xi64))
+    assert np.max(np.abs((xi - np.diag(np.diag(xi))) - off64)) < 1e-4 * np.max(np.abs(off64))
+    assert np.max(np.abs(np.diag(xi) - np.diag(xi64))) < 1e-6
     row_err = np.linalg.norm(u - u64, axis=1) / np.linalg.norm(u64, axis=1)
     assert row_err.max() < REL
     # The server's move u_i - w_i (much smaller than u_i): for random models to
-    # 1e-4 of itself; for nearly identical ones it is below float32's
+    # 3e-4 of itself; for nearly identical ones it is below float32's
     # resolution of u_i, so it must be right to a few ulps of u_i.
     step64 = u64 - w.astype(np.float64)
     step_err = np.linalg.norm((u - w) - step64, axis=1)
-    if kind == "random":
-        assert np.max(step_err / np.linalg.norm(step64, axis=1)) < 1e-4
-    else:
+    if kind == "near":
         assert np.all(step_err <= 4 * np.finfo(np.float32).eps * np.linalg.norm(u64, axis=1))
+    else:
+        assert np.max(step_err / np.linalg.norm(step64, axis=1)) < 3e-4
 
 
 def test_rows_select_clients_from_all_models():
     w = jnp.asarray(random_models(30, 200))
     rows = jnp.array([3, 17, 29, 0])
-    u_all, xi_all, _ = mix_models(w, 0.5, 0.01)
-    u_sel, xi_sel, _ = mix_models(w, 0.5, 0.01, rows=rows)
+    u_all, xi_all, _ = mix_models(w, 0.5, 0.01, 400.0)
+    u_sel, xi_sel, _ = mix_models(w, 0.5, 0.01, 400.0, rows=rows)
     np.testing.assert_allclose(xi_sel, xi_all[rows], rtol=1e-6)
     np.testing.assert_allclose(u_sel, u_all[rows], rtol=1e-6, atol=1e-6)
     assert xi_sel.shape == (4, 30)
 
 
 def test_rows_of_xi_sum_to_one_and_signs():
-    d = pairwise_distances(jnp.asarray(two_groups(8, 300)))
-    d_hat, _ = md.normalize_distances(d, "mean")
-    xi = np.asarray(mixing_matrix(d_hat, 0.2, 0.01))
+    w = two_groups(8, 300)
+    xi = np.asarray(mixing_matrix(md.pairwise_sq_distances(jnp.asarray(w)), 1.0, 0.01, mean_sq_distance(w)))
     np.testing.assert_allclose(xi.sum(axis=1), 1.0, atol=1e-6)
     same = np.kron(np.eye(2), np.ones((8, 8))).astype(bool) & ~np.eye(16, dtype=bool)
     other = ~np.kron(np.eye(2), np.ones((8, 8))).astype(bool)
     assert np.all(xi[same] > 0) and np.all(xi[other] < 0)  # attract own group, repel the other
+    assert np.all(np.diag(xi) < 1)  # the pull outweighs the push: every client mixes others in
 
 
 def test_mechanism_two_groups_attract_and_repel():
     """u_i moves toward its own group's models and away from the other group's."""
     n = 10
     w = two_groups(n, 500, spread=0.3, seed=5)
-    u, _, _ = mix_models(jnp.asarray(w), 0.3, 1e-3, normalization="mean")
+    u, _, _ = mix_models(jnp.asarray(w), 1.0, 1e-3, mean_sq_distance(w))
     u = np.asarray(u)
     mean_a, mean_b = w[:n].mean(0), w[n:].mean(0)
     for i in range(2 * n):
         own, other = (mean_a, mean_b) if i < n else (mean_b, mean_a)
         assert np.linalg.norm(u[i] - own) < np.linalg.norm(w[i] - own)
         assert np.linalg.norm(u[i] - other) > np.linalg.norm(w[i] - other)
-    # and the whole picture: mean distance to own group shrinks, to the other grows
     d_before = distances_loop64(w)
     d_after_own = [np.linalg.norm(u[i] - w[j]) for i in range(n) for j in range(n) if j != i]
     d_before_own = [d_before[i, j] for i in range(n) for j in range(n) if j != i]
     assert np.mean(d_after_own) < np.mean(d_before_own)
 
 
-def test_normalization_scales():
-    d = pairwise_distances(jnp.asarray(random_models(5, 100)))
-    np.testing.assert_allclose(md.normalize_distances(d, "none")[0], d)
-    np.testing.assert_allclose(md.normalize_distances(d, "sqrt_params", 100)[0], d / 10.0, rtol=1e-6)
-    dm, s = md.normalize_distances(d, "mean")
-    np.testing.assert_allclose(float(dm.sum()) / 20, 1.0, rtol=1e-6)
-    with pytest.raises(ValueError):
-        md.normalize_distances(d, "median")
-    with pytest.raises(ValueError):
-        md.normalize_distances(d, "sqrt_params")
+@pytest.mark.parametrize("kind", ["groups", "random"])
+def test_larger_tau_strengthens_pull_and_push(kind):
+    """Over the paper's range of tau, both the attracting and the repelling mass of Xi grow with tau."""
+    w = two_groups(10, 400, spread=0.5, seed=2) if kind == "groups" else random_models(20, 400, seed=2)
+    sq, sigma = md.pairwise_sq_distances(jnp.asarray(w)), mean_sq_distance(w)
+    own = jnp.arange(20)
+    masses = [md.signed_mass(mixing_matrix(sq, tau, 0.01, sigma), own) for tau in (0.1, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0)]
+    pull = np.array([float(m["attraction"]) for m in masses])
+    push = np.array([-float(m["repulsion"]) for m in masses])
+    assert np.all(np.diff(pull) > 0) and np.all(np.diff(push) > 0), (pull, push)
+    assert push[0] > 0
+
+
+def test_push_on_a_far_model_fades():
+    """A model moved away from the others is pushed less and less, to nothing (the loss is bounded below)."""
+    rng = np.random.default_rng(4)
+    base = rng.normal(size=(12, 100)) * 0.1
+    direction = rng.normal(size=100)
+    direction /= np.linalg.norm(direction)
+    steps = []
+    for r in (1.0, 2.0, 4.0, 8.0):
+        w = base.copy()
+        w[0] = base[0] + r * direction
+        u, _, _ = mix_models(jnp.asarray(w, jnp.float32), 1.0, 0.05, 1.0)
+        steps.append(float(np.linalg.norm(np.asarray(u)[0] - w[0])))
+    assert steps[0] > steps[1] > 100 * steps[2] and steps[-1] < 1e-6, steps
+
+
+def test_coefficients_are_bounded_for_close_pairs():
+    """|xi_ij| <= 4 eta tau (e^tau - 1) (module docstring), also for pairs far closer than the rest."""
+    w = random_models(20, 300, seed=7)
+    w[1] = w[0] + 1e-3 * np.random.default_rng(8).normal(size=300).astype(np.float32)
+    for tau in (0.5, 1.0, 2.0):
+        for sigma in (1.0, mean_sq_distance(w), 1e4):
+            xi = np.asarray(mixing_matrix(md.pairwise_sq_distances(jnp.asarray(w)), tau, 0.01, sigma))
+            off = xi - np.diag(np.diag(xi))
+            assert np.abs(off).max() <= 4 * 0.01 * tau * (np.exp(tau) - 1) * (1 + 1e-5)
+            assert np.mean(np.diag(xi)) <= 1 + 1e-6  # on average the pull outweighs the push
 
 
 def test_single_model_is_left_alone():
     w = jnp.asarray(random_models(1, 10))
-    u, xi, d = mix_models(w, 1.0, 0.1)
+    u, xi, d = mix_models(w, 1.0, 0.1, 1.0)
     np.testing.assert_allclose(u, w, rtol=1e-6)
-    assert float(md.model_distance_loss(d, 1.0)) == 0.0
+    assert float(md.model_distance_loss(d ** 2, 1.0, 1.0)) == 0.0
 
 
 def test_public_facades_reexport_the_kernel():

@@ -27,41 +27,56 @@ two clusters whose spread is 1/70 of their separation. Pairs closer than the
 Gram's rounding noise are reported at distance 0 (see `pairwise_sq_distances`),
 so the server step is never amplified by a spuriously tiny distance.
 
-Model-distance loss (docs/methods/conventions.md, DiversiFed; reconstructed from the paper's
-words, so it lives in ONE pure function, `model_distance_loss`, to be swapped):
+Model-distance loss (docs/methods/conventions.md, DiversiFed; its equation is
+reconstructed from the paper's words, so it lives in ONE pure function,
+`model_distance_loss`, to be swapped). Models are compared by a bounded
+similarity, a Gaussian kernel of their Euclidean distance, and the loss
+sharpens each client's softmax over those similarities:
 
-    L(D) = sum_i L_i,  L_i = sum_{j != i} log( exp(d_ij/tau) / sum_{k != i} exp(d_ik/tau) )
+    k_ij = exp(-d_ij^2 / sigma),
+    L(D) = sum_i L_i,  L_i = sum_{j != i} log( exp(tau k_ij) / sum_{l != i} exp(tau k_il) ).
 
-The server step is one gradient step on L w.r.t. every model ("incremental
-proximal", Lemma 1): ``u_i = w_i - eta * grad_{w_i} L``. Since
-``grad_{w_i} d_ij = (w_i - w_j) / d_ij``, ``u_i = sum_j xi_ij w_j`` with
+L_i is smallest when client i's similarities are as unequal as possible, so
+descent raises the similarity of models more similar than i's softmax average
+(attraction) and lowers that of the others (repulsion):
+dL_i/dk_ij = tau (1 - (N-1) s_ij), s_ij = softmax_{l != i}(tau k_il)_j. A
+larger ``tau`` both sharpens the softmax and scales the gradient, so it
+strengthens the pull and the push together. The logits lie in [0, tau], so L
+is bounded below, and the push on a model fades as its similarity goes to 0:
+a far model is left alone instead of being driven away without end.
 
-    xi_ij = eta * c_ij / d_ij  (j != i),   xi_ii = 1 - sum_{j != i} xi_ij,
-    c_ij = dL/dd_ij counting both L_i and L_j  (= G_ij + G_ji, G = dL/dD),
+The server step is one gradient step on L with respect to every model
+("incremental proximal", Lemma 1), taken in units of the kernel scale:
+``u_i = w_i - eta_i * sigma * grad_{w_i} L`` (eta_i = eta unless cut, below).
+Since ``grad_{w_i} d_ij^2 = 2 (w_i - w_j)``, ``u_i = sum_j xi_ij w_j`` with
 
-so every row of Xi sums to 1 and a negative entry repels. A pair at distance 0
-gets xi_ij = 0 (its direction is undefined; the step it would take has norm
-eta*|c_ij| in any case, so nothing is lost by dropping it).
+    xi_ij = 2 eta_i sigma c_ij  (j != i),   xi_ii = 1 - sum_{j != i} xi_ij,
+    c_ij = dL/d(d_ij^2) counting both L_i and L_j  (= G_ij + G_ji, G = dL/dD^2),
+    sigma c_ij = tau [k_ij ((N-1) s_ij - 1) + k_ji ((N-1) s_ji - 1)],
 
-Distance normalisation (``normalization``): distances are measured in units
-of a scale ``s`` held constant within the step, i.e. the step is a gradient
-step in the rescaled space w / s, ``xi_ij = eta * c(d/s)_ij / (d_ij / s)``:
-  - ``'mean'`` (the default of methods/diversifed.py): s = mean off-diagonal
-    distance of this round, so tau and eta do not depend on the model size or
-    on how far training has moved the models;
-  - ``'sqrt_params'``: s = sqrt(P); d/s is the RMS difference per parameter;
-  - ``'none'``: s = 1, exactly the formula above.
-Rows of Xi sum to 1 in every case (Lemma 1 form); only c changes.
+so every row of Xi sums to 1, a positive entry attracts and a negative one
+repels. Taking the step on squared distances keeps every coefficient bounded
+(no 1/d_ij factor, which would overshoot close pairs), and a pair at distance
+0 has k = 1 and a zero direction (identical initial models: Xi = I). The
+entries are weighted by the similarity, so the pull on near models outweighs
+the push on far ones: sum_{j != i} k_ij ((N-1) s_ij - 1) >= 0 (k and s are
+ordered alike), hence sum_ij c_ij >= 0: over all clients, the step mixes
+others in (the mean self-weight of the uncut step is below 1 whenever the
+similarities differ).
 
-Stability (measured, see the closing note): L is unbounded below — as one
-d_ik grows, log s_ij -> -inf for the others — and its push on the farthest
-models saturates at (N-1)/tau per loss term, so a gradient step with too large
-``eta`` drives the models apart round after round (train loss of the proximal
-term explodes). Keep ``eta * 2 (N - 2) / tau`` well below 1 (in units of s).
-``scale_free=True`` differentiates L(D / mean(D)) through the mean instead,
-which removes the first-order inflation of all distances (sum_ij c_ij d_ij = 0)
-but not the drive toward extreme configurations; it measured worse on FMNIST
-and is not used by the method.
+Scale and stability: ``sigma`` is a fixed scale in squared parameter distance
+(like FedAMP's), not a statistic of the current models: with a scale that
+follows the models (their mean distance), the push is a constant fraction of
+the distances, and the models spread geometrically round after round. With a
+fixed scale, models farther apart than a few sqrt(sigma) neither attract nor
+repel. Since (N-1) s_ij <= e^tau, |xi_ij| <= 4 eta tau (e^tau - 1). The pull
+grows as similar models gather (their similarities part from the others'),
+so a step that mixes well while the models are still alike would, once they
+cluster, move a client past the models it is pulled to (xi_ii < 0) and make
+the clusters oscillate. Each client's step size is therefore cut, where
+needed, to the step at which xi_ii reaches 0 (`step_sizes`): a per-client
+step along the same gradient, so still a descent step on L, and a mix that
+never weighs a client's own model negatively.
 """
 
 from __future__ import annotations
@@ -73,7 +88,6 @@ import jax.numpy as jnp
 
 from fedjax_pfl.core import tree_ops
 
-NORMALIZATIONS = ("mean", "sqrt_params", "none")
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -162,171 +176,126 @@ def pairwise_distances(models, resolution: float | None = None):
     return safe_sqrt(pairwise_sq_distances(models, resolution))
 
 
-def mean_distance(distances):
-    """Mean off-diagonal entry of D [N, N] (1 when N < 2 or all distances are 0); differentiable.
-
-    Examples:
-        >>> round(float(mean_distance(jnp.array([[0.0, 5.0, 1.0], [5.0, 0.0, 3.0], [1.0, 3.0, 0.0]]))), 4)
-        3.0
-    """
-    n = distances.shape[0]
-    if n < 2:
-        return jnp.ones((), distances.dtype)
-    mean = jnp.sum(jnp.where(_off_diagonal(n), distances, 0.0)) / (n * (n - 1))
-    positive = mean > jnp.finfo(distances.dtype).tiny
-    return jnp.where(positive, mean, 1.0)
-
-
-def distance_scale(distances, normalization: str = "mean", num_params: int | None = None):
-    """The scale s of `normalize_distances`, as a constant (no gradient flows through it).
-
-    Examples:
-        >>> d = jnp.array([[0.0, 5.0, 1.0], [5.0, 0.0, 3.0], [1.0, 3.0, 0.0]])
-        >>> [round(float(distance_scale(d, norm, num_params=4)), 4) for norm in NORMALIZATIONS]
-        [3.0, 2.0, 1.0]
-    """
-    if normalization == "none":
-        return jnp.ones((), distances.dtype)
-    if normalization == "sqrt_params":
-        if num_params is None:
-            raise ValueError("normalization 'sqrt_params' needs num_params")
-        return jnp.sqrt(jnp.asarray(num_params, distances.dtype))
-    if normalization == "mean":
-        return jax.lax.stop_gradient(mean_distance(distances))
-    raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-
-
-def normalize_distances(distances, normalization: str = "mean", num_params: int | None = None):
-    """-> (D / s, s); see the module docstring for the choices of s.
-
-    Examples:
-        >>> import numpy as np
-        >>> d = jnp.array([[0.0, 5.0, 1.0], [5.0, 0.0, 3.0], [1.0, 3.0, 0.0]])
-        >>> d_hat, s = normalize_distances(d)
-        >>> round(float(s), 4)  # the mean off-diagonal distance
-        3.0
-        >>> print(np.asarray(d_hat).round(3))
-        [[0.    1.667 0.333]
-         [1.667 0.    1.   ]
-         [0.333 1.    0.   ]]
-    """
-    s = distance_scale(distances, normalization, num_params)
-    return distances / s, s
-
-
 def _off_diagonal(n: int):
     return ~jnp.eye(n, dtype=bool)
 
 
-def model_distance_loss(distances, tau):
-    """L(D) = sum_i sum_{j != i} log softmax_{k != i}(d_ik / tau)_j  (docs/methods/conventions.md, DiversiFed).
-
-    distances [N, N] (symmetric, zero diagonal; entries are used as independent
-    inputs, so dL/dD_ij is the L_i part only). The only place the formula lives.
+def similarities(sq_distances, sigma):
+    """k_ij = exp(-d_ij^2 / sigma): 1 for identical models, toward 0 for models far apart.
 
     Examples:
-        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
-        >>> round(float(model_distance_loss(d, tau=1.0)), 4)
-        -4.6393
+        >>> import numpy as np
+        >>> print(np.asarray(similarities(jnp.array([[0.0, 1.0], [1.0, 0.0]]), sigma=2.0)).round(4))
+        [[1.     0.6065]
+         [0.6065 1.    ]]
     """
-    n = distances.shape[0]
+    return jnp.exp(-sq_distances / sigma)
+
+
+def model_distance_loss(sq_distances, tau, sigma):
+    """L(D^2) = sum_i sum_{j != i} log softmax_{l != i}(tau k_il)_j, k = exp(-D^2 / sigma) (module docstring).
+
+    sq_distances [N, N] (symmetric, zero diagonal; entries are used as
+    independent inputs, so dL/dD^2_ij is the L_i part only). The only place the
+    formula lives.
+
+    Examples:
+        >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
+        >>> round(float(model_distance_loss(d2, tau=1.0, sigma=1.0)), 4)
+        -4.2197
+    """
+    n = sq_distances.shape[0]
     if n < 2:
-        return jnp.zeros((), distances.dtype)
+        return jnp.zeros((), sq_distances.dtype)
     off = _off_diagonal(n)
-    logits = distances / tau
+    logits = tau * similarities(sq_distances, sigma)
     lse = jax.nn.logsumexp(jnp.where(off, logits, -jnp.inf), axis=1)  # [N]
     per_client = jnp.sum(jnp.where(off, logits, 0.0), axis=1) - (n - 1) * lse
     return jnp.sum(per_client)
 
 
-def model_distance_loss_grad(distances, tau):
-    """Closed form of dL/dD for `model_distance_loss`: (1/tau)(1 - (N-1) s_ij) off the diagonal.
+def model_distance_loss_grad(sq_distances, tau, sigma):
+    """Closed form of dL/dD^2 for `model_distance_loss`: (tau/sigma) k_ij ((N-1) s_ij - 1) off the diagonal.
 
-    s_ij = softmax_{k != i}(d_ik / tau)_j. Rows sum to 0. A test reference for autodiff.
+    s_ij = softmax_{l != i}(tau k_il)_j. Positive entries attract (the loss
+    grows with that distance). A test reference for autodiff.
 
     Examples:
         >>> import numpy as np
-        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
-        >>> bool(jnp.allclose(model_distance_loss_grad(d, 1.0), jax.grad(model_distance_loss)(d, 1.0), atol=1e-6))
+        >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
+        >>> g = model_distance_loss_grad(d2, 1.0, 1.0)
+        >>> bool(jnp.allclose(g, jax.grad(model_distance_loss)(d2, 1.0, 1.0), atol=1e-6))
         True
-        >>> print(np.asarray(model_distance_loss_grad(d, 1.0)).round(3))  # rows sum to 0: near attracts, far repels
-        [[ 0.     0.462 -0.462]
+        >>> print(np.asarray(g).round(3))  # client 0: model 1 (near) attracts, model 2 (far) repels
+        [[ 0.     0.064 -0.003]
          [ 0.     0.     0.   ]
-         [-0.462  0.462  0.   ]]
+         [-0.003  0.064  0.   ]]
     """
-    n = distances.shape[0]
+    n = sq_distances.shape[0]
     if n < 2:
-        return jnp.zeros_like(distances)
+        return jnp.zeros_like(sq_distances)
     off = _off_diagonal(n)
-    s = jax.nn.softmax(jnp.where(off, distances / tau, -jnp.inf), axis=1)
-    return jnp.where(off, (1.0 - (n - 1) * s) / tau, 0.0)
+    k = similarities(sq_distances, sigma)
+    s = jax.nn.softmax(jnp.where(off, tau * k, -jnp.inf), axis=1)
+    return jnp.where(off, (tau / sigma) * k * ((n - 1) * s - 1.0), 0.0)
 
 
-def scale_free_loss(loss_fn: Callable = model_distance_loss):
-    """``D, tau -> loss_fn(D / mean(D), tau)``: invariant to a common scaling of all distances.
-
-    Examples:
-        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
-        >>> loss = scale_free_loss()
-        >>> round(float(loss(d, 1.0)), 4) == round(float(loss(10.0 * d, 1.0)), 4)
-        True
-    """
-
-    def loss(distances, tau):
-        return loss_fn(distances / mean_distance(distances), tau)
-
-    return loss
-
-
-def pair_coefficients(distances, tau, loss_fn: Callable = model_distance_loss, scale_free: bool = False):
-    """c_ij = dL/dd_ij with d_ij = d_ji one variable: G + G^T, G = grad of ``loss_fn`` w.r.t. D.
-
-    ``scale_free``: differentiate ``loss_fn(D / mean(D))`` instead (through the mean).
+def pair_coefficients(sq_distances, tau, sigma, loss_fn: Callable = model_distance_loss):
+    """c_ij = dL/d(d_ij^2) with d_ij = d_ji one variable: G + G^T, G = grad of ``loss_fn`` w.r.t. D^2.
 
     Examples:
         >>> import numpy as np
-        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
-        >>> print(np.asarray(pair_coefficients(d, 1.0)).round(3))  # symmetric: dL/dd_ij with d_ij = d_ji
-        [[ 0.     0.462 -0.924]
-         [ 0.462  0.     0.462]
-         [-0.924  0.462  0.   ]]
+        >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
+        >>> print(np.asarray(pair_coefficients(d2, 1.0, 1.0)).round(3))  # symmetric
+        [[ 0.     0.064 -0.006]
+         [ 0.064  0.     0.064]
+         [-0.006  0.064  0.   ]]
     """
-    if scale_free:
-        loss_fn = scale_free_loss(loss_fn)
-    g = jax.grad(loss_fn)(distances, tau)
-    c = g + g.T
-    return jnp.where(_off_diagonal(distances.shape[0]), c, 0.0)
+    g = jax.grad(loss_fn)(sq_distances, tau, sigma)
+    return jnp.where(_off_diagonal(sq_distances.shape[0]), g + g.T, 0.0)
 
 
-def mixing_matrix(distances, tau, eta, *, loss_fn: Callable = model_distance_loss, rows=None,
-                  scale_free: bool = False):
-    """Xi [N, N] (or [S, N] for ``rows`` [S]): xi_ij = eta c_ij / d_ij, xi_ii = 1 - sum_{j != i} xi_ij.
+def mixing_matrix(sq_distances, tau, eta, sigma, *, loss_fn: Callable = model_distance_loss, rows=None):
+    """Xi [N, N] (or [S, N] for ``rows`` [S]): xi_ij = 2 eta_i sigma c_ij, xi_ii = 1 - sum_{j != i} xi_ij.
 
-    ``distances`` are the (normalised) distances of ALL N models; rows select
-    whose mixed model is wanted (the clients of this round). Pairs at
-    distance 0 get 0 off the diagonal. Every row sums to 1. ``scale_free``:
-    c from ``L(D / mean(D))`` (see `pair_coefficients`).
+    ``sq_distances`` are the squared distances of ALL N models; rows select
+    whose mixed model is wanted (the clients of this round). Every row sums to
+    1. eta_i = eta, cut to the step at which xi_ii reaches 0 where the full
+    step would make it negative (`step_sizes`).
 
     Examples:
         >>> import numpy as np
-        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
-        >>> xi = mixing_matrix(d, tau=1.0, eta=0.1)
+        >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
+        >>> xi = mixing_matrix(d2, tau=1.0, eta=0.5, sigma=1.0)
         >>> print(np.asarray(xi).round(3))  # a negative entry repels
-        [[ 1.     0.046 -0.046]
-         [ 0.046  0.908  0.046]
-         [-0.046  0.046  1.   ]]
-        >>> print(np.asarray(xi.sum(axis=1)).round(3))
-        [1. 1. 1.]
+        [[ 0.943  0.064 -0.006]
+         [ 0.064  0.873  0.064]
+         [-0.006  0.064  0.943]]
+        >>> print(np.asarray(mixing_matrix(d2, tau=1.0, eta=10.0, sigma=1.0)).round(3))  # steps cut: xi_ii = 0
+        [[ 0.     1.111 -0.111]
+         [ 0.5    0.     0.5  ]
+         [-0.111  1.111  0.   ]]
     """
-    n = distances.shape[0]
-    c = pair_coefficients(distances, tau, loss_fn, scale_free)
-    positive = distances > 0
-    off = jnp.where(positive, eta * c / jnp.where(positive, distances, 1.0), 0.0)
-    off = jnp.where(_off_diagonal(n), off, 0.0)
+    n = sq_distances.shape[0]
+    pull = 2.0 * sigma * pair_coefficients(sq_distances, tau, sigma, loss_fn)  # the step per unit of eta
+    off = step_sizes(pull, eta)[:, None] * pull
     xi = off + jnp.diag(1.0 - jnp.sum(off, axis=1))
     if rows is not None:
         xi = xi[rows]
     return xi
+
+
+def step_sizes(pull, eta):
+    """Each client's server step size [N]: eta, or less where the full step would put a negative weight on
+    the client's own model, 1 / sum_{j != i} pull_ij (then xi_ii = 0). ``pull`` [N, N]: Xi's off-diagonal per
+    unit of step.
+
+    Examples:
+        >>> print(step_sizes(jnp.array([[0.0, 0.5], [4.0, 0.0]]), eta=1.0).tolist())
+        [1.0, 0.25]
+    """
+    net = jnp.sum(pull, axis=1)
+    return jnp.where(eta * net > 1.0, 1.0 / jnp.where(net > 0, net, 1.0), eta)
 
 
 def apply_mixing(xi, models):
@@ -364,28 +333,38 @@ def _unflatten_rows(matrix, like):
     return jax.tree.unflatten(treedef, out)
 
 
-def mix_models(models, tau, eta, *, normalization: str = "mean", rows=None,
-               loss_fn: Callable = model_distance_loss, scale_free: bool = False):
+def mix_models(models, tau, eta, sigma, *, rows=None, loss_fn: Callable = model_distance_loss):
     """DiversiFed's server step in one call: -> (U for ``rows`` (all if None), Xi, D).
 
     models: [N, P] or a stacked tree of all N stored models; U comes back in
-    the same form with S = len(rows) rows; D are the raw (unnormalised) distances.
-    ``scale_free``: c from L(D / mean(D)) differentiated through the mean (module docstring).
+    the same form with S = len(rows) rows; D are the Euclidean distances [N, N].
 
     Examples:
         >>> import numpy as np
-        >>> models = jnp.array([[0.0, 0.0], [1.0, 0.0], [0.0, 3.0]])  # N=3 flattened models
-        >>> u, xi, d = mix_models(models, tau=1.0, eta=0.05, rows=jnp.array([0]))
+        >>> models = jnp.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])  # N=3 flattened models
+        >>> u, xi, d = mix_models(models, tau=1.0, eta=0.5, sigma=1.0, rows=jnp.array([0]))
         >>> print(np.asarray(d).round(3))
-        [[0.    1.    3.   ]
-         [1.    0.    3.162]
-         [3.    3.162 0.   ]]
+        [[0.    1.    2.   ]
+         [1.    0.    2.236]
+         [2.    2.236 0.   ]]
         >>> print(np.asarray(u).round(3))  # client 0's anchor: toward model 1 (near), away from model 2 (far)
-        [[ 0.098 -0.043]]
+        [[ 0.129 -0.006]]
     """
-    w = _as_matrix(models)
-    d = pairwise_distances(w)
-    d_hat, _ = normalize_distances(d, normalization, w.shape[1])
-    xi = mixing_matrix(d_hat, tau, eta, loss_fn=loss_fn, rows=rows, scale_free=scale_free)
-    return apply_mixing(xi, models), xi, d
+    sq = pairwise_sq_distances(models)
+    xi = mixing_matrix(sq, tau, eta, sigma, loss_fn=loss_fn, rows=rows)
+    return apply_mixing(xi, models), xi, safe_sqrt(sq)
 
+
+def signed_mass(xi, own):
+    """{'attraction', 'repulsion'}: mean over rows of the sum of the positive (attracting) and of the
+    negative (repelling, <= 0) weights on other clients; xi [S, N], ``own`` [S] each row's own column.
+
+    Examples:
+        >>> xi = jnp.array([[0.7, 0.4, -0.1], [0.2, 0.8, 0.0]])
+        >>> {k: round(float(v), 3) for k, v in signed_mass(xi, jnp.array([0, 1])).items()}
+        {'attraction': 0.3, 'repulsion': -0.05}
+    """
+    s, n = xi.shape
+    others = jnp.where(jnp.arange(n)[None, :] == jnp.asarray(own)[:, None], 0.0, xi)
+    return {"attraction": jnp.mean(jnp.sum(jnp.maximum(others, 0.0), axis=1)),
+            "repulsion": jnp.mean(jnp.sum(jnp.minimum(others, 0.0), axis=1))}

@@ -27,6 +27,8 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration
 from fedjax_pfl.methods.base import Method, shared_init
 
+START_POINTS = ("anchor", "own")  # local training starts from u_i, or from the client's own w_i
+
 
 class AnchoredPersonalMethod(Method):
     needs_selected_state = True  # `prepare` sets the selected clients' anchors u_i
