@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fedjax_pfl import aggregation
 from fedjax_pfl.kernels import model_distance
 from fedjax_pfl.methods.anchored import START_POINTS, AnchoredPersonalMethod
 from fedjax_pfl.methods.options import Options, option
@@ -115,7 +116,7 @@ class DiversiFed(AnchoredPersonalMethod):
     def anchors(self, server, selected):
         """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
         hp = self.hparams
-        u, xi, _ = model_distance.mix_models(server["params"], hp.tau, hp.eta, hp.sigma, rows=selected)
+        u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta, hp.sigma, rows=selected)
         return u, xi
 
     def round_diagnostics(self, server, new_server, uploads, info):
