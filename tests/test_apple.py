@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import majority_baseline
+import mixing_check
 import pfl_reference as ref
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl import losses
@@ -255,6 +256,7 @@ def test_apple_learns_on_fmnist(data_dir):
     eng = ref.fmnist_engine(data_dir, "apple", ("method.reg_rounds=2",))
     first, last, metrics, server, _ = ref.run_engine(eng, 3)
     assert math.isfinite(float(metrics["train_loss"]))
+    mixing_check.assert_clients_mix(metrics)  # p moved weight onto the others' cores
     # measured over partition seeds 0-2: majority 0.55, FedAvg 0.50-0.61, APPLE 0.94-0.97
     majority, fedavg = majority_baseline.from_engine(eng), ref.fmnist_fedavg_accuracy(data_dir, 3)
     assert first < 0.4 and last["accuracy"] > majority + 0.3, (first, last, majority)
