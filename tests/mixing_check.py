@@ -1,6 +1,6 @@
 """Whether a round's collaboration diagnostics (Method.round_diagnostics) show clients learning from others."""
 
-# A mean self-weight above this is Local in disguise (DiversiFed's earlier defaults: 0.9998).
+# A mean self-weight above this is Local in disguise: the server step barely mixes.
 MIXING_BAR = 0.995
 
 
