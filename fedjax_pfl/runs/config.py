@@ -75,6 +75,7 @@ class TrainConfig:
     augment: str = "none"  # training-batch augmentation: none | crop_flip (pad 4, random crop, flip; kernels/augmentation.py)
     max_experiments_per_call: int = 0  # seeds/grid points vmapped in one program; 0: as many as fit in memory
     all_clients_train: bool = False  # every client trains each round; only the sampled ones are aggregated (pFedMe code)
+    precision: str = "fp32"  # fp32 | bf16: bf16 activations and matmul inputs, float32 parameters, optimizer, losses
 
 
 @dataclasses.dataclass
@@ -323,6 +324,8 @@ def validate_values(cfg: RunConfig) -> None:
     from fedjax_pfl.data.dataset import NORMALIZATIONS
     from fedjax_pfl.kernels.augmentation import AUGMENTATIONS
     from fedjax_pfl.runs.host_devices import parse as parse_devices
+    from fedjax_pfl.models.conv import CONV_IMPLS
+    from fedjax_pfl.models.precision import PRECISIONS
 
     t, p = cfg.train, cfg.partition
     for name in ("rounds", "local_epochs", "batch_size", "chunk_size"):
@@ -359,6 +362,9 @@ def validate_values(cfg: RunConfig) -> None:
     _check(t.augment == "none" or cfg.data.name != "synthetic",
            f"train.augment={t.augment} crops and flips images; data.name=synthetic has feature vectors: leave it none")
     _check(cfg.model.init in INITS, f"model.init must be one of {', '.join(INITS)}, got {cfg.model.init!r}")
+    _check(t.precision in PRECISIONS, f"train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+    _check(cfg.model.conv_impl in ("auto", *CONV_IMPLS),
+           f"model.conv_impl must be one of auto, {', '.join(CONV_IMPLS)}, got {cfg.model.conv_impl!r}")
     _check(0 <= t.momentum < 1, f"train.momentum must be in [0, 1), got {t.momentum}")
     _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0,
            f"train.weight_decay must be >= 0, got {t.weight_decay}")
