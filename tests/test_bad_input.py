@@ -112,6 +112,8 @@ BAD_INPUTS = [  # (id, argv, needle in the message)
     ("resume_a_sweep", ["--out", "{finished}", "--resume", "--rounds", "3", "--seeds", "0,1"], "resume a point"),
     ("lr_decay_above_one", ["--method", "fedavg", *TINY, "train.lr_decay=1.5"], "train.lr_decay"),
     ("val_fraction_one", ["--method", "fedavg", *TINY, "partition.val_fraction=1"], "val_fraction"),
+    ("unknown_precision", ["--method", "fedavg", *TINY, "train.precision=fp16"], "train.precision must be one of"),
+    ("unknown_conv_impl", ["--method", "fedavg", *TINY, "model.conv_impl=winograd"], "model.conv_impl must be one of"),
 ]
 
 

@@ -81,7 +81,7 @@ class TrainConfig:
 @dataclasses.dataclass
 class ModelConfig:
     name: str = "fedavgcnn"
-    conv_impl: str = "auto"  # direct | im2col | native (auto: direct on CPU and GPU); direct covers Dense gradients too
+    conv_impl: str = "auto"  # direct | im2col | native | pallas (auto: direct on CPU and GPU, never pallas); direct: Dense grads too
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes
     init: str = "flax"  # where parameters start: 'flax' (Flax's defaults) | 'torch' (PyTorch's defaults, the papers' code)
 
