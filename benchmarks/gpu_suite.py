@@ -25,7 +25,10 @@ What it measures, in order:
    client every round; for each client mapping (``auto`` by default: the
    engine's timed choice, whose record keeps every candidate's compile and
    round seconds; or vmap / chunked / map, each a row with its own peak
-   memory) and convolution (native and direct by default; im2col), in a
+   memory), convolution (native and direct by default; im2col, pallas),
+   precision (``--precisions``: fp32 by default, bf16) and XLA flag variant
+   (``--xla-variants``: XLA's defaults; command_buffer, triton_gemm_any, see
+   xla_variants.py), each combination a row measured in a
    child process of its own: a warm-up round (compile s = its
    time minus the steady time), then ``--rounds`` timed rounds: rounds/s,
    compile s, peak device memory (the child's), padding efficiency (real /
@@ -41,6 +44,17 @@ What it measures, in order:
    installed (CUDA when available): training s/round and evaluation s/round.
    FedAS has no PyTorch twin here. ``--sides jax`` or ``--sides torch``
    keeps one side's rows.
+
+The report's ratio table sets each JAX row against the PyTorch loop and
+against its twin with one variant column at a baseline (native and direct
+convolutions, fp32, XLA's default flags): what a variant must show before
+it becomes a default (``conv_impl='auto'``, a precision, a flag).
+The variants of this project's accelerator step (bf16, the Pallas
+convolution, the latency flags), at 100 clients:
+
+    PYTHONPATH=. python3 benchmarks/gpu_suite.py --methods fedavg,fedas --clients 100 --mappings auto \
+        --convs direct,pallas --precisions fp32,bf16 --xla-variants default,command_buffer,triton_gemm_any \
+        --sides jax --budget-s 400 --child-timeout 120 --out gpu_report
 
 A configuration that fails or runs past ``--child-timeout`` is recorded with
 its error and the suite goes on; the suite then exits with status 1 (the
@@ -65,8 +79,12 @@ from pathlib import Path
 
 from common import CIFAR_SHAPE, device_name, peak_memory_bytes, random_cifar_like, run_config  # noqa: E402
 from flops import matmul_peak, step_flops  # noqa: E402 (benchmarks/ is on sys.path)
+from xla_variants import XLA_VARIANTS, variant_names, with_variant  # noqa: E402
 
-LABEL = ("method", "model", "clients", "mapping", "conv")
+LABEL = ("method", "model", "clients", "mapping", "conv", "precision", "xla")
+BASELINE = {"conv": "native", "precision": "fp32", "xla": "default"}  # the variant columns' defaults
+# each row's ratio columns: its twin with one variant column at this value (direct: what conv_impl=auto runs on GPU)
+RATIO_TWINS = (("conv", "native"), ("conv", "direct"), ("precision", "fp32"), ("xla", "default"))
 MIN_CONFIG_S = 20.0  # under --budget-s, a configuration is started only with this much time left
 
 
@@ -76,7 +94,8 @@ def build(spec: dict):
     cfg = run_config(**{
         "method_name": spec["method"], "data.name": "cifar10", "partition.scheme": "dirichlet", "partition.alpha": 0.1,
         "partition.num_clients": spec["clients"], "partition.min_size": spec["min_size"],
-        "model.name": spec["model"], "model.conv_impl": spec["conv"], "train.batch_size": spec["batch"],
+        "model.name": spec["model"], "model.conv_impl": spec["conv"], "train.precision": spec["precision"],
+        "train.batch_size": spec["batch"],
         "train.local_epochs": spec["epochs"], "train.lr": spec["lr"], "train.join_ratio": spec["join_ratio"],
         "train.client_mapping": "auto" if spec["mapping"] in ("loop", "auto") else spec["mapping"],
         "train.chunk_size": spec["chunk"]})
@@ -156,21 +175,26 @@ def measure_device(spec: dict) -> dict:
 MEASURES = {"jax": measure_jax, "torch": measure_torch, "device": measure_device}
 
 
-def child_env(side: str) -> dict:
+def child_env(side: str, xla: str = "default") -> dict:
     """The child's environment: a PyTorch child keeps JAX (which only builds its client arrays) on the CPU,
-    so that JAX's allocator, which takes most of a GPU's memory when it starts, leaves the GPU to torch."""
-    return {**os.environ, "JAX_PLATFORMS": "cpu"} if side == "torch" else dict(os.environ)
+    so that JAX's allocator, which takes most of a GPU's memory when it starts, leaves the GPU to torch; a JAX
+    child gets its XLA flag variant (xla_variants.py) in XLA_FLAGS."""
+    if side == "torch":
+        return {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return {**os.environ, "XLA_FLAGS": with_variant(os.environ.get("XLA_FLAGS", ""), xla)}
 
 
 def run_child(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
-    """``MEASURES[side](spec)``, in a child process of its own unless ``in_process`` (errors propagate).
+    """``MEASURES[side](spec)``, in a child process of its own unless ``in_process`` (errors propagate) and the
+    spec needs no XLA flags of its own (flags are read when the backend starts: a variant runs in a child).
 
     Only children start a JAX backend: the suite's own process holds no device memory (on a GPU JAX's
     allocator takes 75% of it at start, and a parent holding that starves every child)."""
-    if in_process:
+    xla = spec.get("xla", "default")
+    if in_process and xla == "default":
         return MEASURES[side](spec)
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps({"side": side, "spec": spec})],
-                          capture_output=True, text=True, timeout=timeout, env=child_env(side))
+                          capture_output=True, text=True, timeout=timeout, env=child_env(side, xla))
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -189,25 +213,28 @@ def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
 
 def ratio_lines(records: list) -> list[str]:
     """The comparisons of one suite as ratios of seconds per round (>1: the JAX row is faster): each JAX row
-    against the PyTorch loop on the same model and clients, and against the same row with native convolutions."""
+    against the PyTorch loop on the same model and clients, and against the same row with one of its variant
+    columns at a `RATIO_TWINS` value (native or direct convolutions, fp32, XLA's default flags)."""
     done = [r for r in records if "error" not in r]
     torch = {(r["model"], r["clients"]): r["s_per_round"] for r in done if r["side"] == "torch"}
-    native = {(r["method"], r["model"], r["clients"], r["mapping"]): r["s_per_round"]
-              for r in done if r["side"] == "jax" and r["conv"] == "native"}
+    jax_rows = {tuple(r.get(k, BASELINE.get(k)) for k in LABEL): r["s_per_round"] for r in done if r["side"] == "jax"}
     rows = []
     for r in done:
         if r["side"] != "jax":
             continue
-        vs_torch = torch.get((r["model"], r["clients"])) if r["method"] == "fedavg" else None
-        vs_native = native.get((r["method"], r["model"], r["clients"], r["mapping"])) if r["conv"] != "native" else None
-        if vs_torch or vs_native:
-            rows.append(f"| {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
-                        + " | ".join("-" if v is None else f"{v / r['s_per_round']:.2f}x" for v in (vs_torch, vs_native))
-                        + " |")
+        label = {k: r.get(k, BASELINE.get(k)) for k in LABEL}
+        ratios = [torch.get((r["model"], r["clients"])) if r["method"] == "fedavg" else None]
+        for key, base in RATIO_TWINS:
+            ratios.append(None if label[key] == base else
+                          jax_rows.get(tuple({**label, key: base}[k] for k in LABEL)))
+        if any(ratios):
+            rows.append("| " + " | ".join(str(label[k]) for k in LABEL) + " | "
+                        + " | ".join("-" if v is None else f"{v / r['s_per_round']:.2f}x" for v in ratios) + " |")
     if not rows:
         return []
+    heads = ["vs PyTorch loop", *(f"vs {v} {k}" for k, v in RATIO_TWINS)]
     return ["", "Ratios of seconds per round (>1: this JAX row is faster), within this suite:", "",
-            "| method | model | clients | mapping | conv | vs PyTorch loop | vs native conv |", "|" + "---|" * 7, *rows]
+            "| " + " | ".join([*LABEL, *heads]) + " |", "|" + "---|" * (len(LABEL) + len(heads)), *rows]
 
 
 def markdown(report: dict) -> str:
@@ -218,11 +245,12 @@ def markdown(report: dict) -> str:
              "| matmul | n | TFLOP/s |", "|---|---|---|"]
     for p in report["matmul_peak"]:
         lines.append(f"| {p['dtype']} | {p['n']} | {fmt(p['flops_per_s'] / 1e12)} |")
-    lines += ["", "| side | method | model | clients | mapping | conv | rounds/s | s/round | compile s | peak MiB | "
-              "padding eff. | samples/s | TFLOP/s | of fp32 peak |", "|" + "---|" * 14]
+    lines += ["", "| side | method | model | clients | mapping | conv | precision | xla | rounds/s | s/round | "
+              "compile s | peak MiB | padding eff. | samples/s | TFLOP/s | of fp32 peak |", "|" + "---|" * 16]
     peak = next((p["flops_per_s"] for p in report["matmul_peak"] if p["dtype"] == "fp32"), None)
     for r in report["records"]:
-        head = f"| {r['side']} | {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
+        head = (f"| {r['side']} | {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
+                f"{r.get('precision', 'fp32')} | {r.get('xla', 'default')} | ")
         if "error" in r:
             lines.append(head + f"error: {r['error'][:120]} |" + " |" * 7)
             continue
@@ -258,7 +286,10 @@ def main(argv=None) -> int:
     p.add_argument("--clients", default="20,100,1000")
     p.add_argument("--mappings", default="auto", help="auto (times vmap, chunked:8/32, map; keeps the fastest), "
                    "or any of vmap, chunked, map for each one's own row and peak memory")
-    p.add_argument("--convs", default="native,direct", help="native, direct, im2col")
+    p.add_argument("--convs", default="native,direct", help="native, direct, im2col, pallas")
+    p.add_argument("--precisions", default="fp32", help="fp32, bf16 (train.precision): each a row")
+    p.add_argument("--xla-variants", default="default", help="XLA flag variants (xla_variants.py): "
+                   f"{', '.join(XLA_VARIANTS)}; each a row, measured in a child process of its own")
     p.add_argument("--train-samples", type=int, default=45000)
     p.add_argument("--test-samples", type=int, default=15000)
     p.add_argument("--batch", type=int, default=16)
@@ -291,6 +322,10 @@ def main(argv=None) -> int:
     sides = set(args.sides.split(","))
     if not sides <= {"jax", "torch"}:
         p.error(f"--sides takes jax, torch or jax,torch, not {args.sides!r}")
+    try:
+        variants = variant_names(args.xla_variants)
+    except ValueError as e:
+        p.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "suite.jsonl"
@@ -306,9 +341,10 @@ def main(argv=None) -> int:
         **run_child("device", {"matmul_size": args.matmul_size}, args.quick, args.child_timeout), "records": [],
     }
     models, clients = args.models.split(","), args.clients.split(",")
-    jobs = [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv))
-            for m, md, c, mp, cv in itertools.product(args.methods.split(","), models, clients,
-                                                      args.mappings.split(","), args.convs.split(","))
+    jobs = [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv, precision=pr, xla=xv))
+            for m, md, c, mp, cv, pr, xv in itertools.product(
+                args.methods.split(","), models, clients, args.mappings.split(","), args.convs.split(","),
+                args.precisions.split(","), variants)
             if "jax" in sides]
     has_torch = False
     if args.no_torch or "torch" not in sides:
@@ -320,7 +356,7 @@ def main(argv=None) -> int:
         except ImportError:
             report["torch_note"] = "torch is not installed (pip install 'fedjax_pfl[bench]'): no PyTorch rows"
     if has_torch and "fedavg" in args.methods.split(","):
-        jobs += [("torch", dict(base, method="fedavg", model=md, clients=int(c), mapping="loop", conv="native"))
+        jobs += [("torch", dict(base, method="fedavg", model=md, clients=int(c), mapping="loop", **BASELINE))
                  for md, c in itertools.product(models, clients)]
     report["not_run"], report["budget_note"] = [], f"--budget-s {args.budget_s:g} reached" if deadline else None
     for side, spec in jobs:

@@ -125,6 +125,47 @@ def test_gpu_suite_exits_non_zero_when_a_configuration_fails(tmp_path):
     assert "1 of 2 configurations failed." in (tmp_path / "out" / "suite.md").read_text()
 
 
+def test_gpu_suite_rows_of_a_precision_conv_and_xla_flag_variant(tmp_path):
+    """bf16 with the Pallas convolution (interpret mode here), under XLA's default flags in the suite's process
+    and under triton_gemm_any in a child of its own (this jax parses the GPU flag), compared as a ratio."""
+    proc = _suite(tmp_path, "--methods", "fedavg", "--mappings", "map", "--convs", "pallas", "--precisions", "bf16",
+                  "--xla-variants", "default,triton_gemm_any")
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+    rows = json.loads((tmp_path / "out" / "suite.json").read_text())["records"]
+    assert [(r["conv"], r["precision"], r["xla"]) for r in rows] == [("pallas", "bf16", "default"),
+                                                                    ("pallas", "bf16", "triton_gemm_any")]
+    for r in rows:
+        _finite_positive(r, ["rounds_per_s", "s_per_round", "padding_efficiency"])
+    table = (tmp_path / "out" / "suite.md").read_text()
+    assert "| jax | fedavg | fedavgcnn | 4 | map | pallas | bf16 | triton_gemm_any |" in table
+    ratio = rows[0]["s_per_round"] / rows[1]["s_per_round"]
+    assert f"| fedavg | fedavgcnn | 4 | map | pallas | bf16 | triton_gemm_any | - | - | - | - | {ratio:.2f}x |" in table
+
+
+def test_gpu_suite_ratios_set_each_row_against_its_variant_twins():
+    """Each variant column against its baseline twin (native and direct conv, fp32, default flags), from records
+    alone."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.remove(str(BENCH))
+    row = dict(side="jax", method="fedas", model="fedavgcnn", clients=100, mapping="auto")
+    records = [{**row, "conv": c, "precision": p, "xla": x, "s_per_round": s} for c, p, x, s in [
+        ("native", "fp32", "default", 8.0), ("direct", "fp32", "default", 4.0), ("pallas", "bf16", "default", 1.0),
+        ("pallas", "fp32", "default", 2.0), ("pallas", "bf16", "command_buffer", 0.5)]]
+    lines = gpu_suite.ratio_lines(records)
+    assert "| vs PyTorch loop | vs native conv | vs direct conv | vs fp32 precision | vs default xla |" in lines[3]
+    assert "| fedas | fedavgcnn | 100 | auto | pallas | fp32 | default | - | 4.00x | 2.00x | - | - |" in lines
+    assert "| fedas | fedavgcnn | 100 | auto | pallas | bf16 | default | - | - | - | 2.00x | - |" in lines
+    assert "| fedas | fedavgcnn | 100 | auto | pallas | bf16 | command_buffer | - | - | - | - | 2.00x |" in lines
+
+
+def test_gpu_suite_refuses_an_unknown_xla_variant(tmp_path):
+    proc = _suite(tmp_path, "--xla-variants", "default,fastest")
+    assert proc.returncode == 2 and "--xla-variants takes" in proc.stderr
+
+
 def test_cnn_step_reports_the_step_and_its_op_families():
     proc = subprocess.run([sys.executable, str(BENCH / "cnn_step.py"), "--batches", "2", "--steps", "3"],
                           capture_output=True, text=True, timeout=600)
