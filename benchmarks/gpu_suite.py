@@ -140,6 +140,7 @@ def measure_jax(spec: dict) -> dict:
         "real_client_steps_per_round": real / rounds, "samples_per_s": samples / steady,
         "flops_per_step": flops, "achieved_flops_per_s": achieved, "client_mapping": engine.mapping,
         "chunk_size": engine.config.chunk_size if engine.mapping == "chunked" else None, "mapping_choice": choice,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
 

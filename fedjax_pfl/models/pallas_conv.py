@@ -39,6 +39,7 @@ from jax import lax
 
 from fedjax_pfl.models import implicit_gemm as gemm_lib
 from fedjax_pfl.models.client_batching import client_mapped, one_client
+from fedjax_pfl.models.conv_vjp import ConvStatic, three_op_conv
 
 # tile caps: (rows, columns, contraction); the kernel gradient contracts over the batch's positions (long)
 TILES = (64, 64, 32)
@@ -64,46 +65,11 @@ class Geometry(NamedTuple):
 def conv2d_pallas(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
     """NHWC ``x`` [B, H, W, C] convolved with HWIO ``kernel`` [kh, kw, C, O]; ``pads`` = ((lo, hi), (lo, hi)).
 
-    >>> x, k = jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 2, 5))
-    >>> conv2d_pallas(x, k, (1, 1), ((1, 1), (1, 1)))[0, :, :, 0]
-    Array([[ 8., 12., 12.,  8.],
-           [12., 18., 18., 12.],
-           [12., 18., 18., 12.],
-           [ 8., 12., 12.,  8.]], dtype=float32)
+    >>> y = conv2d_pallas(jnp.ones((1, 3, 3, 2)), jnp.ones((2, 2, 2, 4)), (1, 1), ((0, 0), (0, 0)))
+    >>> y.shape, float(y[0, 0, 0, 0])  # 2 x 2 window, 2 channels of ones
+    ((1, 2, 2, 4), 8.0)
     """
-    spec = _Spec(tuple(x.shape[1:]), tuple(kernel.shape), tuple(int(s) for s in strides),
-                 tuple((int(lo), int(hi)) for lo, hi in pads))
-    return _conv(x, kernel, spec)
-
-
-class _Spec(NamedTuple):
-    """A convolution's static part without the batch (the batch is read from the arrays)."""
-
-    in_shape: tuple
-    kernel_shape: tuple
-    strides: tuple
-    pads: tuple
-
-    def geometry(self, batch: int) -> Geometry:
-        return Geometry(batch, *self)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _conv(x, kernel, spec):
-    return _ops(spec)[0](x, kernel)
-
-
-def _conv_fwd(x, kernel, spec):
-    return _ops(spec)[0](x, kernel), (x, kernel)
-
-
-def _conv_bwd(spec, residuals, dy):
-    x, kernel = residuals
-    _, input_grad, kernel_grad = _ops(spec)
-    return input_grad(dy, kernel), kernel_grad(x, dy)
-
-
-_conv.defvjp(_conv_fwd, _conv_bwd)
+    return _conv(x, kernel, strides, pads)
 
 
 # ------------------------------------------------------------ index maps --
@@ -213,25 +179,25 @@ def kernel_grad_gemm(g: Geometry) -> gemm_lib.Gemm:
 
 def _batched_forward(x, kernel, spec):
     """One client's convolution per leading index: x [V, B, H, W, C], kernel [V, kh, kw, C, O]."""
-    v, g = x.shape[0], spec.geometry(x.shape[1])
+    v, g = x.shape[0], _geometry(spec, x.shape[1])
     y = gemm_lib.run(forward_gemm(g), v, x.reshape(-1), kernel.reshape(-1), x.dtype)
     return y.reshape((v, g.batch, *g.out_hw, g.kernel_shape[3]))
 
 
 def _batched_input_grad(dy, kernel, spec):
-    v, g = dy.shape[0], spec.geometry(dy.shape[1])
+    v, g = dy.shape[0], _geometry(spec, dy.shape[1])
     dx = gemm_lib.run(input_grad_gemm(g), v, dy.reshape(-1), kernel.reshape(-1), dy.dtype)
     return dx.reshape((v, g.batch, *g.in_shape))
 
 
 def _batched_kernel_grad(x, dy, spec):
-    v, g = x.shape[0], spec.geometry(x.shape[1])
+    v, g = x.shape[0], _geometry(spec, x.shape[1])
     dk = gemm_lib.run(kernel_grad_gemm(g), v, x.reshape(-1), dy.reshape(-1), x.dtype)
     return dk.reshape((v, *g.kernel_shape))
 
 
 @functools.lru_cache(maxsize=None)
-def _ops(spec: _Spec):
+def _ops(spec: ConvStatic):
     """(forward(x, kernel), input_grad(dy, kernel), kernel_grad(x, dy)) of one convolution, each with its vmap rule."""
     forward = functools.partial(_batched_forward, spec=spec)
     input_grad = functools.partial(_batched_input_grad, spec=spec)
@@ -239,3 +205,10 @@ def _ops(spec: _Spec):
     return (client_mapped(one_client(forward), forward, fold=(0, 1)),
             client_mapped(one_client(input_grad), input_grad, fold=(0, 1)),
             client_mapped(one_client(kernel_grad), kernel_grad))
+
+
+def _geometry(static: ConvStatic, batch: int) -> Geometry:
+    return Geometry(batch, *static)
+
+
+_conv = three_op_conv(_ops)
