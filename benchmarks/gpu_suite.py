@@ -278,6 +278,23 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def chosen_variants(args) -> list[tuple]:
+    """The (conv, precision, xla) of each JAX row: ``--variants``, else the product of ``--convs``,
+    ``--precisions`` and ``--xla-variants``; ValueError for an unknown XLA variant or a malformed triple.
+
+    >>> chosen_variants(argparse.Namespace(variants="pallas:bf16:default", convs="", precisions="", xla_variants=""))
+    [('pallas', 'bf16', 'default')]
+    """
+    if args.variants is None:
+        return list(itertools.product(args.convs.split(","), args.precisions.split(","),
+                                      variant_names(args.xla_variants)))
+    triples = [tuple(v.split(":")) for v in args.variants.split(",") if v]
+    if not triples or any(len(t) != 3 for t in triples):
+        raise ValueError(f"--variants takes conv:precision:xla triples, not {args.variants!r}")
+    variant_names(",".join(t[2] for t in triples))
+    return triples
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="gpu_suite_report", help="folder for suite.md, suite.json, suite.jsonl")
@@ -291,6 +308,9 @@ def main(argv=None) -> int:
     p.add_argument("--precisions", default="fp32", help="fp32, bf16 (train.precision): each a row")
     p.add_argument("--xla-variants", default="default", help="XLA flag variants (xla_variants.py): "
                    f"{', '.join(XLA_VARIANTS)}; each a row, measured in a child process of its own")
+    p.add_argument("--variants", default=None, help="conv:precision:xla triples (comma-separated), e.g. "
+                   "direct:fp32:default,pallas:bf16:default: these rows instead of the product of --convs, "
+                   "--precisions and --xla-variants (a lent machine's time fits a chosen few)")
     p.add_argument("--train-samples", type=int, default=45000)
     p.add_argument("--test-samples", type=int, default=15000)
     p.add_argument("--batch", type=int, default=16)
@@ -324,7 +344,7 @@ def main(argv=None) -> int:
     if not sides <= {"jax", "torch"}:
         p.error(f"--sides takes jax, torch or jax,torch, not {args.sides!r}")
     try:
-        variants = variant_names(args.xla_variants)
+        variants = chosen_variants(args)
     except ValueError as e:
         p.error(str(e))
     out = Path(args.out)
@@ -343,9 +363,8 @@ def main(argv=None) -> int:
     }
     models, clients = args.models.split(","), args.clients.split(",")
     jobs = [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv, precision=pr, xla=xv))
-            for m, md, c, mp, cv, pr, xv in itertools.product(
-                args.methods.split(","), models, clients, args.mappings.split(","), args.convs.split(","),
-                args.precisions.split(","), variants)
+            for m, md, c, mp, (cv, pr, xv) in itertools.product(
+                args.methods.split(","), models, clients, args.mappings.split(","), variants)
             if "jax" in sides]
     has_torch = False
     if args.no_torch or "torch" not in sides:
