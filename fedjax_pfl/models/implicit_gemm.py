@@ -14,9 +14,7 @@ Each program loops over the contraction in tiles, loading each tile with a
 masked gather and accumulating ``jnp.dot`` in float32 (float64 for float64
 operands). Tiles are powers of two and at least 16 on each side (what
 Pallas's Triton lowering takes for a dot); rows, columns and contraction
-entries past the true sizes are masked. An optional ``epilogue`` replaces the
-store: it gets the finished tile and writes what it likes (the fused SGD
-update of fused_sgd.py writes new weights instead of the gradient).
+entries past the true sizes are masked.
 
 On a GPU the kernels lower through Pallas's Triton backend; elsewhere they
 run in Pallas's interpret mode (the CPU tests): same values, no speed.
@@ -109,32 +107,19 @@ def store(ref, index: Index, v, rows, cols, value):
     plt.store(ref.at[jnp.where(valid, offsets, ref.shape[0])], value.astype(ref.dtype), mask=valid)
 
 
-def run(gemm: Gemm, clients: int, a, b, out_dtype, epilogue=None, extra=(), extra_out=()):
-    """``out [clients * m * n]`` (flat, row-major per client) of ``gemm`` on flat operands ``a`` and ``b``.
-
-    With ``epilogue(tile, v, rows, cols, extra_refs, out_refs)``, the finished tile goes there instead of
-    being stored; ``extra`` are more flat inputs it reads and ``extra_out`` (ShapeDtypeStructs) the outputs
-    it writes (then those are returned, not ``out``).
-    """
+def run(gemm: Gemm, clients: int, a, b, out_dtype):
+    """``out [clients * m * n]`` (flat, row-major per client) of ``gemm`` on flat operands ``a`` and ``b``."""
     tm, tn, _ = gemm.tiles
-    outputs = tuple(extra_out) or (jax.ShapeDtypeStruct((clients * gemm.m * gemm.n,), out_dtype),)
-    kernel = functools.partial(_kernel, gemm, epilogue, len(extra))
     call = pl.pallas_call(
-        kernel, out_shape=outputs, grid=(clients, pl.cdiv(gemm.m, tm), pl.cdiv(gemm.n, tn)),
-        interpret=interpret_mode(), name="implicit_gemm",
+        functools.partial(_kernel, gemm), out_shape=jax.ShapeDtypeStruct((clients * gemm.m * gemm.n,), out_dtype),
+        grid=(clients, pl.cdiv(gemm.m, tm), pl.cdiv(gemm.n, tn)), interpret=interpret_mode(), name="implicit_gemm",
         compiler_params=plt.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES))
-    result = call(a, b, *extra)
-    return result if extra_out else result[0]
+    return call(a, b)
 
 
-def _kernel(gemm, epilogue, num_extra, a_ref, b_ref, *refs):
-    extra_refs, out_refs = refs[:num_extra], refs[num_extra:]
+def _kernel(gemm, a_ref, b_ref, out_ref):
     tm, tn, _ = gemm.tiles
     v = pl.program_id(0)
     rows = (pl.program_id(1) * tm + lax.iota(jnp.int32, tm))[:, None]
     cols = (pl.program_id(2) * tn + lax.iota(jnp.int32, tn))[None, :]
-    value = product_tile(gemm, a_ref, b_ref, v, rows, cols)
-    if epilogue is None:
-        store(out_refs[0], out_index(gemm.n, gemm.m), v, rows, cols, value)
-    else:
-        epilogue(value, v, rows, cols, extra_refs, out_refs)
+    store(out_ref, out_index(gemm.n, gemm.m), v, rows, cols, product_tile(gemm, a_ref, b_ref, v, rows, cols))
