@@ -85,6 +85,19 @@ def cost_flops(analysis) -> float | None:
     return float(flops) if flops and flops > 0 else None
 
 
+def best_seconds(fn, args: tuple, reps: int) -> float:
+    """The fastest of ``reps`` timed calls ``fn(*args)`` after one untimed (compiling) call."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_peak(n: int, dtype_name: str = "fp32", reps: int = 3, chain: int = 10) -> dict:
     """Best FLOP/s of a jitted chain of ``chain`` n x n matmuls in ``dtype_name`` ('fp32' or 'bf16')."""
     import jax
@@ -99,12 +112,7 @@ def matmul_peak(n: int, dtype_name: str = "fp32", reps: int = 3, chain: int = 10
     def run(a, b):
         return jax.lax.fori_loop(0, chain, lambda i, c: c @ b, a)
 
-    jax.block_until_ready(run(a, b))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(run(a, b))
-        best = min(best, time.perf_counter() - start)
+    best = best_seconds(run, (a, b), reps)
     return {"dtype": dtype_name, "n": n, "seconds": best, "flops_per_s": 2.0 * n ** 3 * chain / best}
 
 
@@ -115,13 +123,7 @@ def copy_bandwidth(mib: int, reps: int = 3) -> dict:
     import jax.numpy as jnp
 
     x = jnp.ones((mib * 2**18,), jnp.float32)
-    run = jax.jit(lambda x: x * 0.5 + 1.0)
-    jax.block_until_ready(run(x))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(run(x))
-        best = min(best, time.perf_counter() - start)
+    best = best_seconds(jax.jit(lambda x: x * 0.5 + 1.0), (x,), reps)
     return {"mib": mib, "seconds": best, "bytes_per_s": 2.0 * mib * 2**20 / best}
 
 
@@ -172,10 +174,4 @@ def sgd_steps_seconds(model_name: str, input_shape, num_classes: int, batch: int
     else:
         run = jax.jit(scan_steps)
 
-    jax.block_until_ready(run(params, x, y))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(run(params, x, y))
-        best = min(best, time.perf_counter() - start)
-    return best / (steps * devices)
+    return best_seconds(run, (params, x, y), reps) / (steps * devices)

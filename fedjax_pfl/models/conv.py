@@ -65,8 +65,7 @@ def resolve_conv_impl(impl: str = "auto", backend: str | None = None) -> str:
 
     On an H200 (benchmarks/RESULTS.md), FedAvg over 100 clients in chunks of 8: direct 1.20x native's rounds/s
     for FedAvgCNN, 2.8x for ResNet-8, 1.11x for LeNet. No TPU was measured, so a TPU keeps JAX's own.
-    'pallas' is chosen only by name: it becomes an 'auto' choice where the GPU suite (benchmarks/gpu_suite.py,
-    its pallas rows) measures it faster than 'direct', and no such measurement exists yet."""
+    'pallas' is chosen only by name: 'auto' never selects it."""
     if impl == "auto":
         backend = backend or jax.default_backend()
         return "direct" if backend in ("cpu", "gpu") else "native"
