@@ -47,3 +47,23 @@ def test_a_committed_table_re_renders_identically_from_its_records(table, tmp_pa
     assert "; rerun: " not in out and "; resume: " not in out  # every cell with a run folder counts as finished
     for name in ("table.md", "table.csv"):
         assert (copy / name).read_text() == (committed / name).read_text(), f"{table}/{name} differs"
+
+
+def test_the_overview_counts_are_the_tables_counts():
+    """reproductions/README.md's overview block is what papers/overview.py computes from every table.csv."""
+    from fedjax_pfl.papers import overview
+
+    readme = (REPRODUCTIONS / "README.md").read_text(encoding="utf-8")
+    assert readme == overview.with_overview(readme, overview.overview_table(REPRODUCTIONS)), (
+        "reproductions/README.md's overview is stale: run python -m fedjax_pfl.papers.overview")
+
+
+def test_the_overview_counts_cells_run_seeds_and_flags(tmp_path):
+    table = tmp_path / "t" / "table.csv"
+    table.parent.mkdir()
+    table.write_text("runs,paper,flag\n3,0.9,False\n1,0.8,True\n0,0.7,False\n2,,False\n", encoding="utf-8")
+    from fedjax_pfl.papers import overview
+
+    assert overview.table_counts(table) == (4, 3, 1, 2, 1)
+    with pytest.raises(ValueError, match="no"):
+        overview.with_overview("no block here", "x")

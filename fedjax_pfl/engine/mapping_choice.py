@@ -91,9 +91,8 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     hears which candidate is being compiled and timed, before each (a CNN's vmap can take minutes on a CPU).
     ``batched``: the arguments carry the experiment axis of a sweep's program (``key``: the experiments' run
     keys, ``data``: their own client data or None), and the candidates are timed on that program's round
-    (`Engine.compiled_round_batched`): vmapping over experiments changes each candidate's cost unevenly (APPLE,
-    DiversiFed FMNIST preset, 2 CPU cores: one seed alone ``map`` 0.77 s a round; 2 seeds in one program
-    ``map`` 2.65 s, ``vmap`` 0.71 s).
+    (`Engine.compiled_round_batched`): vmapping over experiments changes each candidate's cost unevenly, so
+    the fastest mapping of one run need not be the fastest of its sweep.
     """
     began = time.perf_counter()
     options = options if options is not None else candidates(clients_per_device(engine),
