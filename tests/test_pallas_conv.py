@@ -14,11 +14,10 @@ from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.models.pallas_conv import conv2d_pallas
 
 NHWC = ("NHWC", "HWIO", "NHWC")
-VALID = ((0, 0), (0, 0))
-CASES = {  # input [B, H, W, C], kernel [kh, kw, C, O], strides, pads: tiny shapes of every form the models use
-    "valid_5x5": ((2, 9, 8, 3), (5, 5, 3, 17), (1, 1), VALID),  # FedAvgCNN's and LeNet's form; O = 17: masked columns
-    "strided_padded": ((2, 9, 10, 4), (3, 3, 4, 6), (2, 1), ((1, 0), (2, 1))),  # strided in H only, uneven pads
-}
+# input [B, H, W, C], kernel [kh, kw, C, O], strides, pads: one tiny shape with every form the models use at once:
+# a 5x5 window (FedAvgCNN's, LeNet's), a stride (ResNet's downsampling) in H only, uneven pads, O = 17 (masked
+# columns) and a contraction of 75 (three tiles, the last one masked)
+CASE = ((2, 9, 10, 3), (5, 5, 3, 17), (2, 1), ((1, 0), (2, 1)))
 CLIENTS = 2
 # float32 tolerance: exact float32 products in interpret mode; on a GPU the kernels' dots (and lax's) use TF32
 F32_TOL = 2e-5 if jax.default_backend() != "gpu" else 5e-3
@@ -63,9 +62,8 @@ def _assert_close(a, b, tol):
         np.testing.assert_allclose(np.asarray(u) / scale, np.asarray(v) / scale, rtol=0, atol=tol)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_forward_and_both_gradients_per_client_equal_lax_conv_in_float64(x64, case):
-    shape, kernel_shape, strides, pads = CASES[case]
+def test_forward_and_both_gradients_per_client_equal_lax_conv_in_float64(x64):
+    shape, kernel_shape, strides, pads = CASE
     x, k, ct = _arrays(shape, kernel_shape, strides, pads, jnp.float64)
     reference, pallas = _per_client(strides, pads)
     _assert_close(pallas(x, k, ct), reference(x, k, ct), 1e-12)
@@ -73,7 +71,7 @@ def test_forward_and_both_gradients_per_client_equal_lax_conv_in_float64(x64, ca
 
 def test_float32_with_one_kernel_for_every_client():
     """float32 (accumulated in float32, as lax's), one kernel for every client: the mapped axis joins the batch."""
-    shape, kernel_shape, strides, pads = CASES["strided_padded"]
+    shape, kernel_shape, strides, pads = CASE
     x, k, ct = _arrays(shape, kernel_shape, strides, pads, jnp.float32)
     reference, pallas = _per_client(strides, pads, kernel_axis=None)
     _assert_close(pallas(x, k[0], ct), reference(x, k[0], ct), F32_TOL)
@@ -106,7 +104,7 @@ def _pallas_calls(fn, *args):
 def test_a_vmap_of_clients_is_one_kernel_launch_per_piece():
     """Forward, input gradient, kernel gradient: three launches for any number of clients, the client the
     grid's first axis (not a grouped convolution, not a loop)."""
-    shape, kernel_shape, strides, pads = CASES["strided_padded"]
+    shape, kernel_shape, strides, pads = CASE
     x, k, ct = _arrays(shape, kernel_shape, strides, pads, jnp.float32, clients=3)
     grids, names = _pallas_calls(jax.vmap(_conv_and_vjp(strides, pads)), x, k, ct)
     assert len(grids) == 3 and all(g[0] == 3 for g in grids), grids
@@ -127,7 +125,7 @@ def _triton_module(fn, *args) -> str:
 def test_kernels_lower_to_triton_for_a_gpu():
     """Every kernel passes Pallas's Triton lowering (power-of-two tiles, 2-D dots, masked gathers), forward and
     both gradients under vmap, bfloat16 operands accumulated in float32: what a GPU would compile."""
-    shape, kernel_shape, strides, pads = CASES["strided_padded"]
+    shape, kernel_shape, strides, pads = CASE
     x, k, ct = _arrays(shape, kernel_shape, strides, pads, jnp.bfloat16)
     module = _triton_module(jax.vmap(_conv_and_vjp(strides, pads)), x, k, ct)
     assert module.count("__gpu$xla.gpu.triton") == 3

@@ -62,7 +62,7 @@ def _fmnist(data_dir, precision):
     overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=dirichlet", "partition.alpha=0.5",
                  "partition.num_clients=20", "partition.train_per_client=30", "partition.test_per_client=100",
                  "partition.test_from=split", "model.name=mlp", "model.hidden=[64]", "train.batch_size=10",
-                 "train.local_epochs=1", "train.lr=0.05", "train.join_ratio=1.0", "train.client_mapping=vmap",
+                 "train.local_epochs=1", "train.lr=0.05", "train.join_ratio=1.0", "train.client_mapping=map",
                  f"train.precision={precision}", "method_name=fedavg"]
     cfg = config_lib.build(None, overrides)
     return cfg, build_experiment(cfg).engine
