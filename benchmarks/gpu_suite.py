@@ -16,7 +16,8 @@ What it measures, in order:
 1. the device name and a measured matmul peak: a jitted loop of 10 square
    matmuls (``--matmul-size``, 8192 by default) in bf16 and in fp32 at JAX's
    default precision (what model training uses; on NVIDIA GPUs that may use
-   TF32), best of 3, FLOPs = 2 n^3 per matmul;
+   TF32), best of 3, FLOPs = 2 n^3 per matmul; and its copy bandwidth, an
+   elementwise pass over ``--copy-mib`` MiB of float32 (read and written);
 2. FedAvg and FedAS with FedAvgCNN (``--models``: also ``resnet8``,
    ``lenet``) on CIFAR shapes (random uint8 32x32x3 images, 10 labels:
    timing does not depend on pixel values), ``--train-samples`` /
@@ -42,7 +43,7 @@ What it measures, in order:
    lower bound. Bytes moved (not on a CPU): XLA's count of one SGD step
    compiled for the device with the row's convolution and precision
    (flops.step_bytes) x executed client-steps, as GB/s and a share of the
-   measured copy bandwidth (flops.copy_bandwidth);
+   measured copy bandwidth (flops.copy_bandwidth).
    Each row also gives the round's sequential steps T (the steps its
    mapping takes one after another: ``map`` every client's, ``vmap`` the
    largest's, ``chunked`` each chunk's largest, ``packed`` the longest
