@@ -1,4 +1,4 @@
-"""Times the direct, im2col and native convolutions for FedAvgCNN local training.
+"""Times the direct, im2col and native convolutions (and, by name, the Pallas one) for FedAvgCNN local training.
 
 Workload: one client's local training is a ``lax.scan`` of ``--steps`` SGD
 steps (batch ``--batch``, 32x32x3 inputs, 10 classes, cross-entropy) of
@@ -12,6 +12,10 @@ reported. Prints one JSON object.
 
     python benchmarks/conv_impl.py [--steps 16] [--batch 32] [--clients 4]
         [--impls direct,im2col,native] [--modes seq,vmap,map]
+
+``--impls direct,pallas --modes vmap --clients 100`` times the Pallas kernels
+(models/pallas_conv.py) on a GPU; on a CPU they run in interpret mode (slow,
+not a speed figure), so they are not among the defaults.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import subprocess
 import sys
 import time
 
-IMPLS = ("direct", "im2col", "native")
+IMPLS = ("direct", "im2col", "native")  # the defaults; "pallas" by name
 MODES = ("seq", "vmap", "map")
 
 

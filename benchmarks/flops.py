@@ -7,8 +7,12 @@
   0.4% of the compiled CPU count for FedAvgCNN). FedAvgCNN on 28x28x1: 24.9
   MFLOP per sample (forward + both gradients; the first layer's input
   gradient is not computed); on 32x32x3: 43.6; LeNet on 32x32x3: 3.3.
+* `step_bytes`: XLA's count of the bytes one SGD step, compiled for the
+  device with a given convolution and precision, reads and writes.
 * `matmul_peak`: the best FLOP/s of a jitted chain of square matmuls: what
-  this device's GEMM reaches, the bar an SGD step is held against.
+  this device's GEMM reaches, the bar an SGD step is held against;
+  `copy_bandwidth`: the best bytes/s of an elementwise pass, the bar for
+  the bytes a step moves.
 * `sgd_steps_seconds`: seconds per SGD step of a model inside one jitted
   ``lax.scan`` (no engine, no data movement): the "conv step".
 """
@@ -18,30 +22,52 @@ from __future__ import annotations
 import time
 
 
-def step_flops(model_name: str, input_shape, num_classes: int, batch: int, **model_options) -> float | None:
-    """XLA's FLOP count of one SGD step (forward, backward, update) on ``batch`` samples, or None
-    (``model_options``: build_model's, e.g. ``hidden`` for mlp)."""
+def sgd_step(model_name: str, input_shape, num_classes: int, batch: int, **model_options):
+    """(one SGD step ``(params, x, y) -> params`` of a model, its arguments on ``batch`` zero samples)."""
     import jax
     import jax.numpy as jnp
 
     from fedjax_pfl import losses
     from fedjax_pfl.models.networks import build_model
 
-    model = build_model(model_name, input_shape, num_classes, conv_impl="native", **model_options)
+    model = build_model(model_name, input_shape, num_classes, **model_options)
     variables = model.init(jax.random.key(0))
 
     def step(params, x, y):
         loss = lambda p: losses.cross_entropy(model.apply({**variables, "params": p}, x, train=True).logits, y)  # noqa: E731
         return jax.tree.map(lambda p, g: p - 0.01 * g, params, jax.grad(loss)(params))
 
-    x = jnp.zeros((batch, *model.input_shape), jnp.float32)
-    y = jnp.zeros((batch,), jnp.int32)
+    return step, (variables["params"], jnp.zeros((batch, *model.input_shape), jnp.float32),
+                  jnp.zeros((batch,), jnp.int32))
+
+
+def step_flops(model_name: str, input_shape, num_classes: int, batch: int, **model_options) -> float | None:
+    """XLA's FLOP count of one SGD step (forward, backward, update) on ``batch`` samples, or None
+    (``model_options``: build_model's, e.g. ``hidden`` for mlp)."""
+    import jax
+
+    step, args = sgd_step(model_name, input_shape, num_classes, batch, conv_impl="native", **model_options)
     # Counted for the CPU whatever the default backend: arguments committed to a CPU device make jit lower (and
     # compile) for it. On the H200 the GPU's compiled module counted 86 MFLOP for FedAvgCNN's 698 MFLOP step,
     # since its convolutions are library calls whose FLOPs XLA does not count.
-    args = jax.device_put((variables["params"], x, y), jax.devices("cpu")[0])
-    lowered = jax.jit(step).lower(*args)
+    lowered = jax.jit(step).lower(*jax.device_put(args, jax.devices("cpu")[0]))
     return cost_flops(lowered.cost_analysis) or cost_flops(lambda: lowered.compile().cost_analysis())
+
+
+def step_bytes(model_name: str, input_shape, num_classes: int, batch: int, **model_options) -> float | None:
+    """XLA's 'bytes accessed' of one SGD step compiled for the default device (``model_options``: build_model's,
+    e.g. ``conv_impl``, ``precision``): what the compiled step's kernels read and write, the traffic a
+    memory-bound step is held against; None where the backend gives no count."""
+    import jax
+
+    step, args = sgd_step(model_name, input_shape, num_classes, batch, **model_options)
+    try:
+        cost = jax.jit(step).lower(*args).compile().cost_analysis()
+    except Exception:  # noqa: BLE001 (some backends have no cost model)
+        return None
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    value = (cost or {}).get("bytes accessed")
+    return float(value) if value and value > 0 else None
 
 
 def cost_flops(analysis) -> float | None:
@@ -59,6 +85,19 @@ def cost_flops(analysis) -> float | None:
     return float(flops) if flops and flops > 0 else None
 
 
+def best_seconds(fn, args: tuple, reps: int) -> float:
+    """The fastest of ``reps`` timed calls ``fn(*args)`` after one untimed (compiling) call."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_peak(n: int, dtype_name: str = "fp32", reps: int = 3, chain: int = 10) -> dict:
     """Best FLOP/s of a jitted chain of ``chain`` n x n matmuls in ``dtype_name`` ('fp32' or 'bf16')."""
     import jax
@@ -73,13 +112,19 @@ def matmul_peak(n: int, dtype_name: str = "fp32", reps: int = 3, chain: int = 10
     def run(a, b):
         return jax.lax.fori_loop(0, chain, lambda i, c: c @ b, a)
 
-    jax.block_until_ready(run(a, b))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(run(a, b))
-        best = min(best, time.perf_counter() - start)
+    best = best_seconds(run, (a, b), reps)
     return {"dtype": dtype_name, "n": n, "seconds": best, "flops_per_s": 2.0 * n ** 3 * chain / best}
+
+
+def copy_bandwidth(mib: int, reps: int = 3) -> dict:
+    """Best bytes/s of a jitted elementwise pass over ``mib`` MiB of float32 (each byte read once and written
+    once: 2 x mib MiB moved): what this device's memory streams, the bar a memory-bound step is held against."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((mib * 2**18,), jnp.float32)
+    best = best_seconds(jax.jit(lambda x: x * 0.5 + 1.0), (x,), reps)
+    return {"mib": mib, "seconds": best, "bytes_per_s": 2.0 * mib * 2**20 / best}
 
 
 def sgd_steps_seconds(model_name: str, input_shape, num_classes: int, batch: int, steps: int = 50,
@@ -129,10 +174,4 @@ def sgd_steps_seconds(model_name: str, input_shape, num_classes: int, batch: int
     else:
         run = jax.jit(scan_steps)
 
-    jax.block_until_ready(run(params, x, y))
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        jax.block_until_ready(run(params, x, y))
-        best = min(best, time.perf_counter() - start)
-    return best / (steps * devices)
+    return best_seconds(run, (params, x, y), reps) / (steps * devices)

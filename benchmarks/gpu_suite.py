@@ -16,7 +16,8 @@ What it measures, in order:
 1. the device name and a measured matmul peak: a jitted loop of 10 square
    matmuls (``--matmul-size``, 8192 by default) in bf16 and in fp32 at JAX's
    default precision (what model training uses; on NVIDIA GPUs that may use
-   TF32), best of 3, FLOPs = 2 n^3 per matmul;
+   TF32), best of 3, FLOPs = 2 n^3 per matmul; and its copy bandwidth, an
+   elementwise pass over ``--copy-mib`` MiB of float32 (read and written);
 2. FedAvg and FedAS with FedAvgCNN (``--models``: also ``resnet8``,
    ``lenet``) on CIFAR shapes (random uint8 32x32x3 images, 10 labels:
    timing does not depend on pixel values), ``--train-samples`` /
@@ -26,7 +27,10 @@ What it measures, in order:
    client every round; for each client mapping (``auto`` by default: the
    engine's timed choice, whose record keeps every candidate's compile and
    round seconds; or vmap / chunked / map, each a row with its own peak
-   memory) and convolution (native and direct by default; im2col), in a
+   memory), convolution (native and direct by default; im2col, pallas),
+   precision (``--precisions``: fp32; bf16) and XLA flag variant
+   (``--xla-variants``, xla_variants.py: XLA's defaults; command buffers
+   over loops and branches, Triton GEMMs for any matmul), in a
    child process of its own: a warm-up round (compile s = its
    time minus the steady time), then ``--rounds`` timed rounds: rounds/s,
    compile s, peak device memory (the child's), padding efficiency (real /
@@ -36,7 +40,10 @@ What it measures, in order:
    (real client-steps of the round): the round's own cost_analysis cannot be
    used since it counts a while loop's body once. FedAS's extra passes
    (Fisher, class means, alignment) are not counted, so its fraction is a
-   lower bound;
+   lower bound. Bytes moved (not on a CPU): XLA's count of one SGD step
+   compiled for the device with the row's convolution and precision
+   (flops.step_bytes) x executed client-steps, as GB/s and a share of the
+   measured copy bandwidth (flops.copy_bandwidth).
    Each row also gives the round's sequential steps T (the steps its
    mapping takes one after another: ``map`` every client's, ``vmap`` the
    largest's, ``chunked`` each chunk's largest, ``packed`` the longest
@@ -49,9 +56,9 @@ What it measures, in order:
    the ``map`` row's (every row runs the same rounds with the same keys).
    ``--mappings`` takes ``packed`` (W from the data), ``packed:W`` and
    ``chunked:W`` (chunks of W) besides ``auto``, ``vmap``, ``chunked``
-   (``--chunk``) and ``map``. `configurations` builds rows from settings
-   (a ``variant`` label and RunConfig fields on top of the workload's), so
-   a variant (a precision, a kernel) is rows of the same table;
+   (``--chunk``) and ``map``. A row's ``variant`` names its precision and
+   XLA flags where they are not fp32 under XLA's defaults; ``--variants``
+   takes chosen conv:precision:xla triples instead of the product;
 3. the same FedAvg workload through the PyTorch per-client loop
    (benchmarks/torch_loop.py) on the same client arrays, when torch is
    installed (CUDA when available): training s/round and evaluation s/round.
@@ -62,7 +69,13 @@ What it measures, in order:
 client's parameters and batch, vmapped: the ``packed`` mapping's step) at
 W = 1, 8, 16, 24, 32, 64, 100 (``--widths``) for each model and convolution:
 ms per step, us per client-step, TFLOP/s and their shares of the peaks; a
-few minutes, one child per width.
+few minutes, one child per width, for each variant too.
+
+The report's ratio table sets each JAX row against the PyTorch loop and
+against its twin with one column at a baseline (native and direct
+convolutions, fp32 under XLA's defaults, ``chunked:32`` and ``vmap``
+mappings): what a variant must show before it becomes a default
+(``conv_impl='auto'``, a precision, a flag, a mapping).
 
 A configuration that fails or runs past ``--child-timeout`` is recorded with
 its error and the suite goes on; the suite then exits with status 1 (the
@@ -86,12 +99,16 @@ import time
 from pathlib import Path
 
 from common import CIFAR_SHAPE, device_name, peak_memory_bytes, random_cifar_like, run_config  # noqa: E402
-from flops import matmul_peak, step_flops  # noqa: E402 (benchmarks/ is on sys.path)
+from flops import copy_bandwidth, matmul_peak, step_bytes, step_flops  # noqa: E402 (benchmarks/ is on sys.path)
+from xla_variants import XLA_VARIANTS, variant_names, with_variant  # noqa: E402
 
 LABEL = ("method", "model", "clients", "mapping", "conv", "variant")
 MIN_CONFIG_S = 20.0  # under --budget-s, a configuration is started only with this much time left
 REFERENCE_MAPPING = "chunked:32"  # each row's speed is also given as a ratio to this row's
 SWEEP_WIDTHS = (1, 8, 16, 24, 32, 64, 100)
+# each row's ratio columns: its twin with one label column at this value
+RATIO_TWINS = (("conv", "native"), ("conv", "direct"), ("variant", ""), ("mapping", REFERENCE_MAPPING),
+               ("mapping", "vmap"))
 
 
 def mapping_settings(mapping: str, chunk: int) -> dict:
@@ -102,14 +119,22 @@ def mapping_settings(mapping: str, chunk: int) -> dict:
     return {"train.client_mapping": "auto" if mapping in ("loop", "auto") else mapping, "train.chunk_size": chunk}
 
 
-def configurations(base: dict, methods, models, clients, mappings, convs, variant: str = "",
-                   settings: dict | None = None) -> list[tuple[str, dict]]:
-    """The JAX rows of a suite: one spec per (method, model, clients, mapping, conv) on the workload ``base``,
-    with ``settings`` (RunConfig fields, e.g. ``{"model.compute_dtype": "bfloat16"}``) on top of the workload's
-    and the label ``variant`` (rows of a variant compare with the plain rows in the same table)."""
-    return [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv, variant=variant,
-                         settings=dict(settings or {})))
-            for m, md, c, mp, cv in itertools.product(methods, models, clients, mappings, convs)]
+def variant_label(precision: str, xla: str) -> str:
+    """A row's ``variant`` column: its precision and XLA flag variant where they are not fp32 and XLA's defaults.
+
+    >>> variant_label("fp32", "default"), variant_label("bf16", "command_buffer")
+    ('', 'bf16+command_buffer')
+    """
+    return "+".join(v for v, base in ((precision, "fp32"), (xla, "default")) if v != base)
+
+
+def configurations(base: dict, methods, models, clients, mappings, variants) -> list[tuple[str, dict]]:
+    """The JAX rows of a suite: one spec per (method, model, clients, mapping, (conv, precision, xla) of
+    ``variants``) on the workload ``base``; the precision a RunConfig setting on top of the workload's, the XLA
+    flags the child's environment."""
+    return [("jax", dict(base, method=m, model=md, clients=int(c), mapping=mp, conv=cv,
+                         variant=variant_label(pr, xv), precision=pr, xla=xv, settings={"train.precision": pr}))
+            for m, md, c, mp, (cv, pr, xv) in itertools.product(methods, models, clients, mappings, variants)]
 
 
 def build(spec: dict):
@@ -122,6 +147,17 @@ def build(spec: dict):
         "train.local_epochs": spec["epochs"], "train.lr": spec["lr"], "train.join_ratio": spec["join_ratio"],
         **mapping_settings(spec["mapping"], spec["chunk"]), **spec.get("settings", {})})
     return build_experiment(cfg, dataset=random_cifar_like(spec["train_samples"], spec["test_samples"]))
+
+
+def row_step_bytes(spec: dict) -> float | None:
+    """XLA's bytes of one SGD step compiled with the row's convolution and precision (flops.step_bytes); None on
+    a CPU, where compiling one more step costs more than a --quick row and no row is held against bandwidth."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return None
+    return step_bytes(spec["model"], CIFAR_SHAPE, 10, spec["batch"], conv_impl=spec["conv"],
+                      precision=spec.get("precision", "fp32"))
 
 
 def measure_jax(spec: dict) -> dict:
@@ -158,6 +194,7 @@ def measure_jax(spec: dict) -> dict:
     largest = int(np.asarray(real_steps(np.asarray(exp.data.train.n), s.batch_size, s.local_epochs, s.drop_last)).max())
     steady = float(np.median(times[1:]))
     flops = step_flops(spec["model"], CIFAR_SHAPE, 10, spec["batch"])
+    moved = row_step_bytes(spec)
     rounds = spec["rounds"]
     selected = engine.config.clients_per_round
     samples = spec["epochs"] * float(np.asarray(exp.data.train.n).mean()) * selected
@@ -168,7 +205,9 @@ def measure_jax(spec: dict) -> dict:
         "real_client_steps_per_round": real / rounds, "samples_per_s": samples / steady,
         "flops_per_step": flops, "achieved_flops_per_s": achieved, "client_mapping": engine.mapping,
         "executed_client_steps_per_round": executed / rounds, "sequential_steps_per_round": sequential / rounds,
-        "largest_client_steps": largest,
+        "largest_client_steps": largest, "bytes_per_step": moved,
+        "achieved_bytes_per_s": moved * executed / rounds / steady if moved else None,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "chunk_size": engine.config.chunk_size if engine.mapping == "chunked" else None, "mapping_choice": choice,
     }
 
@@ -195,44 +234,53 @@ def measure_torch(spec: dict) -> dict:
 
 
 def measure_device(spec: dict) -> dict:
-    """The device's name, JAX's version and backend, and the measured matmul peaks (bf16, fp32)."""
+    """The device's name, JAX's version and backend, the measured matmul peaks (bf16, fp32) and copy bandwidth."""
     import jax
 
     return {"device": device_name(), "jax": jax.__version__, "backend": jax.default_backend(),
-            "matmul_peak": [matmul_peak(spec["matmul_size"], d) for d in ("bf16", "fp32")]}
+            "matmul_peak": [matmul_peak(spec["matmul_size"], d) for d in ("bf16", "fp32")],
+            "copy_bandwidth": copy_bandwidth(spec["copy_mib"])}
 
 
 def measure_sweep(spec: dict) -> dict:
-    """One SGD step of ``spec['lanes']`` lanes (flops.sgd_steps_seconds): ms per step, us per client-step, FLOP/s."""
+    """One SGD step of ``spec['lanes']`` lanes (flops.sgd_steps_seconds): ms per step, us per client-step, FLOP/s
+    and bytes/s (one lane's step bytes x lanes)."""
     from flops import sgd_steps_seconds
 
-    lanes = spec["lanes"]
+    lanes, options = spec["lanes"], {"conv_impl": spec["conv"], "precision": spec["precision"]}
     seconds = sgd_steps_seconds(spec["model"], CIFAR_SHAPE, 10, spec["batch"], spec["steps"], reps=3, lanes=lanes,
-                                conv_impl=spec["conv"])
+                                **options)
     flops = step_flops(spec["model"], CIFAR_SHAPE, 10, spec["batch"])
+    moved = row_step_bytes(spec)
     return {"lanes": lanes, "s_per_step": seconds, "ms_per_step": 1e3 * seconds, "us_per_client_step": 1e6 * seconds / lanes,
             "flops_per_step": flops, "achieved_flops_per_s": flops * lanes / seconds if flops else None,
-            "peak_memory_bytes": peak_memory_bytes()}
+            "bytes_per_step": moved, "achieved_bytes_per_s": moved * lanes / seconds if moved else None,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "peak_memory_bytes": peak_memory_bytes()}
 
 
 MEASURES = {"jax": measure_jax, "torch": measure_torch, "device": measure_device, "sweep": measure_sweep}
 
 
-def child_env(side: str) -> dict:
+def child_env(side: str, xla: str = "default") -> dict:
     """The child's environment: a PyTorch child keeps JAX (which only builds its client arrays) on the CPU,
-    so that JAX's allocator, which takes most of a GPU's memory when it starts, leaves the GPU to torch."""
-    return {**os.environ, "JAX_PLATFORMS": "cpu"} if side == "torch" else dict(os.environ)
+    so that JAX's allocator, which takes most of a GPU's memory when it starts, leaves the GPU to torch; a JAX
+    child gets its XLA flag variant (xla_variants.py) in XLA_FLAGS."""
+    if side == "torch":
+        return {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return {**os.environ, "XLA_FLAGS": with_variant(os.environ.get("XLA_FLAGS", ""), xla)}
 
 
 def run_child(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
-    """``MEASURES[side](spec)``, in a child process of its own unless ``in_process`` (errors propagate).
+    """``MEASURES[side](spec)``, in a child process of its own unless ``in_process`` (errors propagate) and the
+    spec needs no XLA flags of its own (flags are read when the backend starts: a variant runs in a child).
 
     Only children start a JAX backend: the suite's own process holds no device memory (on a GPU JAX's
     allocator takes 75% of it at start, and a parent holding that starves every child)."""
-    if in_process:
+    xla = spec.get("xla", "default")
+    if in_process and xla == "default":
         return MEASURES[side](spec)
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps({"side": side, "spec": spec})],
-                          capture_output=True, text=True, timeout=timeout, env=child_env(side))
+                          capture_output=True, text=True, timeout=timeout, env=child_env(side, xla))
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -249,15 +297,21 @@ def run_spec(side: str, spec: dict, in_process: bool, timeout: float) -> dict:
     return {"side": side, **label, **out}
 
 
+def _share(value, bar):
+    """``value / bar``, or None where either is missing."""
+    return value / bar if value and bar else None
+
+
 def _same_row(r: dict, mapping: str, conv: str | None = None):
     """The key of the JAX row like ``r`` (method, model, clients, variant) with ``mapping`` and ``conv``."""
     return (r["method"], r["model"], r["clients"], r.get("variant", ""), mapping, conv or r["conv"])
 
 
-def derived(records: list, peaks: dict) -> None:
+def derived(records: list, peaks: dict, bandwidth: float | None = None) -> None:
     """Add to each measured JAX row what follows from it and its neighbours in the suite (in place): ms per
-    sequential step, us per executed client-step, the shares of the fp32 and bf16 peaks, the latency floor,
-    the ratios to the ``chunked:32`` row and to the PyTorch loop (>1: this row is faster)."""
+    sequential step, us per executed client-step, the shares of the fp32 and bf16 peaks and of the copy
+    bandwidth, the latency floor, the ratios to the ``chunked:32`` row and to the PyTorch loop (>1: this row is
+    faster)."""
     done = [r for r in records if "error" not in r]
     seconds = {_same_row(r, r["mapping"]): r["s_per_round"] for r in done if r["side"] == "jax"}
     torch = {(r["model"], r["clients"]): r["s_per_round"] for r in done if r["side"] == "torch"}
@@ -271,7 +325,8 @@ def derived(records: list, peaks: dict) -> None:
         r.update({
             "ms_per_sequential_step": 1e3 * per_step,
             "us_per_executed_client_step": 1e6 * r["s_per_round"] / max(r.get("executed_client_steps_per_round", 1), 1),
-            **{f"of_{d}_peak": achieved / peaks[d] if achieved and peaks.get(d) else None for d in ("fp32", "bf16")},
+            **{f"of_{d}_peak": _share(achieved, peaks.get(d)) for d in ("fp32", "bf16")},
+            "of_copy_bandwidth": _share(r.get("achieved_bytes_per_s"), bandwidth),
             "latency_floor_s": r.get("largest_client_steps", 0) * per_step,
             "vs_chunked32": reference / r["s_per_round"] if reference else None,
             "vs_torch": vs_torch / r["s_per_round"] if vs_torch else None,
@@ -298,27 +353,27 @@ def compare_with_map(records: list, params: dict) -> None:
 
 def ratio_lines(records: list) -> list[str]:
     """The comparisons of one suite as ratios of seconds per round (>1: the JAX row is faster): each JAX row
-    against the PyTorch loop on the same model and clients, against the same row with native convolutions,
-    and against the same row under ``chunked:32``."""
+    against the PyTorch loop on the same model and clients, and against the same row with one label column at a
+    `RATIO_TWINS` value (native or direct convolutions, fp32 under XLA's defaults, ``chunked:32`` or ``vmap``)."""
     done = [r for r in records if "error" not in r]
     torch = {(r["model"], r["clients"]): r["s_per_round"] for r in done if r["side"] == "torch"}
-    jax_rows = {_same_row(r, r["mapping"]): r["s_per_round"] for r in done if r["side"] == "jax"}
+    jax_rows = {tuple(r.get(k, "") for k in LABEL): r["s_per_round"] for r in done if r["side"] == "jax"}
     rows = []
     for r in done:
         if r["side"] != "jax":
             continue
-        vs_torch = torch.get((r["model"], r["clients"])) if r["method"] == "fedavg" else None
-        vs_native = jax_rows.get(_same_row(r, r["mapping"], "native")) if r["conv"] != "native" else None
-        vs_chunked = jax_rows.get(_same_row(r, REFERENCE_MAPPING)) if r["mapping"] != REFERENCE_MAPPING else None
-        if vs_torch or vs_native or vs_chunked:
-            rows.append(f"| {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
-                        + " | ".join("-" if v is None else f"{v / r['s_per_round']:.2f}x"
-                                     for v in (vs_torch, vs_native, vs_chunked)) + " |")
+        label = {k: r.get(k, "") for k in LABEL}
+        ratios = [torch.get((r["model"], r["clients"])) if r["method"] == "fedavg" else None]
+        ratios += [None if label[key] == base else jax_rows.get(tuple({**label, key: base}[k] for k in LABEL))
+                   for key, base in RATIO_TWINS]
+        if any(ratios):
+            rows.append("| " + " | ".join(str(label[k]) for k in LABEL) + " | "
+                        + " | ".join("-" if v is None else f"{v / r['s_per_round']:.2f}x" for v in ratios) + " |")
     if not rows:
         return []
+    heads = ["vs PyTorch loop", *(f"vs {v or 'fp32 default'} {k}" for k, v in RATIO_TWINS)]
     return ["", "Ratios of seconds per round (>1: this JAX row is faster), within this suite:", "",
-            f"| method | model | clients | mapping | conv | vs PyTorch loop | vs native conv | vs {REFERENCE_MAPPING} |",
-            "|" + "---|" * 8, *rows]
+            "| " + " | ".join([*LABEL, *heads]) + " |", "|" + "---|" * (len(LABEL) + len(heads)), *rows]
 
 
 def _fmt(v, spec=".3g"):
@@ -328,12 +383,12 @@ def _fmt(v, spec=".3g"):
 def row_lines(records: list, peak_fp32: float | None) -> list[str]:
     """The suite's main table: one line per configuration."""
     lines = ["", "| side | method | model | clients | mapping | conv | variant | rounds/s | s/round | compile s | "
-             "peak MiB | T | ms/step | us/client-step | padding eff. | TFLOP/s | of fp32 | of bf16 | floor s | "
-             f"vs {REFERENCE_MAPPING} | vs PyTorch | max diff vs map |", "|" + "---|" * 22]
+             "peak MiB | T | ms/step | us/client-step | padding eff. | TFLOP/s | of fp32 | of bf16 | GB/s | of copy | "
+             f"floor s | vs {REFERENCE_MAPPING} | vs PyTorch | max diff vs map |", "|" + "---|" * 24]
     for r in records:
         head = f"| {r['side']} | {r['method']} | {r['model']} | {r['clients']} | {r['mapping']} | {r['conv']} | "
         if "error" in r:
-            lines.append(head + f"{r.get('variant', '')} | error: {r['error'][:120]} |" + " |" * 14)
+            lines.append(head + f"{r.get('variant', '')} | error: {r['error'][:120]} |" + " |" * 16)
             continue
         achieved = r.get("achieved_flops_per_s")
         chosen = (f" ({r['client_mapping']}{':' + str(r['chunk_size']) if r.get('chunk_size') else ''})"
@@ -346,25 +401,27 @@ def row_lines(records: list, peak_fp32: float | None) -> list[str]:
             f"{_fmt(r.get('ms_per_sequential_step'))} | {_fmt(r.get('us_per_executed_client_step'))} | "
             f"{_fmt(r.get('padding_efficiency'))} | {_fmt(achieved and achieved / 1e12)} | "
             f"{_fmt(r.get('of_fp32_peak', achieved / peak_fp32 if achieved and peak_fp32 else None), '.1%')} | "
-            f"{_fmt(r.get('of_bf16_peak'), '.1%')} | {_fmt(r.get('latency_floor_s'))} | {ratio(r.get('vs_chunked32'))} | "
+            f"{_fmt(r.get('of_bf16_peak'), '.1%')} | {_fmt(_share(r.get('achieved_bytes_per_s'), 1e9))} | "
+            f"{_fmt(r.get('of_copy_bandwidth'), '.1%')} | {_fmt(r.get('latency_floor_s'))} | {ratio(r.get('vs_chunked32'))} | "
             f"{ratio(r.get('vs_torch'))} | {_fmt(r.get('max_param_diff_from_map'), '.2g')} |")
     return lines
 
 
-def sweep_lines(records: list, peaks: dict) -> list[str]:
-    """The --sweep-width table: one line per (model, conv, lanes)."""
-    lines = ["", "| model | conv | lanes | ms/step | us/client-step | TFLOP/s | of fp32 | of bf16 | peak MiB |",
-             "|" + "---|" * 9]
+def sweep_lines(records: list, peaks: dict, bandwidth: float | None) -> list[str]:
+    """The --sweep-width table: one line per (model, conv, variant, lanes)."""
+    lines = ["", "| model | conv | variant | lanes | ms/step | us/client-step | TFLOP/s | of fp32 | of bf16 | GB/s | "
+             "of copy | peak MiB |", "|" + "---|" * 12]
     for r in records:
+        head = f"| {r['model']} | {r['conv']} | {r.get('variant', '')} | "
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['conv']} | {r['mapping']} | error: {r['error'][:120]} |" + " |" * 5)
+            lines.append(head + f"{r['mapping']} | error: {r['error'][:120]} |" + " |" * 7)
             continue
-        achieved = r.get("achieved_flops_per_s")
-        share = lambda d: achieved / peaks[d] if achieved and peaks.get(d) else None  # noqa: E731
-        lines.append(f"| {r['model']} | {r['conv']} | {r['lanes']} | {_fmt(r['ms_per_step'])} | "
+        achieved, moved = r.get("achieved_flops_per_s"), r.get("achieved_bytes_per_s")
+        lines.append(head + f"{r['lanes']} | {_fmt(r['ms_per_step'])} | "
                      f"{_fmt(r['us_per_client_step'])} | {_fmt(achieved and achieved / 1e12)} | "
-                     f"{_fmt(share('fp32'), '.1%')} | {_fmt(share('bf16'), '.1%')} | "
-                     f"{_fmt(r['peak_memory_bytes'] / 2**20, '.0f')} |")
+                     f"{_fmt(_share(achieved, peaks.get('fp32')), '.1%')} | "
+                     f"{_fmt(_share(achieved, peaks.get('bf16')), '.1%')} | {_fmt(_share(moved, 1e9))} | "
+                     f"{_fmt(_share(moved, bandwidth), '.1%')} | {_fmt(r['peak_memory_bytes'] / 2**20, '.0f')} |")
     return lines
 
 
@@ -376,15 +433,19 @@ def markdown(report: dict) -> str:
     for p in report["matmul_peak"]:
         lines.append(f"| {p['dtype']} | {p['n']} | {_fmt(p['flops_per_s'] / 1e12)} |")
     peaks = {p["dtype"]: p["flops_per_s"] for p in report["matmul_peak"]}
+    bandwidth = report.get("copy_bandwidth", {}).get("bytes_per_s")
+    lines += ["", f"Copy bandwidth (an elementwise pass over float32): {_fmt(_share(bandwidth, 1e9))} GB/s."]
     if report.get("sweep"):
-        lines += sweep_lines(report["records"], peaks)
+        lines += sweep_lines(report["records"], peaks, bandwidth)
         lines += ["", "One SGD step of W lanes, each its own client's parameters and batch of B (vmapped: the packed "
-                  "mapping's step), best of 3 jitted scans; FLOPs are XLA's count of one B-sample step x W."]
+                  "mapping's step), best of 3 jitted scans; FLOPs are XLA's count of one B-sample step x W, bytes "
+                  "XLA's count of one lane's compiled step x W."]
     else:
         lines += row_lines(report["records"], peaks.get("fp32"))
         lines += ratio_lines(report["records"])
         lines += ["", "FLOP/s count one SGD step's XLA FLOPs x real client-steps (FedAS extras not counted). T: "
                   "sequential local steps per round (the mapping's one-after-another steps); ms/step: s/round / T; "
+                  "GB/s: XLA's bytes of one compiled step (the row's conv and precision) x executed client-steps; "
                   "us/client-step: s/round / executed client-steps; floor: the largest client's steps x ms/step. "
                   "PyTorch rows: FedAvg through the per-client loop; peak memory is torch.cuda.max_memory_allocated "
                   "on CUDA, process RSS on CPU. `auto` and `packed` rows: the mapping the engine chose (every "
@@ -398,18 +459,36 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def sweep_jobs(args) -> list[tuple[str, dict]]:
-    """The --sweep-width rows: one step of each width for each model and convolution."""
+def chosen_variants(args) -> list[tuple[str, str, str]]:
+    """The (conv, precision, xla) of each row: ``--variants``, else the product of ``--convs``, ``--precisions``
+    and ``--xla-variants``; ValueError for an unknown XLA variant or a malformed triple.
+
+    >>> chosen_variants(argparse.Namespace(variants="pallas:bf16:default", convs="", precisions="", xla_variants=""))
+    [('pallas', 'bf16', 'default')]
+    """
+    if args.variants is None:
+        return list(itertools.product(args.convs.split(","), args.precisions.split(","),
+                                      variant_names(args.xla_variants)))
+    triples = [tuple(v.split(":")) for v in args.variants.split(",") if v]
+    if not triples or any(len(t) != 3 for t in triples):
+        raise ValueError(f"--variants takes conv:precision:xla triples, not {args.variants!r}")
+    variant_names(",".join(t[2] for t in triples))
+    return triples
+
+
+def sweep_jobs(args, variants) -> list[tuple[str, dict]]:
+    """The --sweep-width rows: one step of each width for each model and (conv, precision, xla)."""
     return [("sweep", {"method": "sgd step", "model": md, "clients": "-", "mapping": f"{w} lanes", "conv": cv,
-                       "variant": "", "lanes": w, "batch": args.batch, "steps": args.sweep_steps})
-            for md, cv, w in itertools.product(args.models.split(","), args.convs.split(","), args.widths)]
+                       "variant": variant_label(pr, xv), "precision": pr, "xla": xv, "lanes": w, "batch": args.batch,
+                       "steps": args.sweep_steps})
+            for md, (cv, pr, xv), w in itertools.product(args.models.split(","), variants, args.widths)]
 
 
-def suite_jobs(args, base: dict, sides: set, report: dict) -> list[tuple[str, dict]]:
+def suite_jobs(args, variants, base: dict, sides: set, report: dict) -> list[tuple[str, dict]]:
     """The JAX rows (`configurations`) and, when torch is there, the PyTorch rows of a suite."""
     models, clients = args.models.split(","), args.clients.split(",")
     jobs = configurations(base, args.methods.split(","), models, clients, args.mappings.split(","),
-                          args.convs.split(",")) if "jax" in sides else []
+                          variants) if "jax" in sides else []
     has_torch = False
     if args.no_torch or "torch" not in sides:
         report["torch_note"] = "--no-torch or --sides jax given: no PyTorch rows"
@@ -435,7 +514,13 @@ def main(argv=None) -> int:
     p.add_argument("--mappings", default="auto", help="auto (times vmap, chunked:8/32, packed:W*, map; keeps the "
                    "fastest), or any of vmap, chunked, chunked:W, packed, packed:W, map for each one's own row and "
                    "peak memory")
-    p.add_argument("--convs", default="native,direct", help="native, direct, im2col")
+    p.add_argument("--convs", default="native,direct", help="native, direct, im2col, pallas")
+    p.add_argument("--precisions", default="fp32", help="fp32, bf16 (train.precision): each a row")
+    p.add_argument("--xla-variants", default="default", help="XLA flag variants (xla_variants.py): "
+                   f"{', '.join(XLA_VARIANTS)}; each a row, measured in a child process of its own")
+    p.add_argument("--variants", default=None, help="conv:precision:xla triples (comma-separated), e.g. "
+                   "direct:fp32:default,pallas:bf16:default: these rows instead of the product of --convs, "
+                   "--precisions and --xla-variants (a lent machine's time fits a chosen few)")
     p.add_argument("--train-samples", type=int, default=45000)
     p.add_argument("--test-samples", type=int, default=15000)
     p.add_argument("--batch", type=int, default=16)
@@ -445,6 +530,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up round")
     p.add_argument("--matmul-size", type=int, default=8192)
+    p.add_argument("--copy-mib", type=int, default=1024, help="MiB of float32 the copy bandwidth streams")
     p.add_argument("--child-timeout", type=float, default=900.0)
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no configuration after this many seconds (and cut the last one there): the rest "
@@ -465,7 +551,7 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.clients, args.train_samples, args.test_samples = "4", 96, 32
-        args.epochs, args.rounds, args.matmul_size = 1, 1, 128
+        args.epochs, args.rounds, args.matmul_size, args.copy_mib = 1, 1, 128, 8
         args.sweep_steps = 3
         if args.convs == p.get_default("convs"):
             args.convs = "direct"
@@ -476,6 +562,10 @@ def main(argv=None) -> int:
     sides = set(args.sides.split(","))
     if not sides <= {"jax", "torch"}:
         p.error(f"--sides takes jax, torch or jax,torch, not {args.sides!r}")
+    try:
+        variants = chosen_variants(args)
+    except ValueError as e:
+        p.error(str(e))
     out = Path(args.out)
     (out / "params").mkdir(parents=True, exist_ok=True)
     jsonl = out / "suite.jsonl"
@@ -489,9 +579,10 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "gpu_suite", "python": platform.python_version(), "sweep": args.sweep_width,
         "load_avg_1min": round(os.getloadavg()[0], 2), "workload": workload,
-        **run_child("device", {"matmul_size": args.matmul_size}, args.quick, args.child_timeout), "records": [],
+        **run_child("device", {"matmul_size": args.matmul_size, "copy_mib": args.copy_mib}, args.quick,
+                    args.child_timeout), "records": [],
     }
-    jobs = sweep_jobs(args) if args.sweep_width else suite_jobs(args, base, sides, report)
+    jobs = sweep_jobs(args, variants) if args.sweep_width else suite_jobs(args, variants, base, sides, report)
     report["not_run"], report["budget_note"] = [], f"--budget-s {args.budget_s:g} reached" if deadline else None
     params = {}
     for side, spec in jobs:
@@ -509,7 +600,7 @@ def main(argv=None) -> int:
             f.write(json.dumps(record) + "\n")
         print(json.dumps(record), flush=True)
     peaks = {p["dtype"]: p["flops_per_s"] for p in report["matmul_peak"]}
-    derived(report["records"], peaks)
+    derived(report["records"], peaks, report["copy_bandwidth"]["bytes_per_s"])
     compare_with_map(report["records"], {i: path for i, path in params.items() if Path(path).is_file()})
     (out / "suite.json").write_text(json.dumps(report, indent=1))
     (out / "suite.md").write_text(markdown(report))

@@ -107,6 +107,7 @@ def test_gpu_suite_quick_runs_with_only_the_core_packages_and_writes_markdown_an
     for r in rows:
         _finite_positive(r, ["rounds_per_s", "s_per_round", "compile_s", "peak_memory_bytes",
                              "padding_efficiency", "samples_per_s", "flops_per_step", "achieved_flops_per_s"])
+    _finite_positive(report["copy_bandwidth"], ["bytes_per_s"])
     for r in rows:  # auto: every candidate timed (no budget in the suite), the fastest taken
         choice = r["mapping_choice"]
         assert choice["timed"] and r["client_mapping"] == choice["mapping"]
@@ -124,6 +125,56 @@ def test_gpu_suite_exits_non_zero_when_a_configuration_fails(tmp_path):
     rows = json.loads((tmp_path / "out" / "suite.json").read_text())["records"]
     assert "error" not in rows[0] and "nosuchnet" in rows[1]["error"]
     assert "1 of 2 configurations failed." in (tmp_path / "out" / "suite.md").read_text()
+
+
+def test_gpu_suite_variants_are_rows_of_known_names_with_their_precision_and_flags(monkeypatch):
+    """--variants triples (or the product of --convs, --precisions, --xla-variants) become rows whose precision is
+    a RunConfig setting and whose XLA flags go to the child's environment; unknown names are refused."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import argparse
+
+    import gpu_suite
+
+    ask = lambda **kw: gpu_suite.chosen_variants(argparse.Namespace(**{  # noqa: E731
+        "variants": None, "convs": "direct", "precisions": "fp32,bf16", "xla_variants": "default", **kw}))
+    assert ask() == [("direct", "fp32", "default"), ("direct", "bf16", "default")]
+    for bad, message in [({"xla_variants": "default,fastest"}, "--xla-variants takes"),
+                         ({"variants": "pallas:bf16"}, "--variants takes conv:precision:xla triples"),
+                         ({"variants": "pallas:bf16:fastest"}, "--xla-variants takes")]:
+        with pytest.raises(ValueError, match=message):
+            ask(**bad)
+    rows = gpu_suite.configurations({}, ["fedavg"], ["mlp"], ["4"], ["map"],
+                                    ask(variants="pallas:bf16:default,direct:fp32:command_buffer"))
+    assert [(s["conv"], s["variant"], s["settings"], s["xla"]) for _, s in rows] == [
+        ("pallas", "bf16", {"train.precision": "bf16"}, "default"),
+        ("direct", "command_buffer", {"train.precision": "fp32"}, "command_buffer")]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/d")
+    assert gpu_suite.child_env("jax", "command_buffer")["XLA_FLAGS"] == (
+        "--xla_dump_to=/tmp/d --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL")
+
+
+def test_every_xla_variant_flag_is_one_this_jax_parses(monkeypatch):
+    """XLA aborts a backend's start on a flag it does not know: every variant's flags at once start one here."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from xla_variants import XLA_VARIANTS
+
+    env = {**os.environ, "XLA_FLAGS": " ".join(f for f in XLA_VARIANTS.values() if f)}
+    proc = subprocess.run([sys.executable, "-c", "import jax; print(float(jax.jit(lambda x: x + 1)(1.0)))"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "2.0", proc.stderr[-2000:]
+
+
+def test_step_bytes_grow_with_the_batch_and_a_row_gets_its_share_of_the_copy_bandwidth(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import flops
+    import gpu_suite
+
+    small, large = (flops.step_bytes("mlr", (12,), 10, batch) for batch in (4, 256))
+    assert 0 < small < large, (small, large)
+    row = {"side": "jax", "method": "fedavg", "model": "mlp", "clients": 4, "mapping": "map", "conv": "direct",
+           "variant": "", "s_per_round": 2.0, "achieved_bytes_per_s": 3e11}
+    gpu_suite.derived([row], {"fp32": 1e12}, 1.2e12)
+    assert row["of_copy_bandwidth"] == pytest.approx(0.25)
 
 
 def test_cnn_step_reports_the_step_and_its_op_families():
@@ -233,21 +284,29 @@ def test_step_flops_counts_every_convolution_of_fedavgcnn(monkeypatch):
 
 
 def test_gpu_suite_reports_its_comparisons_as_ratios(monkeypatch):
-    """Each JAX row against the PyTorch loop (FedAvg, same model and clients) and against its native-conv twin."""
+    """Each JAX row against the PyTorch loop (FedAvg, same model and clients) and against its twins with one label
+    column at a baseline: native and direct conv, fp32 under XLA's defaults, the chunked:32 and vmap mappings."""
     monkeypatch.syspath_prepend(str(BENCH))
     import gpu_suite
 
-    row = lambda side, conv, s, method="fedavg", clients=100, mapping="chunked": {  # noqa: E731
+    row = lambda side, conv, s, method="fedavg", clients=100, mapping="chunked", variant="": {  # noqa: E731
         "side": side, "method": method, "model": "fedavgcnn", "clients": clients, "mapping": mapping, "conv": conv,
-        "s_per_round": s}
+        "variant": variant, "s_per_round": s}
     lines = gpu_suite.ratio_lines([row("jax", "native", 2.0), row("jax", "direct", 1.6), row("torch", "native", 26.0),
                                    row("jax", "direct", 3.0, method="fedas"), row("jax", "native", 5.0, clients=20),
                                    {**row("jax", "im2col", 1.0), "error": "out of memory"},
-                                   row("jax", "direct", 0.8, mapping="chunked:32"), row("jax", "direct", 0.5, mapping="packed")])
-    assert lines[5:] == ["| fedavg | fedavgcnn | 100 | chunked | native | 13.00x | - | - |",
-                         "| fedavg | fedavgcnn | 100 | chunked | direct | 16.25x | 1.25x | 0.50x |",
-                         "| fedavg | fedavgcnn | 100 | chunked:32 | direct | 32.50x | - | - |",
-                         "| fedavg | fedavgcnn | 100 | packed | direct | 52.00x | - | 1.60x |"]
+                                   row("jax", "direct", 0.8, mapping="chunked:32"), row("jax", "direct", 0.5, mapping="packed"),
+                                   row("jax", "direct", 1.2, mapping="vmap"), row("jax", "direct", 0.8, variant="bf16"),
+                                   row("jax", "pallas", 0.4, variant="bf16")])
+    assert lines[3] == ("| method | model | clients | mapping | conv | variant | vs PyTorch loop | vs native conv | "
+                        "vs direct conv | vs fp32 default variant | vs chunked:32 mapping | vs vmap mapping |")
+    assert lines[5:] == ["| fedavg | fedavgcnn | 100 | chunked | native |  | 13.00x | - | 0.80x | - | - | - |",
+                         "| fedavg | fedavgcnn | 100 | chunked | direct |  | 16.25x | 1.25x | - | - | 0.50x | 0.75x |",
+                         "| fedavg | fedavgcnn | 100 | chunked:32 | direct |  | 32.50x | - | - | - | - | 1.50x |",
+                         "| fedavg | fedavgcnn | 100 | packed | direct |  | 52.00x | - | - | - | 1.60x | 2.40x |",
+                         "| fedavg | fedavgcnn | 100 | vmap | direct |  | 21.67x | - | - | - | 0.67x | - |",
+                         "| fedavg | fedavgcnn | 100 | chunked | direct | bf16 | 32.50x | - | - | 2.00x | - | - |",
+                         "| fedavg | fedavgcnn | 100 | chunked | pallas | bf16 | 65.00x | - | 2.00x | - | - | - |"]
     assert gpu_suite.ratio_lines([row("jax", "native", 2.0)]) == []
 
 
@@ -277,7 +336,7 @@ def test_gpu_suite_sweep_width_times_one_step_at_each_width(tmp_path):
     for r in report["records"]:
         _finite_positive(r, ["ms_per_step", "us_per_client_step", "achieved_flops_per_s"])
         assert r["us_per_client_step"] == pytest.approx(1e3 * r["ms_per_step"] / r["lanes"])
-    assert "| mlp | direct | 3 |" in (tmp_path / "out" / "suite.md").read_text()
+    assert "| mlp | direct |  | 3 |" in (tmp_path / "out" / "suite.md").read_text()
 
 
 def test_padding_efficiency_counts_every_mapping_and_packed_stays_above_097():

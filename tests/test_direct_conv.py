@@ -144,10 +144,11 @@ def test_gradient_inside_shard_map_over_clients():
 
 def test_kernel_gradient_form_is_chosen_by_channels_and_positions():
     from fedjax_pfl.models import direct_conv
+    from fedjax_pfl.models.conv_vjp import ConvStatic
 
     def chosen(shape, kernel_shape, strides, pads):
         x, k, dy = _arrays(shape, kernel_shape, strides, pads, dtype=jnp.float32)
-        spec = direct_conv._Spec(shape[1:], kernel_shape, strides, pads)
+        spec = ConvStatic(shape[1:], kernel_shape, strides, pads)
         return direct_conv._im2col_kernel_grad(dy, spec)
 
     assert [chosen(*case) for case in CASES[-2:]] == [True, True]

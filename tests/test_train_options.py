@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import method_sample
+
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import local_training
@@ -285,7 +287,9 @@ def test_all_clients_train_refused_by_a_method_whose_server_step_ignores_uploade
                           engine_lib.EngineConfig(2, all_clients_train=True))
 
 
-@pytest.mark.parametrize("name", [m for m in method_names() if get_method(m).keeps_optimizer_state])
+@pytest.mark.parametrize("name", method_sample.sample(  # one of each optimizer-state layout
+    [m for m in method_names() if get_method(m).keeps_optimizer_state],
+    ("local", "ditto", "fedrep", "knnper", "pfakd")))
 def test_every_method_that_keeps_optimizer_state_keeps_it(name):
     """`keeps_optimizer_state` is a promise: with train.persistent_optimizer and momentum, after one round
     with every client selected, every client holds a momentum buffer that moved from its zero start."""

@@ -3,7 +3,7 @@
 On XLA:CPU a convolution inside a loop body (``lax.scan``/``lax.map``/while)
 gets naive backward kernels (jax-ml/jax#12868), and it is worse under ``vmap``
 with per-client weights. This file holds layers that compute the same values
-three ways:
+four ways:
 
 * ``'direct'`` (direct_conv.py): the forward pass and both gradients are
   each one convolution in the form XLA:CPU gives to its library kernels
@@ -22,6 +22,11 @@ three ways:
 * ``'native'``: ``lax.conv_general_dilated`` with JAX's own gradients (the
   default on TPU, where nothing was measured; on an H200 inside the engine's
   client loop it ran 1.1-2.8x slower than 'direct').
+* ``'pallas'`` (pallas_conv.py): the forward pass and both gradients as
+  implicit-GEMM Pallas kernels that write no patch tensor, the client as a
+  grid axis under ``vmap``; for GPUs (Pallas's Triton lowering), on the CPU
+  only in Pallas's interpret mode (tests; slow). 'auto' does not select it
+  (see `resolve_conv_impl`).
 
 All use the same parameter tree (``kernel [kh, kw, C, O]``, ``bias [O]``,
 flax's default initialisers), so parameters move freely between them.
@@ -48,8 +53,9 @@ from jax import lax
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.models.direct_conv import conv2d_direct
 from fedjax_pfl.models.im2col import im2col_patches
+from fedjax_pfl.models.pallas_conv import conv2d_pallas
 
-CONV_IMPLS = ("direct", "im2col", "native")
+CONV_IMPLS = ("direct", "im2col", "native", "pallas")
 
 Padding = Union[str, int, Sequence[tuple[int, int]]]
 
@@ -58,7 +64,8 @@ def resolve_conv_impl(impl: str = "auto", backend: str | None = None) -> str:
     """Returns one of `CONV_IMPLS`; 'auto' picks 'direct' on CPU and GPU (measured faster on both), else 'native'.
 
     On an H200 (benchmarks/RESULTS.md), FedAvg over 100 clients in chunks of 8: direct 1.20x native's rounds/s
-    for FedAvgCNN, 2.8x for ResNet-8, 1.11x for LeNet. No TPU was measured, so a TPU keeps JAX's own."""
+    for FedAvgCNN, 2.8x for ResNet-8, 1.11x for LeNet. No TPU was measured, so a TPU keeps JAX's own.
+    'pallas' is chosen only by name: 'auto' never selects it."""
     if impl == "auto":
         backend = backend or jax.default_backend()
         return "direct" if backend in ("cpu", "gpu") else "native"
@@ -108,6 +115,8 @@ def conv2d(
             x, kernel, strides, pads, dimension_numbers=("NHWC", "HWIO", "NHWC"))
     if impl == "direct":
         return conv2d_direct(x, kernel, strides, pads)
+    if impl == "pallas":
+        return conv2d_pallas(x, kernel, strides, pads)
     patches = im2col_patches(x, (kh, kw), strides, pads)
     return jnp.dot(patches, kernel.reshape(kh * kw * cin, cout))
 
@@ -117,7 +126,7 @@ class Conv2D(nn.Module):
 
     Attributes: ``features`` (output channels), ``kernel_size`` (int or pair),
     ``strides``, ``padding`` ('SAME', 'VALID', an int or ((lo, hi), (lo, hi))),
-    ``use_bias``, ``impl`` ('direct', 'im2col', 'native' or 'auto': resolved when traced).
+    ``use_bias``, ``impl`` ('direct', 'im2col', 'native', 'pallas' or 'auto': resolved when traced).
     Parameters: ``kernel [kh, kw, C, features]`` and ``bias [features]``,
     initialised as ``flax.linen.Conv`` does.
     """

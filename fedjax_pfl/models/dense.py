@@ -24,6 +24,8 @@ client and forward-over-reverse Hessian-vector products).
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 from flax.linen.dtypes import promote_dtype
@@ -59,15 +61,17 @@ dense_direct.defvjp(_dense_fwd, _dense_bwd)
 
 class Dense(nn.Module):
     """``x @ kernel + bias``, the parameters of ``flax.linen.Dense``; ``impl`` 'direct' (`dense_direct`) or
-    anything else (JAX's own dot and gradients)."""
+    anything else (JAX's own dot and gradients); ``dtype`` the compute dtype (models/precision.py; None: the
+    input's)."""
 
     features: int
     impl: str = "native"
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), jnp.float32)
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
-        x, kernel, bias = promote_dtype(x, kernel, bias)  # as flax.linen.Dense (float64 inputs stay float64)
+        x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)  # as flax.linen.Dense (float64 stays)
         y = dense_direct(x, kernel) if self.impl == "direct" else jnp.dot(x, kernel)
         return y + bias

@@ -47,13 +47,13 @@ rules have no transpose) are not: no method here takes either, and
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.custom_batching import custom_vmap
 
+from fedjax_pfl.models.client_batching import client_mapped
+from fedjax_pfl.models.conv_vjp import ConvStatic, three_op_conv
 from fedjax_pfl.models.im2col import im2col_patches, im2col_transpose
 
 NHWC = ("NHWC", "HWIO", "NHWC")
@@ -82,36 +82,7 @@ def conv2d_direct(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
            [12., 18., 18., 12.],
            [ 8., 12., 12.,  8.]], dtype=float32)
     """
-    spec = _Spec(tuple(x.shape[1:]), tuple(kernel.shape), tuple(int(s) for s in strides),
-                 tuple((int(lo), int(hi)) for lo, hi in pads))
-    return _conv(x, kernel, spec)
-
-
-class _Spec(NamedTuple):
-    """The static part of one convolution."""
-
-    in_shape: tuple  # [H, W, C]
-    kernel_shape: tuple  # [kh, kw, C, O]
-    strides: tuple
-    pads: tuple  # ((lo, hi), (lo, hi))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _conv(x, kernel, spec):
-    return _ops(spec)[0](x, kernel)
-
-
-def _conv_fwd(x, kernel, spec):
-    return _ops(spec)[0](x, kernel), (x, kernel)
-
-
-def _conv_bwd(spec, residuals, dy):
-    x, kernel = residuals
-    _, input_grad, kernel_grad = _ops(spec)
-    return input_grad(dy, kernel), kernel_grad(x, dy)
-
-
-_conv.defvjp(_conv_fwd, _conv_bwd)
+    return _conv(x, kernel, strides, pads)
 
 
 def _pad(x, pads):
@@ -185,31 +156,15 @@ def _batched_kernel_grad(x, dy, spec):
 
 
 @functools.lru_cache(maxsize=None)
-def _ops(spec: _Spec):
+def _ops(spec: ConvStatic):
     """(forward(x, kernel), input_grad(dy, kernel), kernel_grad(x, dy)) of one convolution, each with its vmap rule."""
-    forward = _mapped(lambda x, kernel: _forward(x, kernel, spec), lambda x, k: _batched_forward(x, k, spec),
-                      fold=(0, 1))
-    input_grad = _mapped(lambda dy, kernel: _input_grad(dy, kernel, spec),
-                         lambda dy, k: _batched_input_grad(dy, k, spec), fold=(0, 1))
-    kernel_grad = _mapped(lambda x, dy: _kernel_grad(x, dy, spec), lambda x, dy: _batched_kernel_grad(x, dy, spec))
+    forward = client_mapped(lambda x, kernel: _forward(x, kernel, spec),
+                            lambda x, k: _batched_forward(x, k, spec), fold=(0, 1))
+    input_grad = client_mapped(lambda dy, kernel: _input_grad(dy, kernel, spec),
+                               lambda dy, k: _batched_input_grad(dy, k, spec), fold=(0, 1))
+    kernel_grad = client_mapped(lambda x, dy: _kernel_grad(x, dy, spec),
+                                lambda x, dy: _batched_kernel_grad(x, dy, spec))
     return forward, input_grad, kernel_grad
 
 
-def _mapped(one, batched, fold=None):
-    """``one(a, b)`` with a vmap rule: ``batched`` on both arguments mapped on axis 0, or, when ``fold``
-    = (data argument, kernel argument) and only the data argument is mapped, ``one`` with the mapped axis
-    merged into the data's batch axis."""
-    op = custom_vmap(one)
-
-    @op.def_vmap
-    def rule(axis_size, in_batched, a, b):
-        args, mapped = [a, b], list(in_batched)
-        if fold is not None and mapped[fold[0]] and not mapped[fold[1]]:
-            data = args[fold[0]]
-            args[fold[0]] = data.reshape((-1,) + data.shape[2:])
-            out = op(*args)
-            return out.reshape((axis_size, -1) + out.shape[1:]), True
-        args = [v if m else jnp.broadcast_to(v, (axis_size,) + v.shape) for v, m in zip(args, mapped)]
-        return batched(*args), True
-
-    return op
+_conv = three_op_conv(_ops)

@@ -43,6 +43,8 @@ Dense layer has no im2col form and computes as native then); the parameter
 tree does not depend on it.
 ``init`` ('flax' or 'torch') picks where the parameters start
 (``initialization.py``: Flax's defaults, or PyTorch's as in the papers' code).
+``precision`` ('fp32' or 'bf16') is what the layers compute in; parameters
+and outputs are float32 either way (``precision.py``).
 This file must not hold training logic, losses or method-specific code.
 """
 
@@ -60,6 +62,7 @@ import jax.numpy as jnp
 from fedjax_pfl.models.conv import Conv2D, Padding, max_pool, resolve_conv_impl
 from fedjax_pfl.models.dense import Dense
 from fedjax_pfl.models.initialization import INITS, reinitialize
+from fedjax_pfl.models.precision import compute_dtype, to_float32
 from fedjax_pfl.core.errors import UserError
 
 
@@ -87,11 +90,12 @@ class DenseStack(nn.Module):
     hidden: Sequence[int]
     activation: Callable = nn.relu
     impl: str = "auto"
+    dtype: Any = None  # compute dtype (models/precision.py); None: the input's
 
     @nn.compact
     def __call__(self, x):
         for i, width in enumerate(self.hidden):
-            x = self.activation(Dense(width, resolve_conv_impl(self.impl), name=f"dense{i}")(x))
+            x = self.activation(Dense(width, resolve_conv_impl(self.impl), self.dtype, name=f"dense{i}")(x))
         return x
 
 
@@ -102,17 +106,18 @@ class ConvNetBody(nn.Module):
     hidden: Sequence[int] = ()
     activation: Callable = nn.relu
     conv_impl: str = "auto"
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):  # no BatchNorm: mask unused
         maps = []
         for i, spec in enumerate(self.convs):
             x = Conv2D(spec.features, spec.kernel_size, padding=spec.padding,
-                       impl=self.conv_impl, name=f"conv{i}")(x)
+                       impl=self.conv_impl, dtype=self.dtype, name=f"conv{i}")(x)
             x = max_pool(self.activation(x), 2)
             maps.append(x)
         x = x.reshape(x.shape[0], -1)
-        x = DenseStack(self.hidden, self.activation, self.conv_impl, name="mlp")(x)
+        x = DenseStack(self.hidden, self.activation, self.conv_impl, self.dtype, name="mlp")(x)
         return x, tuple(maps)
 
 
@@ -122,16 +127,18 @@ class Head(nn.Module):
     num_classes: int
     hidden: Sequence[int] = ()
     impl: str = "auto"  # conv_impl: 'direct' writes the Dense gradients as canonical matmuls (dense.py)
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, features):
-        x = DenseStack(self.hidden, impl=self.impl, name="mlp")(features) if self.hidden else features
-        return Dense(self.num_classes, resolve_conv_impl(self.impl), name="logits")(x)
+        x = DenseStack(self.hidden, impl=self.impl, dtype=self.dtype, name="mlp")(features) if self.hidden else features
+        return Dense(self.num_classes, resolve_conv_impl(self.impl), self.dtype, name="logits")(x)
 
 
-def _batch_norm(x, train: bool, mask, name: str):
-    """BatchNorm of ``x [B, H, W, C]``; with ``mask [B]`` statistics come from real rows only."""
-    bn = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)
+def _batch_norm(x, train: bool, mask, name: str, dtype=None):
+    """BatchNorm of ``x [B, H, W, C]``; with ``mask [B]`` statistics come from real rows only. Statistics and
+    running averages are float32 whatever ``dtype`` (flax computes them in at least float32)."""
+    bn = nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, dtype=dtype, name=name)
     if mask is None or not train:
         return bn(x)
     rows = jnp.asarray(mask, bool)
@@ -145,12 +152,13 @@ class BasicBlock(nn.Module):
     features: int
     strides: int = 1
     conv_impl: str = "auto"
+    dtype: Any = None
 
     def _conv_bn(self, x, kernel_size, strides, train, mask, names):
         conv_name, bn_name = names
         x = Conv2D(self.features, kernel_size, strides, "SAME", use_bias=False,
-                   impl=self.conv_impl, name=conv_name)(x)
-        return _batch_norm(x, train, mask, bn_name)
+                   impl=self.conv_impl, dtype=self.dtype, name=conv_name)(x)
+        return _batch_norm(x, train, mask, bn_name, self.dtype)
 
     @nn.compact
     def __call__(self, x, train: bool, mask=None):
@@ -167,17 +175,18 @@ class ResNetBody(nn.Module):
     widths: Sequence[int]
     blocks_per_stage: Sequence[int]
     conv_impl: str = "auto"
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):
         x = Conv2D(self.widths[0], 3, 1, "SAME", use_bias=False, impl=self.conv_impl,
-                   name="stem_conv")(x)
-        x = nn.relu(_batch_norm(x, train, mask, "stem_bn"))
+                   dtype=self.dtype, name="stem_conv")(x)
+        x = nn.relu(_batch_norm(x, train, mask, "stem_bn", self.dtype))
         maps = []
         for s, (width, blocks) in enumerate(zip(self.widths, self.blocks_per_stage)):
             for b in range(blocks):
                 strides = 2 if (s > 0 and b == 0) else 1
-                x = BasicBlock(width, strides, self.conv_impl, name=f"stage{s}_block{b}")(
+                x = BasicBlock(width, strides, self.conv_impl, self.dtype, name=f"stage{s}_block{b}")(
                     x, train, mask)
             maps.append(x)
         return x.mean(axis=(-3, -2)), tuple(maps)
@@ -210,6 +219,7 @@ class Model:
     num_classes: int
     feature_dim: int
     initialization: str = "flax"  # 'flax' | 'torch' (initialization.py)
+    precision: str = "fp32"  # 'fp32' | 'bf16' (precision.py): what the layers compute in; outputs are float32
 
     def init(self, key: jax.Array) -> dict:
         """Variables ``{'params': {'body', 'head'}}`` (+ ``{'batch_stats': {'body'}}`` with BN),
@@ -230,6 +240,7 @@ class Model:
         statistics and running-average updates to the real rows, so a padded
         batch trains exactly as the unpadded one; it changes nothing else
         (losses mask their own rows) and nothing when ``train=False``.
+        Under ``precision='bf16'`` logits, features and maps come back float32.
         """
         stats = variables.get("batch_stats", {})
         if train and stats:
@@ -238,12 +249,13 @@ class Model:
             stats = updates["batch_stats"]
         else:
             logits, features, maps = self.module.apply(variables, x, train=train)
+        logits, features, maps = to_float32((logits, features, maps), self.precision)
         return ModelOutput(logits, features, maps, stats)
 
     def apply_head(self, variables: dict, features: jax.Array) -> jax.Array:
-        """Logits of the head alone on given features ``[B, feature_dim]``."""
-        return self.module.apply({"params": {"head": variables["params"]["head"]}},
-                                 features, method=BodyHead.apply_head)
+        """Logits of the head alone on given features ``[B, feature_dim]`` (float32 under 'bf16')."""
+        return to_float32(self.module.apply({"params": {"head": variables["params"]["head"]}},
+                                            features, method=BodyHead.apply_head), self.precision)
 
 
 # --------------------------------------------------------------- registry --
@@ -324,11 +336,12 @@ def model_names() -> list[str]:
 
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, *,
-                conv_impl: str = "auto", init: str = "flax", **kwargs: Any) -> Model:
+                conv_impl: str = "auto", init: str = "flax", precision: str = "fp32", **kwargs: Any) -> Model:
     """Builds a registered model for inputs ``[B, *input_shape]`` and ``num_classes``.
 
     ``init`` is where parameters start: 'flax' (Flax's defaults) or 'torch'
     (PyTorch's defaults, as in the papers' code; ``initialization.py``).
+    ``precision`` is what its layers compute in: 'fp32' or 'bf16' (``precision.py``).
     ``kwargs`` are model options (``hidden`` for mlp, ``variant`` for fedpac_cnn).
     Raises ``UserError`` for an unknown name or option, or an input shape the
     model cannot take.
@@ -345,10 +358,13 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, *,
         raise UserError(f"Model {name!r} has no option(s) {unknown}; its options: "
                         f"{options or 'none'}.")
     conv_impl = resolve_conv_impl(conv_impl)
+    dtype = compute_dtype(precision)
     try:
         body, head = builder(input_shape, int(num_classes), conv_impl, **kwargs)
     except (ValueError, TypeError) as e:
         raise UserError(f"Bad option for model {name!r} ({kwargs}): {e}") from e
+    if dtype is not None:
+        body, head = body.clone(dtype=dtype), head.clone(dtype=dtype)
     module = BodyHead(body, head)
     x = jax.ShapeDtypeStruct((1,) + input_shape, jnp.float32)
     try:
@@ -356,4 +372,4 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, *,
             lambda x: module.init_with_output(jax.random.PRNGKey(0), x)[0], x)
     except (ValueError, TypeError) as e:
         raise UserError(f"Model {name!r} cannot take inputs of shape {input_shape}: {e}") from e
-    return Model(name, module, input_shape, int(num_classes), int(features.shape[-1]), init)
+    return Model(name, module, input_shape, int(num_classes), int(features.shape[-1]), init, precision)

@@ -71,6 +71,11 @@ def _conv_impls():
     return ("auto", *CONV_IMPLS)
 
 
+def _precisions():
+    from fedjax_pfl.models.precision import PRECISIONS
+    return tuple(PRECISIONS)
+
+
 def _inits():
     from fedjax_pfl.models.initialization import INITS
     return INITS
@@ -182,14 +187,17 @@ class TrainConfig:
                                             "memory)", at_least=0)
     all_clients_train: bool = setting(False, "every client trains each round; only the sampled ones are "
                                       "aggregated (pFedMe's code)")
+    precision: str = setting("fp32", "what the layers compute in: bf16 activations and matmul inputs with float32 "
+                             "parameters, optimizer state, losses and reductions (models/precision.py)",
+                             choices=_precisions)
 
 
 @dataclasses.dataclass
 class ModelConfig:
     name: str = setting("auto", "model; auto: fedavgcnn (the FedAS paper's CNN) for images, mlp for feature "
                         "vectors; config.json records which", choices=_models, flag="model")
-    conv_impl: str = setting("auto", "convolution implementation (auto: direct on CPU and GPU); direct covers "
-                             "Dense gradients too", choices=_conv_impls)
+    conv_impl: str = setting("auto", "convolution implementation (auto: direct on CPU and GPU, never pallas); "
+                             "direct covers Dense gradients too", choices=_conv_impls)
     hidden: tuple[int, ...] | None = setting(None, "MLP hidden sizes", at_least=1, none="the model's own")
     init: str = setting("flax", "where parameters start: Flax's defaults or PyTorch's (the papers' code)",
                         choices=_inits)

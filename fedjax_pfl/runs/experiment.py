@@ -151,7 +151,7 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
     t, m = cfg.train, cfg.model
     model_kwargs = {"hidden": m.hidden} if m.hidden else {}
     model = build_model(m.name, dataset.input_shape, dataset.num_classes, conv_impl=m.conv_impl, init=m.init,
-                        **model_kwargs)
+                        precision=t.precision, **model_kwargs)
 
     def optimizer_factory(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, name=t.optimizer):
         return make_optimizer(name, lr, momentum, weight_decay)
@@ -317,8 +317,9 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
 
 def resolved_settings(cfg: config_lib.RunConfig, mapping: dict) -> dict:
     """What the config's 'auto' settings became in this run (config.json's "resolved"): the dataset and the
-    model (when 'auto', with why: `resolved_notes`), the convolution
-    implementation, ``mapping``, the client mapping's record (engine/mapping_choice.py: timed or not), and
+    model (when 'auto', with why: `resolved_notes`), the convolution implementation, the arithmetic
+    (train.precision), ``mapping``, the client mapping's record (engine/mapping_choice.py: timed or not), and
     the devices that ran (runs/host_devices.py)."""
     return {**resolved_notes(cfg), "model.conv_impl": resolve_conv_impl(cfg.model.conv_impl),
+            "train.precision": cfg.train.precision,
             "train.client_mapping": mapping, "devices.cpu": host_devices.record()}
