@@ -231,13 +231,13 @@ def _alpha05_engine(data_dir, *extra):
 
 
 def test_preset_mixes_within_five_rounds_and_stays_finite_for_fifty(data_dir):
-    """The alpha=0.5 preset (its 40 clients, model, training and method options; 30 train / 20 test
-    samples a client and B = 30, so each epoch is still one step on all of a client's samples, to keep
-    it cheap): the server step after 5 rounds of training mixes other clients in (mean self-weight in
-    (0, 0.9)); after 50 rounds, losses, models and distances are finite, the models still mix and beat
-    the majority class."""
-    eng = _alpha05_engine(data_dir, "partition.train_per_client=30", "partition.test_per_client=20",
-                          "train.batch_size=30", "train.rounds=50")
+    """The alpha=0.5 preset (its model, training and method options; 20 of its 40 clients, 30 train / 20
+    test samples a client and B = 30, so each epoch is still one step on all of a client's samples, to
+    keep it cheap): the server step after 5 rounds of training mixes other clients in (mean self-weight
+    in (0, 0.9); 0.85 here, 0.74 with all 40 clients); after 50 rounds, losses, models and distances are
+    finite, the models still mix and beat the majority class."""
+    eng = _alpha05_engine(data_dir, "partition.num_clients=20", "partition.train_per_client=30",
+                          "partition.test_per_client=20", "train.batch_size=30", "train.rounds=50")
     init_key, key = jax.random.split(jax.random.key(0))
     server, clients = eng.init(init_key)
     for t in range(50):  # one compiled round, called 50 times
