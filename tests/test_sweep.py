@@ -111,7 +111,7 @@ def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path, capsys
 def test_auto_mapping_is_timed_on_the_sweeps_own_program_and_runs_it(tmp_path, monkeypatch):
     """train.client_mapping=auto: a sweep of 20 rounds or more times the candidates on its batched round (all
     points at once), runs every point with the winner and records it (before, sweeps took map untimed)."""
-    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None: [("vmap", None)])
+    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None, packed_width=None: [("vmap", None)])
     timed, used = [], []
     compiled, batched = engine_lib.Engine.compiled_round_batched, engine_lib.Engine.run_rounds_batched
     monkeypatch.setattr(engine_lib.Engine, "compiled_round_batched",
@@ -131,7 +131,7 @@ def test_auto_mapping_is_timed_on_the_sweeps_own_program_and_runs_it(tmp_path, m
 def test_later_chunks_of_the_same_size_take_the_first_ones_timed_mapping(tmp_path, monkeypatch):
     """Chunks of equal size run the same program shape: only the first is timed, the others reuse its choice
     (recorded as reused); a smaller last chunk is timed on its own."""
-    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None: [("vmap", None)])
+    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None, packed_width=None: [("vmap", None)])
     timed = []
     compiled = engine_lib.Engine.compiled_round_batched
     monkeypatch.setattr(engine_lib.Engine, "compiled_round_batched",
