@@ -46,6 +46,41 @@ def test_mix_cores_equals_float64_loop():
         np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-5)
 
 
+def test_weighted_rows_gradients_equal_tensordot_in_float64():
+    """The mix's hand-written backward (rows @ g) against autodiff of tensordot, both arguments, also vmapped."""
+    rng = np.random.default_rng(1)
+    with jax.enable_x64(True):
+        weights, stacked = jnp.asarray(rng.normal(size=4)), jnp.asarray(rng.normal(size=(4, 3, 2)))
+        probe = jnp.asarray(rng.normal(size=(3, 2)))
+        for f in (core_mixing.weighted_rows, lambda w, s: jnp.tensordot(w, s, axes=1)):
+            assert f(weights, stacked).dtype == jnp.float64
+        loss = lambda f: lambda w, s: jnp.sum(jnp.sin(f(w, s)) * probe)  # noqa: E731
+        got = jax.grad(loss(core_mixing.weighted_rows), argnums=(0, 1))(weights, stacked)
+        want = jax.grad(loss(lambda w, s: jnp.tensordot(w, s, axes=1)), argnums=(0, 1))(weights, stacked)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+        batch = jnp.asarray(rng.normal(size=(5, 4)))  # five clients' weights over the same rows
+        got = jax.vmap(jax.grad(loss(core_mixing.weighted_rows)), in_axes=(0, None))(batch, stacked)
+        want = jax.vmap(jax.grad(loss(lambda w, s: jnp.tensordot(w, s, axes=1))), in_axes=(0, None))(batch, stacked)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_sequential_round_never_copies_the_cores_stack_into_its_transpose():
+    """The p gradient as rows @ g: XLA:CPU keeps the [N, P] stack as it lies in the local-step loop (autodiff's
+    g @ rows^T form copied it, transposed, at every step: benchmarks/apple_mix.py times both forms)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        apple_mix = importlib.import_module("apple_mix")
+    finally:
+        sys.path.pop(0)
+    *_, compiled, _, biggest = apple_mix.compiled_round("weighted_rows", clients=4, per_client=100)
+    assert apple_mix.transposed_stack_copies(compiled.as_text(), 4, biggest) == 0
+
+
 def test_proximal_schedule():
     mu, L = 0.1, 10
     for r in [0, 3, 9, 10, 25]:
