@@ -109,6 +109,17 @@ def test_only_a_run_that_stopped_for_good_is_compacted_and_its_numbers_read_back
     assert [p.name for p in drawn] == ["accuracy.png"]
 
 
+def test_a_sweep_record_keeps_the_validation_accuracy_and_diagnostics_it_was_picked_by(tmp_path):
+    with_val = [{**r, "val_accuracy": 0.5 + i / 7, "val_loss": 1.0, "diagnostics": {"self_weight": 0.25}}
+                for i, r in enumerate(RECORDS)]
+    run = _fake_run(tmp_path / "point", "finished", with_val)
+    compact_record.compact_run(run)
+    kept = run_folder.read_records(run)
+    assert [r["val_accuracy"] for r in kept] == [r["val_accuracy"] for r in with_val]
+    assert [r["diagnostics"] for r in kept] == [r["diagnostics"] for r in with_val]
+    assert all("val_loss" not in r and "loss" not in r for r in kept)
+
+
 def test_a_damaged_record_is_never_compacted_and_a_damaged_compact_file_is_one_line(tmp_path):
     run = _fake_run(tmp_path / "torn", "finished", RECORDS)
     with open(run / "metrics.jsonl", "a") as f:

@@ -32,7 +32,8 @@ NAME = "metrics.jsonl"
 COMPACT = "metrics.jsonl.xz"
 # what the tables and the report read from every record (the last one's other numbers are in summary.json)
 COMPACT_KEYS = ("round", "accuracy", "accuracy_weighted", "seconds")
-COMPACT_IF_PRESENT = ("diagnostics",)  # kept where a record has them: whether the method's clients mixed
+# kept where a record has them: whether the method's clients mixed, and the validation accuracy a sweep picks by
+COMPACT_IF_PRESENT = ("diagnostics", "val_accuracy")
 
 @dataclasses.dataclass
 class MetricsFile:
