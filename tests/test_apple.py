@@ -29,7 +29,7 @@ def _setup(epochs=1, lr=0.1, model_name="mlp"):
     kwargs = {"hidden": (8,)} if model_name == "mlp" else {}
     model = build_model(model_name, (6, 6, 1) if model_name == "mlp" else (8, 8, 3), 4, **kwargs)
     return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=ref.B, local_epochs=epochs,
-                      normalize=ref.normalize)
+                      normalize=ref.normalize, learning_rate=lr)
 
 
 # ------------------------------------------------------------------- kernel
@@ -188,7 +188,7 @@ def test_layer_mean_gradient_equals_float64_reference():
 
 @pytest.mark.parametrize("options", [{"mu": -1.0}, {"reg_rounds": -1}, {"schedule": "linear"}, {"p_lr": 0.0},
                                      {"p_momentum": 1.0}, {"p_gradient": "mean"}, {"core_after_round": "own"},
-                                     {"sequential": "yes"}])
+                                     {"sequential": "yes"}, {"core_step": "sgd"}])
 def test_bad_options_raise_user_error(options):
     with pytest.raises(UserError):
         config_lib.method_options(APPLEConfig, options)
@@ -244,7 +244,8 @@ def _reference(method, rounds, key, pfllib=False):
     personal = [None] * n
     loss = functools.partial(_pfllib_gradient if pfllib else _apple_loss, model=model)
     p_opt = optax.sgd(hp.p_lr) if pfllib else optax.sgd(hp.p_lr, momentum=0.9)
-    opt = optax.multi_transform({"core": optax.sgd(0.1), "p": p_opt}, {"core": "core", "p": "p"})
+    core_lr = 0.1 * n if hp.core_step == "pfllib" else 0.1  # PFLlib's by-hand step: N x train.lr
+    opt = optax.multi_transform({"core": optax.sgd(core_lr), "p": p_opt}, {"core": "core", "p": "p"})
     for t in range(rounds):
         selected, keys = ref.round_keys(key, t)
         coef = hp.mu * 1e-3 ** (t / hp.reg_rounds) if t < hp.reg_rounds else 0.0
@@ -265,9 +266,10 @@ def _reference(method, rounds, key, pfllib=False):
     return own, p, personal, cores
 
 
-@pytest.mark.parametrize("pfllib", [False, True])
-def test_engine_equals_per_client_loop(pfllib):
+@pytest.mark.parametrize("pfllib,core_step", [(False, "run"), (True, "run"), (True, "pfllib")])
+def test_engine_equals_per_client_loop(pfllib, core_step):
     options = {**PFLLIB, "schedule": "exponential", "mu": 0.5, "p_lr": 5.0} if pfllib else {"p_lr": 0.05}
+    options["core_step"] = core_step
     method = APPLE(_setup(), APPLEConfig(**{"mu": 0.5, "reg_rounds": 4, **options}))
     key = jax.random.key(4)
     ref_own, ref_p, ref_personal, ref_cores = _reference(method, 2, key, pfllib)
