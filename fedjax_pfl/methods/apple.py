@@ -55,11 +55,16 @@ DiversiFed paper ran; configs/tables/diversifed_table*.yaml set it):
     the round's order (PFLlib: every client, by index).
   - the core steps as PFLlib's clients step it by hand: plain SGD at N x the
     run's lr on its gradient through the mix, p_ii times the personalized
-    model's (``core_step=pfllib``; PFLlib's optimizer object goes unused). With
-    the run's Adam instead (``core_step=run``) each core takes full-size steps
-    on a gradient scaled by p_ii ~ 1/N: the cores spread apart round after round
-    and, on the DiversiFed Dirichlet(1.0) preset, diverged at round 487 of 500
-    (mean distance between the cores 0.8 at round 40, 18 at 400, 1,036 at 486).
+    model's (``core_step=pfllib``; PFLlib's optimizer object goes unused). At
+    the DiversiFed presets' Adam lr 1e-3 that is plain SGD at about 1e-3 on
+    the mix, which stalls (72% on the Dirichlet(1.0) preset after 200 rounds,
+    Local 83%), so the DiversiFed tables keep the run's Adam on the core
+    (``core_step=run``) and add ``simplex=true``: with p unconstrained, its
+    total weight sum_j |p_ij| drifts above 1 (1.02 at round 400, 1.065 at 480
+    on that preset), each round's mixes then extrapolate the cores instead of
+    averaging them, and the cores' spread grows until the run diverges (two
+    seeds of three there, at rounds 487 and 419; mean distance between the
+    cores 18 at round 400, 1,036 at 486).
 Where this library differs from PFLlib there: the clients are the round's
 selected ones (PFLlib's APPLE trains all of them whatever the join ratio).
 
