@@ -96,7 +96,7 @@ def _suite(tmp_path, *args):
 
 
 def test_gpu_suite_quick_runs_with_only_the_core_packages_and_writes_markdown_and_json(tmp_path):
-    proc = _suite(tmp_path)
+    proc = _suite(tmp_path, "--models", "mlp")  # the suite's structure; its CNN rows: the tests after this one
     assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
     report = json.loads((tmp_path / "out" / "suite.json").read_text())
     assert report["device"] and {p["dtype"] for p in report["matmul_peak"]} == {"bf16", "fp32"}
@@ -115,7 +115,7 @@ def test_gpu_suite_quick_runs_with_only_the_core_packages_and_writes_markdown_an
     assert "torch is not installed" in report["torch_note"]  # blocked: optional
     table = (tmp_path / "out" / "suite.md").read_text()
     chosen = rows[0]["client_mapping"]
-    assert report["device"] in table and f"| jax | fedavg | fedavgcnn | 4 | auto ({chosen}) | direct |" in table
+    assert report["device"] in table and f"| jax | fedavg | mlp | 4 | auto ({chosen}) | direct |" in table
     assert "All 2 configurations completed." in table
 
 
@@ -242,7 +242,7 @@ def test_gpu_suite_measures_in_children_only_so_the_suite_process_holds_no_devic
     site.mkdir()
     (site / "sitecustomize.py").write_text(PARENT_WITHOUT_BACKEND)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
-           "PYTHONPATH": f"{site}{os.pathsep}."}
+           "PYTHONPATH": f"{site}{os.pathsep}.", "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}  # fast compile
     tiny = ["--methods", "fedavg", "--mappings", "map", "--convs", "direct", "--clients", "4", "--train-samples", "96",
             "--test-samples", "32", "--epochs", "1", "--rounds", "1", "--matmul-size", "128"]
     proc = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--out", str(tmp_path / "out"), *tiny],

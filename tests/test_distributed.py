@@ -10,6 +10,8 @@ import sys
 import jax
 import numpy as np
 import pytest
+
+import method_sample
 from forced_devices import cpu_devices_env
 
 from fedjax_pfl.engine import checkpoint, distributed
@@ -37,7 +39,9 @@ def _metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedas"])
+# FedAS: shared body and private head, per-client state besides the model (FedAvg's plain averaging takes
+# the same path; FEDJAX_PFL_EVERY_METHOD=1 runs it too)
+@pytest.mark.parametrize("method", method_sample.sample(["fedavg", "fedas"], ["fedas"]))
 def test_two_processes_equal_one_process(method, tmp_path):
     port = _free_port()
     procs = [_cli(method, tmp_path / "two", ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",

@@ -245,31 +245,30 @@ def test_seeds_of_a_fixed_size_setting_run_as_one_program_and_equal_one_by_one(t
 def test_jobs_train_cells_side_by_side_with_the_numbers_of_one_after_another(tmp_path, monkeypatch, capsys):
     table = _write_tiny(tmp_path)
     monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)
-    argv = ["--table-file", str(table), "--rounds", "2", "--seeds", "0,1", "--no-progress"]
+    argv = ["--table-file", str(table), "--rounds", "2", "--seeds", "0", "--no-progress"]
     assert reproduce.main([*argv, "--out", str(tmp_path / "serial")]) == 0
     capsys.readouterr()
     monkeypatch.setattr(train, "main", lambda argv=None, observe=None: pytest.fail("a cell ran in this process"))
     assert reproduce.main([*argv, "--out", str(tmp_path / "jobs"), "--jobs", "3"]) == 0
     printed = capsys.readouterr().out
     lines = printed.splitlines()
-    assert sum(ln.startswith("started ") for ln in lines) == 4 and sum(ln.startswith("finished ") for ln in lines) == 4
+    assert sum(ln.startswith("started ") for ln in lines) == 2 and sum(ln.startswith("finished ") for ln in lines) == 2
     logs = sorted(p.name for p in (tmp_path / "jobs" / "logs").iterdir())
-    assert logs == ["global-synth_seed0.log", "global-synth_seed1.log", "local-synth_seed0.log",
-                    "local-synth_seed1.log"]
+    assert logs == ["global-synth_seed0.log", "local-synth_seed0.log"]
     log = (tmp_path / "jobs" / "logs" / "local-synth_seed0.log").read_text()
     assert "3 clients" in log and "final accuracy" in log  # the cell's own output went to its log
     rows = {mode: {r["method"]: r for r in csv.DictReader(open(tmp_path / mode / "table.csv"))}
             for mode in ("serial", "jobs")}
     for method in ("local", "global"):
-        assert rows["jobs"][method]["status"] == "2 finished"
+        assert rows["jobs"][method]["status"] == "1 finished"
         assert float(rows["jobs"][method]["mean"]) == pytest.approx(float(rows["serial"][method]["mean"]), abs=1e-5)
     assert "--jobs" not in (tmp_path / "jobs" / "table.md").read_text()  # the table's command: what chose the cells
     # cells that fail side by side are reported with their logs, exit 1
     monkeypatch.setattr(parallel_cells, "TRAIN_MODULE", "fedjax_pfl.no_such_module")
     assert reproduce.main([*argv, "--out", str(tmp_path / "bad"), "--jobs", "2"]) == 1
     captured = capsys.readouterr()
-    assert sum(ln.startswith("failed ") for ln in captured.out.splitlines()) == 4
-    assert "4 cell(s) failed" in captured.err
+    assert sum(ln.startswith("failed ") for ln in captured.out.splitlines()) == 2
+    assert "2 cell(s) failed" in captured.err
 
 
 MISSING = """
