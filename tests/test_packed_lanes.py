@@ -1,4 +1,4 @@
-"""The ``packed:W`` client mapping (kernels/packed_loops.py): clients dealt to W lanes, trained back to back.
+"""The ``packed:W`` client mapping (engine/packed_loops.py): clients dealt to W lanes, trained back to back.
 
 A packed round equals ``map`` and a per-client Python loop with the same keys
 (the method's own client update called one client at a time, unbatched;
@@ -25,7 +25,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.engine import client_mapping, mapping_choice
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.kernels import packed_loops
+from fedjax_pfl.engine import packed_loops
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
 from fedjax_pfl.methods.fedavg import FedAvg

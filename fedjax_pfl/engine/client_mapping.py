@@ -8,7 +8,7 @@ The per-client function is written once; the mapping is an engine setting:
   (bounds memory for hundreds of clients). The engine hands the clients over
   sorted by their step count, so each chunk runs to its own largest client;
 - ``packed:W``: W lanes under one ``vmap``, each training a queue of clients
-  back to back (kernels/packed_loops.py): every loop of the client update
+  back to back (engine/packed_loops.py): every loop of the client update
   runs about max(largest client, total / W) steps of W lanes, so padding
   efficiency stays near 1 for any W up to total / largest. ``packed`` alone
   takes W from the data (`packed_width`, set by the engine).
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.kernels import dealing, packed_loops
+from fedjax_pfl.engine import dealing, packed_loops
 
 MAPPINGS = ("vmap", "map", "chunked", "packed")
 PACKED = "packed"

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from fedjax_pfl.kernels.dealing import balanced_slots
+from fedjax_pfl.engine.dealing import balanced_slots
 
 AXIS = "clients"
 

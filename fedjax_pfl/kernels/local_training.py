@@ -7,7 +7,7 @@ count, so under ``lax.map`` a client of 61 samples runs 7 steps while one of
 6,413 runs 642. Under ``vmap`` a loop runs to the largest trip count of the
 vmapped clients (finished clients are held by a select); the engine groups
 clients of similar size into chunks for that reason, or packs them back to
-back into lanes (``packed:W``: kernels/packed_loops.py, client_mapping.py). The last batch of an epoch may be
+back into lanes (``packed:W``: engine/packed_loops.py, client_mapping.py). The last batch of an epoch may be
 partial (as PyTorch's DataLoader without drop_last): its loss is the mean over
 its valid samples. With ``drop_last`` (train.drop_last; PFAKD's authors'
 DataLoader) that partial batch is dropped: ``epochs * floor(n / B)`` steps, and
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import packed_loops
+from fedjax_pfl.engine import packed_loops
 
 
 AUGMENT_STREAM = 1  # fold_in constant of the augmentation keys (kernels/augmentation.py)

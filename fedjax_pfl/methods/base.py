@@ -101,7 +101,7 @@ class Method:
     # round's clients one after another (engine/sequential_clients.py), each trained from the server state
     # the previous one's `server_update` left, that step given a round of one client.
     server_steps_per_client: bool = False
-    # Why the engine's ``packed`` client mapping (kernels/packed_loops.py) cannot run this method's client
+    # Why the engine's ``packed`` client mapping (engine/packed_loops.py) cannot run this method's client
     # update, in a few words; empty: it can (the engine then runs 'chunked' instead, and says so).
     cannot_pack: str = ""
 

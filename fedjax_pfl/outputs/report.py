@@ -32,7 +32,7 @@ from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.outputs.results_writer import matplotlib_available
 from fedjax_pfl.outputs.atomic_file import atomic_write
-from fedjax_pfl.core.command import Command, OneLineParser
+from fedjax_pfl.runs.command import Command, OneLineParser
 from fedjax_pfl.outputs.metrics_file import read_metrics, run_metrics
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
@@ -260,7 +260,7 @@ def report(paths, out: Path, redraw: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    """The command's exit status (core/command.py): 0, 2 on bad input, 1 on an internal error."""
+    """The command's exit status (runs/command.py): 0, 2 on bad input, 1 on an internal error."""
     command = Command("interrupted; the report was not written")
 
     def body() -> int:

@@ -65,7 +65,7 @@ from pathlib import Path
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.compact_record import compact_runs
-from fedjax_pfl.core.command import INTERRUPTED, TERMINATED, Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.runs.command import INTERRUPTED, TERMINATED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
@@ -378,7 +378,7 @@ def _by_value(mapping: dict) -> dict:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command's exit status (core/command.py); ``observe(rounds_done)`` is passed to every cell's run
+    """The command's exit status (runs/command.py); ``observe(rounds_done)`` is passed to every cell's run
     (runs/cli.py)."""
     command = Command("interrupted; run the same command again to continue")
 

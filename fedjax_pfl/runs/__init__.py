@@ -1,7 +1,7 @@
 """Runs: the commands' layer, from a config to a finished run.
 
 - the training command (cli.py, its exit statuses and one-line errors from
-  core/command.py) and its config (config.py), the
+  runs/command.py) and its config (config.py), the
   experiment it builds (experiment.py), one run (single_run.py) or a sweep of
   seeds and values on an experiment axis (sweep.py), both through the one
   round loop (loop.py, with call_planner.py, stop_request.py for Ctrl-C and

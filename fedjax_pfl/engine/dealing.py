@@ -2,7 +2,7 @@
 
 The engine deals a round's clients (costs: their step counts) to the devices
 of a mesh (engine/sharding.py) and, under the ``packed`` client mapping, to
-the lanes of each device (kernels/packed_loops.py): one rule for both, traced,
+the lanes of each device (engine/packed_loops.py): one rule for both, traced,
 since the costs are known only inside the program.
 """
 

@@ -3,7 +3,7 @@
 - Bad input: one line ``error: ...`` that says what to do, exit 2 (a
   `UserError`, including argparse's own complaints).
 - Ctrl-C or SIGTERM: a line saying what was kept, exit 130 or 143 (128 +
-  the signal's number; core/stop_signals.py).
+  the signal's number; runs/stop_signals.py).
 - Anything else is a bug: one line ``error: internal error ...`` naming the
   file that holds the traceback (``error.log`` in the command's output
   folder, else a temporary file), exit 1. No traceback on the screen.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.core.stop_signals import NAMES, exit_status, signal_of, terminating
+from fedjax_pfl.runs.stop_signals import NAMES, exit_status, signal_of, terminating
 
 BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, TERMINATED = 2, 1, 130, 143  # (130, 143: exit_status of SIGINT, SIGTERM)
 ERROR_LOG = "error.log"

@@ -7,7 +7,7 @@ client mapping (engine/client_mapping.py) the engine vmaps the per-client
 function over the S clients inside `packing(lanes, S)`, and every loop
 written with `counted_loop` is then run as one loop over W lanes instead: the
 S clients are dealt, longest first, to the least-loaded lane (`lane_queues`,
-the rule `kernels/dealing.balanced_slots` uses across devices), and each lane
+the rule `engine/dealing.balanced_slots` uses across devices), and each lane
 trains its queue back to back. A lane that finishes a client writes that
 client's carry out and, in the same compiled step, starts its next client
 from that client's own initial carry and its own loop inputs (data rows,
@@ -40,7 +40,7 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
-from fedjax_pfl.kernels.dealing import balanced_slots
+from fedjax_pfl.engine.dealing import balanced_slots
 
 _packing: list[tuple[int, int]] = []  # trace time: (lanes, clients) of the packed mapping being traced
 _in_body: list[bool] = []  # trace time: a packed loop's body is being traced (loops inside it run plainly)
