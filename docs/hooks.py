@@ -47,9 +47,9 @@ if str(ROOT) not in sys.path:  # the checkout's own fedjax_pfl, whatever is inst
 # The one place that names the command-line parsers (module, function, command);
 # re-point here when a command moves.
 CLI_PARSERS = (
-    ("fedjax_pfl.runs.cli", "build_parser", "python -m fedjax_pfl.train"),
+    ("fedjax_pfl.commands.train", "build_parser", "python -m fedjax_pfl.train"),
     ("fedjax_pfl.papers.reproduce", "build_parser", "python -m fedjax_pfl.reproduce"),
-    ("fedjax_pfl.outputs.report", "build_parser", "python -m fedjax_pfl.report"),
+    ("fedjax_pfl.commands.report", "build_parser", "python -m fedjax_pfl.report"),
 )
 RUN_CONFIG = "fedjax_pfl.runs.config"
 PAPERS = ROOT / "docs" / "methods" / "papers.yaml"

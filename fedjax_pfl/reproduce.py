@@ -1,4 +1,4 @@
-"""``python -m fedjax_pfl.reproduce NAME``: a paper's table (the command itself is fedjax_pfl/runs/reproduce.py)."""
+"""``python -m fedjax_pfl.reproduce NAME``: a paper's table (the command is fedjax_pfl/papers/reproduce.py)."""
 
 import sys
 

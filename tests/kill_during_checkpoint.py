@@ -9,7 +9,7 @@ import sys
 
 from orbax.checkpoint._src.path import async_path
 
-from fedjax_pfl.runs import cli
+from fedjax_pfl.commands import train as cli
 
 
 async def killed_before_rename(*args, **kwargs):

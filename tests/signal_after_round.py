@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from fedjax_pfl.runs import cli
+from fedjax_pfl.commands import train as cli
 
 
 def signal_after(rounds: int, name: str):

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_pfl.runs import cli as train
-from fedjax_pfl.outputs import report
+from fedjax_pfl.commands import train
+from fedjax_pfl.commands import report
+from fedjax_pfl.outputs import report as report_files
 from fedjax_pfl.papers import reproduce
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files
@@ -269,6 +270,6 @@ def test_a_crash_in_a_reproduced_cell_is_one_line_and_its_error_log(tmp_path, ca
 
 
 def test_a_crash_in_the_report_is_one_line_exit_1(tmp_path, finished_run, capsys, monkeypatch):
-    monkeypatch.setattr(report, "markdown", _crash)
+    monkeypatch.setattr(report_files, "markdown", _crash)
     code = report.main([str(finished_run), "--out", str(tmp_path / "rep")])
     _assert_internal_error(code, capsys.readouterr().err, tmp_path / "rep" / "error.log")

@@ -39,7 +39,7 @@ import pytest
 
 import majority_baseline
 import method_sample
-from fedjax_pfl.runs import cli as train
+from fedjax_pfl.commands import train
 
 SPLIT_MODEL_BASELINES = ["lgfedavg", "fedbabu", "fedrod", "fedala", "knnper", "fedcac", "gpfl"]
 PERSONAL_MODEL_BASELINES = ["ditto", "apfl", "fedamp", "fedproto", "fedfomo", "apple"]  # (pFedHN: above)

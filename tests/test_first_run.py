@@ -13,7 +13,7 @@ from signal_after_round import signal_after
 from fedjax_pfl.data import files, registry
 from fedjax_pfl.engine import mapping_choice
 from fedjax_pfl.engine.round_progress import Event
-from fedjax_pfl.runs import cli
+from fedjax_pfl.commands import train as cli
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import progress as progress_lib
 from fedjax_pfl.outputs import wall_time

@@ -14,7 +14,8 @@ import jax
 import pytest
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import cli, host_devices
+from fedjax_pfl.commands import train as cli
+from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import config as config_lib
 
 TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "model.hidden=[8]", "--num-clients", "5",

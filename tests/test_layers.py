@@ -2,8 +2,8 @@
 
 Layers, lowest first (a module may import its own folder and any lower layer):
 
-    core -> data, models, outputs -> kernels -> losses, aggregation -> methods -> engine -> runs -> papers
-         -> commands
+    core -> data, models, outputs -> kernels -> losses, aggregation -> methods -> engine -> runs -> commands
+         -> papers -> the command modules (train, reproduce, report)
 
 Every import counts, at module level or inside a function.
 """
@@ -26,6 +26,7 @@ RANKS = {
     "methods": 4,
     "engine": 5,
     "runs": 6,
+    "commands": 6.5,
     "papers": 7,
     "train": 8, "reproduce": 8, "report": 8, "__init__": 8,
 }

@@ -86,7 +86,7 @@ def test_candidates_per_backend_keep_chunks_below_the_client_count():
 def test_a_run_records_what_auto_became_in_config_json_and_the_log(tmp_path, capsys):
     import json
 
-    from fedjax_pfl.runs import cli
+    from fedjax_pfl.commands import train as cli
 
     out = tmp_path / "run"
     args = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "--rounds", str(mapping_choice.MIN_ROUNDS),

@@ -101,7 +101,7 @@ def test_cli_without_data_dir_exits_2_with_one_line(tmp_path):
 
 
 def test_cli_trains_on_the_folders_own_clients_unless_told_otherwise(tmp_path):
-    from fedjax_pfl.runs import cli as train
+    from fedjax_pfl.commands import train
 
     folder = tmp_path / "d"
     write_by_hand(folder)

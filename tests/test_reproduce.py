@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import cli as train, config
+from fedjax_pfl.commands import train
+from fedjax_pfl.runs import config
 from fedjax_pfl.outputs import report
 from fedjax_pfl.papers import data_check, paper_table, reproduce
 from fedjax_pfl.papers import earlier_table, parallel_cells, table_spec

@@ -13,10 +13,11 @@ import pytest
 from PIL import Image
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs import cli as train
+from fedjax_pfl.commands import train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import figures, metrics_file, run_folder
 from fedjax_pfl.outputs import report
+from fedjax_pfl.commands import report as report_command
 from fedjax_pfl.outputs.results_writer import ResultsWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -222,7 +223,7 @@ def test_report_command_on_a_real_run_and_redraw(run_dir, tmp_path):
     (lambda tmp: tmp, "holds no run"),
 ])
 def test_report_bad_input_is_one_line_exit_2(tmp_path, capsys, make, needle):
-    assert report.main([str(make(tmp_path)), "--out", str(tmp_path / "rep")]) == 2
+    assert report_command.main([str(make(tmp_path)), "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and needle in err and "\n" not in err
 

@@ -24,7 +24,7 @@ from fedjax_pfl.engine import round_progress
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods import method_names
 from fedjax_pfl.methods.base import ClientRound
-from fedjax_pfl.runs import cli
+from fedjax_pfl.commands import train as cli
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import progress as progress_lib
 from fedjax_pfl.runs.experiment import build_experiment

@@ -19,7 +19,7 @@ from bad_input_cases import assert_case
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.outputs.folder_lock import LOCK_FILE, locked
-from fedjax_pfl.runs import cli
+from fedjax_pfl.commands import train as cli
 
 HERE = Path(__file__).parent
 TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "model.hidden=[16]", "--num-clients", "6",

@@ -10,7 +10,7 @@ import pytest
 from test_docs import load_hooks
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs import cli
+from fedjax_pfl.commands import train as cli
 from fedjax_pfl.runs import config as config_lib
 
 COMMAND_OPTIONS = {"help", "config", "offline", "resume", "start_over", "no_progress", "distributed", "coordinator",

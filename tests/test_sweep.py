@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_pfl.runs import cli as train
+from fedjax_pfl.commands import train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib, sweep
 from fedjax_pfl.runs.experiment import build_experiment

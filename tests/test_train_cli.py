@@ -17,7 +17,7 @@ from signal_after_round import signal_after
 
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs import cli as train
+from fedjax_pfl.commands import train
 from fedjax_pfl.outputs import machine
 from fedjax_pfl.core.errors import DivergedError
 from fedjax_pfl.runs import records as records_lib

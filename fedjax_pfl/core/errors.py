@@ -16,3 +16,11 @@ class DataNotFoundError(UserError):
 
 class DivergedError(UserError):
     """Training produced a non-finite loss or non-finite parameters."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception in one line: a user error's message, else its type and message."""
+    text = " ".join(str(error).split())
+    if isinstance(error, UserError):
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

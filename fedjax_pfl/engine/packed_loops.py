@@ -34,6 +34,7 @@ and adds nothing to the program.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable, Iterator
 
 import jax
@@ -41,9 +42,9 @@ import jax.extend as jex
 import jax.numpy as jnp
 
 from fedjax_pfl.engine.dealing import balanced_slots
+from fedjax_pfl.kernels import counted_loop as counted_loop_lib
+from fedjax_pfl.kernels.counted_loop import counted_loop
 
-_packing: list[tuple[int, int]] = []  # trace time: (lanes, clients) of the packed mapping being traced
-_in_body: list[bool] = []  # trace time: a packed loop's body is being traced (loops inside it run plainly)
 
 
 @contextlib.contextmanager
@@ -57,11 +58,8 @@ def packing(lanes: int, clients: int) -> Iterator[None]:
         ...     jax.vmap(client)(jnp.array([3, 0, 1, 4])).tolist()
         [6, 0, 1, 10]
     """
-    _packing.append((int(lanes), int(clients)))
-    try:
+    with counted_loop_lib.runner(functools.partial(_packed_loop, int(lanes), int(clients))):
         yield
-    finally:
-        _packing.pop()
 
 
 def lane_queues(counts, lanes: int):
@@ -87,23 +85,11 @@ def lane_queues(counts, lanes: int):
     return queue, queued.sum(axis=1), jnp.where(queued, counts[queue], 0).sum(axis=1)
 
 
-def counted_loop(body: Callable, count, init):
-    """``body(i, carry)`` for ``i = 0 .. count - 1`` from ``init`` (``lax.fori_loop``); packed in lanes inside
-    `packing` (see the module docstring).
-
-    Examples:
-        >>> int(counted_loop(lambda i, acc: acc * 2, 3, jnp.int32(1)))
-        8
-    """
-    if not _packing or _in_body:
-        return jax.lax.fori_loop(0, count, body, init)
-    lanes, clients = _packing[-1]
+def _packed_loop(lanes: int, clients: int, body: Callable, count, init):
+    """`counted_loop` inside `packing`: lanes under the engine's vmap of ``clients``, a plain loop otherwise."""
     count = jnp.asarray(count, jnp.int32)
-    _in_body.append(True)
-    try:
+    with counted_loop_lib.runner(None):  # a loop inside a packed loop's body runs plainly
         closed = jax.make_jaxpr(body)(jnp.int32(0), init)
-    finally:
-        _in_body.pop()
     treedef = jax.tree.structure(init)
 
     def step(i, carry, consts):

@@ -2,7 +2,7 @@
 
 Each client shuffles only its own ``n`` valid samples every epoch (padding is
 sorted last) and runs exactly ``epochs * ceil(n / B)`` steps: the step loop is
-a `packed_loops.counted_loop` (a `lax.fori_loop`) with the client's own trip
+a `counted_loop` (kernels/counted_loop.py: a `lax.fori_loop`) with the client's own trip
 count, so under ``lax.map`` a client of 61 samples runs 7 steps while one of
 6,413 runs 642. Under ``vmap`` a loop runs to the largest trip count of the
 vmapped clients (finished clients are held by a select); the engine groups
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.engine import packed_loops
+from fedjax_pfl.kernels.counted_loop import counted_loop
 
 
 AUGMENT_STREAM = 1  # fold_in constant of the augmentation keys (kernels/augmentation.py)
@@ -282,7 +282,7 @@ def train_with_state(
         return params, opt_state, stats, loss_sum + loss.astype(loss_sum.dtype)  # float32 whatever the loss's
 
     carry = (params, opt_state, variables.get("batch_stats"), jnp.zeros((), jnp.float32))
-    params, opt_state, stats, loss_sum = packed_loops.counted_loop(step, total, carry)
+    params, opt_state, stats, loss_sum = counted_loop(step, total, carry)
     out = tree_ops.with_trainable(variables, part, params)
     if stats is not None:
         out = {**out, "batch_stats": stats}
@@ -318,7 +318,7 @@ def sum_batches(fn, data, batch_size: int, normalize: Callable):
             report("pass", t + 1, count, summed)
         return summed
 
-    return packed_loops.counted_loop(body, count, zeros)
+    return counted_loop(body, count, zeros)
 
 
 def map_batches(fn, data, batch_size: int, normalize: Callable):

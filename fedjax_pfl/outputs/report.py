@@ -1,4 +1,4 @@
-"""Runs side by side: ``python -m fedjax_pfl.report RUN_DIR... [--out DIR] [--redraw]``.
+"""Runs side by side (the command ``python -m fedjax_pfl.report``: commands/report.py).
 
 Reads run folders (or folders holding runs) written by the training command,
 finished, failed or interrupted alike, and writes into ``--out``:
@@ -18,7 +18,6 @@ runs trained without matplotlib. Bad input is a one-line error, exit 2.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
@@ -29,10 +28,8 @@ import numpy as np
 
 from fedjax_pfl.outputs.run_output import final_summary
 from fedjax_pfl.outputs import run_folder
-from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.outputs.results_writer import matplotlib_available
 from fedjax_pfl.outputs.atomic_file import atomic_write
-from fedjax_pfl.runs.command import Command, OneLineParser
 from fedjax_pfl.outputs.metrics_file import read_metrics, run_metrics
 
 # config keys that never change a run's numbers (dotted; a key here also hides its sub-keys)
@@ -223,15 +220,6 @@ def curve_labels(rows: list[dict]) -> tuple[list[str], str]:
     return labels, title
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m fedjax_pfl.report",
-                      description="Table and accuracy figure of runs; seeds of one setting grouped.")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, or folders holding run folders")
-    p.add_argument("--out", default="report", help="folder for report.md, report.csv, accuracy.png (default: report)")
-    p.add_argument("--redraw", action="store_true", help="also draw each run's own plots/ from its files")
-    return p
-
-
 def report(paths, out: Path, redraw: bool = False) -> str:
     """Write report.md, report.csv and accuracy.png into ``out``; returns the markdown."""
     runs = [load_run(p) for p in run_folder.find_runs(paths)]
@@ -257,18 +245,3 @@ def report(paths, out: Path, redraw: bool = False) -> str:
             figures.draw_run(run.path / "plots", run_folder.read_records(run.path), run_folder.read_partition(run.path),
                              run_folder.read_clients(run.path), run_folder.title(run.config))
     return text
-
-
-def main(argv=None) -> int:
-    """The command's exit status (runs/command.py): 0, 2 on bad input, 1 on an internal error."""
-    command = Command("interrupted; the report was not written")
-
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        check_writable(Path(args.out))
-        command.folder = Path(args.out)
-        print(report(args.runs, Path(args.out), args.redraw), end="")
-        print(f"wrote {args.out}/ (report.md, report.csv{', accuracy.png' if matplotlib_available() else ''})")
-        return 0
-
-    return command.run(body)

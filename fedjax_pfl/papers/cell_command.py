@@ -42,7 +42,7 @@ def checkpoint_every(rounds: int) -> int:
 
 def build_config(argv: list[str]) -> config_lib.RunConfig:
     """The RunConfig the training command builds from ``argv``, validated (names resolved), no data read."""
-    from fedjax_pfl.runs import cli
+    from fedjax_pfl.commands import train as cli
     from fedjax_pfl.runs.experiment import validate
 
     args, overrides = cli.parse_args(argv)

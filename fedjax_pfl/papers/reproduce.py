@@ -2,7 +2,7 @@
 
 Runs every cell (row x setting x seed) of the table configs/tables/NAME.yaml
 (`fedjax_pfl.papers.table_spec`) through the training command, in this process
-(``runs.cli.main``, so JAX starts once), printing each cell's
+(``commands.train.main``, so JAX starts once), printing each cell's
 equivalent shell command, and writes the table (`fedjax_pfl.papers.paper_table`:
 per cell ours as mean ± std over seeds, the paper's number, the difference,
 flagged beyond 1.5 points):
@@ -65,7 +65,7 @@ from pathlib import Path
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.compact_record import compact_runs
-from fedjax_pfl.runs.command import INTERRUPTED, TERMINATED, Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.commands.command import INTERRUPTED, TERMINATED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
@@ -122,7 +122,7 @@ def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=
     A crash (not a user error) is one line here, its traceback in the cell's error.log, and
     counts as a failed cell, so one broken method does not stop the rest of a long table.
     """
-    from fedjax_pfl.runs import cli
+    from fedjax_pfl.commands import train as cli
 
     cell = Command("interrupted")
     cell.folder = folder
@@ -378,8 +378,8 @@ def _by_value(mapping: dict) -> dict:
 
 
 def main(argv=None, observe=None) -> int:
-    """The command's exit status (runs/command.py); ``observe(rounds_done)`` is passed to every cell's run
-    (runs/cli.py)."""
+    """The command's exit status (commands/command.py); ``observe(rounds_done)`` is passed to every cell's run
+    (commands/train.py)."""
     command = Command("interrupted; run the same command again to continue")
 
     def body() -> int:

@@ -23,7 +23,7 @@ from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.options import step_size_options
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.command import one_line
+from fedjax_pfl.core.errors import one_line
 from fedjax_pfl.outputs import metrics_file
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.outputs import run_output

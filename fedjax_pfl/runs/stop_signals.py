@@ -4,7 +4,7 @@ A command ended by one exits 128 + the signal's number (the shells'
 convention: 130, 143). `terminating` makes SIGTERM raise `Interrupted` (a
 KeyboardInterrupt) as Python makes Ctrl-C raise KeyboardInterrupt, so a
 command stopped while it loads data or compiles ends the same way on either
-(runs/command.py); during a run's rounds runs/stop_request.py handles both.
+(commands/command.py); during a run's rounds runs/stop_request.py handles both.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ through the one round loop (runs/loop.py). ``--method M --help`` adds M's
 options (from its options dataclass). The run folder is locked for the
 whole run (a second run on the same ``--out`` is refused at once) and never
 one that holds files no run wrote (outputs/folder_claim.py). Exit statuses
-(runs/command.py): 2 with one ``error:`` line for bad input; 130 after
+(commands/command.py): 2 with one ``error:`` line for bad input; 130 after
 Ctrl-C and 143 after SIGTERM, which stop after the round in flight with a
 checkpoint and the summary (status "interrupted"; ``--resume`` continues
 it); 1 for an internal error, its traceback in RUN/error.log.
@@ -23,7 +23,7 @@ from fedjax_pfl.core import declared
 from fedjax_pfl.engine import distributed
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
-from fedjax_pfl.runs.command import Command, OneLineParser, seed_list, split_overrides
+from fedjax_pfl.commands.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import check_same_method, saved_run
@@ -167,7 +167,7 @@ def settle(cfg: config_lib.RunConfig) -> None:
 def main(argv=None, observe=None) -> int:
     """The command: exit 0 when the run finished, 2 on bad input, 130 on Ctrl-C and 143 on SIGTERM (also when
     the run could finish its last round), 1 on an internal error (its traceback in RUN/error.log;
-    runs/command.py).
+    commands/command.py).
 
     ``observe(rounds_done)`` is called after every compiled call (see `run`).
     """

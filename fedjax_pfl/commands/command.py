@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.core.errors import UserError, one_line
 from fedjax_pfl.runs.stop_signals import NAMES, exit_status, signal_of, terminating
 
 BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, TERMINATED = 2, 1, 130, 143  # (130, 143: exit_status of SIGINT, SIGTERM)
@@ -48,14 +48,6 @@ def seed_list(text: str, flag: str = "--seeds") -> list[int]:
     if not all(s.isdigit() for s in items):
         raise UserError(f"{flag} takes comma-separated whole numbers >= 0, e.g. 0,1,2; got {text!r}")
     return [int(s) for s in items]
-
-
-def one_line(error: BaseException) -> str:
-    """An exception in one line: a user error's message, else its type and message."""
-    text = " ".join(str(error).split())
-    if isinstance(error, UserError):
-        return text
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def write_error_log(folder: Path | None) -> Path:
