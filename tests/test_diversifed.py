@@ -27,7 +27,7 @@ from fedjax_pfl.methods.diversifed import DiversiFed, DiversiFedConfig
 from fedjax_pfl.models.networks import build_model
 
 N, FEATURES, CLASSES = 6, 8, 3
-SIGMA = 25.0  # kernel scale for `_two_group_params` (63 parameters): within-group k ~ 1, across ~ 0.05
+SIGMA = 25.0  # the kernel variant's scale for `_two_group_params` (63 parameters): within-group k ~ 1, across ~ 0.05
 ALPHA05 = "configs/diversifed_fmnist_dirichlet0.5.yaml"
 
 
@@ -65,7 +65,7 @@ def _two_group_params(method, key):
 # ------------------------------------------------------------------- options
 @pytest.mark.parametrize("options", [
     {"tau": 0.0}, {"tau": -1.0}, {"tau": float("nan")}, {"eta": -0.1}, {"lamda": -1.0},
-    {"lamda": float("inf")}, {"sigma": 0.0}, {"sigma": -2.0}, {"start": "middle"},
+    {"lamda": float("inf")}, {"sigma": 0.0}, {"sigma": -2.0}, {"start": "middle"}, {"form": "gaussian"},
 ])
 def test_bad_options_raise_user_error(options):
     with pytest.raises(UserError):
@@ -83,8 +83,30 @@ def test_unknown_or_mistyped_option_is_a_user_error():
 
 def test_registered_and_options_parse():
     assert get_method("diversifed") is DiversiFed
-    hp = config_lib.method_options(DiversiFedConfig, {"tau": 2, "eta": 0.5, "sigma": 3, "start": "own"})
-    assert hp.tau == 2.0 and hp.eta == 0.5 and hp.sigma == 3.0 and hp.start == "own"
+    hp = config_lib.method_options(DiversiFedConfig, {"tau": 2, "eta": 0.5, "sigma": 3, "start": "anchor",
+                                                      "form": "kernel"})
+    assert hp.tau == 2.0 and hp.eta == 0.5 and hp.sigma == 3.0 and hp.start == "anchor" and hp.form == "kernel"
+
+
+def test_defaults_are_the_papers_form():
+    """The default is the written loss (logits d_ij / tau) and the client starts from its own model; the
+    kernel reading is a named variant."""
+    hp = DiversiFedConfig()
+    assert hp.form == "distance" and hp.start == "own"
+    method = DiversiFed(_setup())
+    server, clients = method.init(jax.random.key(0), N)
+    server = {"params": _two_group_params(method, jax.random.key(1))}
+    selected = jnp.arange(N)
+    prepared = jax.jit(method.prepare)(server, clients, selected)
+    written, _, _ = md.mix_models(server["params"], hp.tau, hp.eta, rows=selected)
+    kernel, _, _ = md.mix_models(server["params"], hp.tau, hp.eta, form="kernel", sigma=hp.sigma, rows=selected)
+    for got, want, other in zip(*(jax.tree.leaves(t) for t in (prepared["anchor"], written, kernel))):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        assert not np.allclose(got, other, rtol=1e-3, atol=1e-3)
+    variant = DiversiFed(_setup(), DiversiFedConfig(form="kernel", sigma=SIGMA))
+    u, xi = jax.jit(variant.anchors)(server, selected)
+    expected, xi_k, _ = md.mix_models(server["params"], hp.tau, hp.eta, form="kernel", sigma=SIGMA, rows=selected)
+    np.testing.assert_allclose(xi, xi_k, rtol=1e-6, atol=1e-7)
 
 
 # ---------------------------------------------------------------- mechanics
@@ -106,13 +128,13 @@ def test_init_stores_every_model_in_distinct_buffers():
 
 
 def test_prepare_uses_all_stored_models_and_attracts_own_group():
-    method = DiversiFed(_setup(), DiversiFedConfig(tau=1.0, eta=1e-3, sigma=SIGMA))
+    method = DiversiFed(_setup(), DiversiFedConfig(tau=1.0, eta=1e-3))
     server, clients = method.init(jax.random.key(0), N)
     server = {"params": _two_group_params(method, jax.random.key(1))}
     selected = jnp.array([4, 1])
     chosen = tree_ops.gather(clients, selected)
     prepared = jax.jit(method.prepare)(server, chosen, selected)
-    expected, _, _ = md.mix_models(server["params"], 1.0, 1e-3, SIGMA, rows=selected)
+    expected, _, _ = md.mix_models(server["params"], 1.0, 1e-3, rows=selected)
     for a, b in zip(jax.tree.leaves(prepared["anchor"]), jax.tree.leaves(expected)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     w = np.asarray(tree_ops.flatten_stacked(server["params"]))
@@ -176,7 +198,7 @@ def test_client_trains_toward_its_anchor(start):
 def test_partial_participation_round():
     """Selected clients get anchors from all N stored models; the server stores their uploads."""
     data = _data()
-    method = DiversiFed(_setup(), DiversiFedConfig(tau=0.5, eta=0.01, sigma=SIGMA))
+    method = DiversiFed(_setup(), DiversiFedConfig(tau=0.5, eta=0.01))
     eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(clients_per_round=3,
                                                                         client_mapping="vmap"))
     server, clients = eng.init(jax.random.key(0))
@@ -187,7 +209,7 @@ def test_partial_participation_round():
     server, clients, metrics = eng.round(server, clients, jax.random.key(7), 0)
     selected = np.asarray(metrics["selected"])
     others = np.setdiff1d(np.arange(N), selected)
-    expected_u, _, _ = md.mix_models(stored_before, 0.5, 0.01, SIGMA, rows=jnp.asarray(selected))
+    expected_u, _, _ = md.mix_models(stored_before, 0.5, 0.01, rows=jnp.asarray(selected))
     for got, exp in zip(jax.tree.leaves(clients["anchor"]), jax.tree.leaves(expected_u)):
         np.testing.assert_allclose(np.asarray(got)[selected], exp, rtol=1e-5, atol=1e-5)
     for stored, before, trained in zip(jax.tree.leaves(server["params"]), jax.tree.leaves(stored_before),
@@ -201,12 +223,12 @@ def test_partial_participation_round():
 # -------------------------------------------------------------- diagnostics
 def test_round_diagnostics_report_the_server_step():
     """self-weight, mass on others, attracting / repelling parts and distances of this round's Xi."""
-    method = DiversiFed(_setup(), DiversiFedConfig(tau=1.0, eta=0.01, sigma=SIGMA))
+    method = DiversiFed(_setup(), DiversiFedConfig(tau=1.0, eta=0.01))
     server = {"params": _two_group_params(method, jax.random.key(1))}
     selected = jnp.array([4, 1, 2])
     info = ServerRound(jnp.int32(3), selected, jnp.ones(3), jnp.ones(3, bool))
     out = jax.jit(method.round_diagnostics)(server, server, {}, info)
-    _, xi, d = md.mix_models(server["params"], 1.0, 0.01, SIGMA, rows=selected)
+    _, xi, d = md.mix_models(server["params"], 1.0, 0.01, rows=selected)
     xi, d = np.asarray(xi, np.float64), np.asarray(d, np.float64)
     own = xi[np.arange(3), np.asarray(selected)]
     others = xi.copy()
@@ -274,7 +296,7 @@ def test_diversifed_learns_on_fmnist(data_dir):
     assert last["accuracy"] > fedavg + 0.2, (last, fedavg)  # the paper's claim on pathological label skew
     # the server step is active on the trained models: distances > 0, Xi finite, off-diagonal non-zero
     hp = eng.method.hparams
-    u, xi, d = jax.jit(lambda p: md.mix_models(p, hp.tau, hp.eta, hp.sigma))(server["params"])
+    u, xi, d = jax.jit(lambda p: md.mix_models(p, hp.tau, hp.eta, form=hp.form, sigma=hp.sigma))(server["params"])
     xi = np.asarray(xi)
     assert np.all(np.isfinite(xi)) and np.all(np.asarray(d)[~np.eye(10, dtype=bool)] > 0)
     assert np.abs(xi - np.diag(np.diag(xi))).max() > 0

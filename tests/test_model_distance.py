@@ -2,7 +2,8 @@
 
 References are NumPy float64 double loops over pairs, computed from the same
 float32 inputs the kernel sees; gradients are checked against central finite
-differences in float64 (``jax.enable_x64(True)`` as a context only).
+differences and autodiff in float64 (``jax.enable_x64(True)`` as a context only).
+The paper's form (``form='distance'``, the default) first, then the kernel variant.
 """
 
 import jax
@@ -16,9 +17,17 @@ from fedjax_pfl.kernels import model_distance as md
 REL = 1e-5
 
 # Eager dispatch compiles every primitive separately (slow on busy CPUs): jit once.
-mix_models = jax.jit(md.mix_models, static_argnames=("loss_fn",))
+mix_models = jax.jit(md.mix_models, static_argnames=("form",))
 pairwise_distances = jax.jit(md.pairwise_distances)
-mixing_matrix = jax.jit(md.mixing_matrix, static_argnames=("loss_fn",))
+mixing_matrix = jax.jit(md.mixing_matrix, static_argnames=("form",))
+
+
+def kernel_mix_models(w, tau, eta, sigma, rows=None):
+    return mix_models(w, tau, eta, form="kernel", sigma=sigma, rows=rows)
+
+
+def kernel_mixing_matrix(sq, tau, eta, sigma, rows=None):
+    return mixing_matrix(sq, tau, eta, form="kernel", sigma=sigma, rows=rows)
 
 
 # ---------------------------------------------------------------- references
@@ -117,9 +126,10 @@ def test_identical_models_give_zero_distance_and_identity_mixing():
     w = jnp.broadcast_to(jnp.arange(30.0), (5, 30))
     sq = md.pairwise_sq_distances(w)
     assert np.all(np.asarray(pairwise_distances(w)) == 0.0)
-    g = jax.jit(jax.grad(lambda w: md.model_distance_loss(md.pairwise_sq_distances(w), 0.5, 1.0)))(w)
+    g = jax.jit(jax.grad(lambda w: md.model_distance_loss(md.pairwise_distances(w), 0.5)))(w)
     assert np.all(np.isfinite(np.asarray(g)))
-    np.testing.assert_array_equal(np.asarray(mixing_matrix(sq, 0.5, 0.1, 1.0)), np.eye(5))
+    np.testing.assert_array_equal(np.asarray(mixing_matrix(sq, 0.5, 0.1)), np.eye(5))
+    np.testing.assert_array_equal(np.asarray(kernel_mixing_matrix(sq, 0.5, 0.1, 1.0)), np.eye(5))
 
 
 def test_clustered_models_within_documented_error_model():
@@ -151,7 +161,7 @@ def test_stacked_tree_equals_flat_matrix():
             "head": {"bias": jnp.asarray(rng.normal(size=(6, 3)), jnp.float32)}}
     flat = np.concatenate([np.asarray(tree["body"]["kernel"]).reshape(6, -1), np.asarray(tree["head"]["bias"])], 1)
     np.testing.assert_allclose(pairwise_distances(tree), pairwise_distances(jnp.asarray(flat)), rtol=1e-6)
-    xi = mixing_matrix(md.pairwise_sq_distances(tree), 1.0, 0.1, 40.0, rows=jnp.array([4, 1]))
+    xi = mixing_matrix(md.pairwise_sq_distances(tree), 1.0, 0.1, rows=jnp.array([4, 1]))
     u_tree = md.apply_mixing(xi, tree)
     assert u_tree["body"]["kernel"].shape == (2, 5, 4) and u_tree["head"]["bias"].shape == (2, 3)
     u_flat = md.apply_mixing(xi, jnp.asarray(flat))
@@ -159,7 +169,167 @@ def test_stacked_tree_equals_flat_matrix():
     np.testing.assert_allclose(u_tree["head"]["bias"], u_flat[:, 20:], rtol=1e-6)
 
 
-# --------------------------------------------------------------- loss, mixing
+# ------------------------------------------------- the paper's form: loss, mixing
+def distance_mixing_loop64(d, tau, eta):
+    """Xi of the paper's form written out pair by pair: c_ij from the closed form of dL/dd counting L_i and
+    L_j, xi_ij = eta_i c_ij / d_ij, eta_i cut so that sum_{j != i} |xi_ij| <= 1 (module docstring)."""
+    n = d.shape[0]
+    s = np.zeros((n, n))
+    for i in range(n):
+        others = [k for k in range(n) if k != i]
+        z = np.array([d[i, k] / tau for k in others])
+        e = np.exp(z - z.max())
+        s[i, others] = e / e.sum()
+    xi = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            if j != i and d[i, j] > 0:
+                c = (1 - (n - 1) * s[i, j]) / tau + (1 - (n - 1) * s[j, i]) / tau
+                xi[i, j] = eta * c / d[i, j]
+        total = sum(abs(xi[i, j]) for j in range(n) if j != i)
+        if total > 1:
+            xi[i] /= total
+        xi[i, i] = 1.0 - sum(xi[i, j] for j in range(n) if j != i)
+    return xi
+
+
+def written_loss_of_models64(w, tau):
+    """The written loss of the models W [N, P], float64, through the kernel's distances (for autodiff)."""
+    return md.model_distance_loss(md.pairwise_distances(w, resolution=0.0), tau)
+
+
+def test_written_loss_value_matches_formula():
+    d = distances_loop64(random_models(6, 50))
+    tau = 0.7
+    ref = 0.0
+    for i in range(6):
+        z = [d[i, k] / tau for k in range(6) if k != i]
+        lse = np.log(np.sum(np.exp(z)))
+        ref += sum(zj - lse for zj in z)
+    with jax.enable_x64(True):
+        val = md.model_distance_loss(jnp.asarray(d), tau)
+        assert abs(float(val) - ref) < 1e-10 * abs(ref)
+
+
+def test_written_loss_autodiff_equals_closed_form_and_signs():
+    with jax.enable_x64(True):
+        d = jnp.asarray(distances_loop64(random_models(12, 40)))
+        g = jax.grad(md.model_distance_loss)(d, 0.3)
+        np.testing.assert_allclose(g, md.model_distance_loss_grad(d, 0.3), rtol=1e-10, atol=1e-14)
+        g = np.asarray(g)
+        for i in range(12):  # in each row the nearest model attracts and the farthest repels
+            others = [j for j in range(12) if j != i]
+            nearest, farthest = min(others, key=lambda j: d[i, j]), max(others, key=lambda j: d[i, j])
+            assert g[i, nearest] > 0 > g[i, farthest]
+
+
+def test_written_loss_gradient_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    with jax.enable_x64(True):
+        w = jnp.asarray(rng.normal(size=(7, 20)))
+        f = jax.jit(lambda w: written_loss_of_models64(w, 0.8))
+        g = jax.jit(jax.grad(f))(w)
+        h = 1e-6
+        for _ in range(5):
+            v = jnp.asarray(rng.normal(size=w.shape))
+            fd = (f(w + h * v) - f(w - h * v)) / (2 * h)
+            assert abs(float(jnp.vdot(g, v)) - float(fd)) < 1e-6 * max(1.0, abs(float(fd)))
+
+
+@pytest.mark.parametrize("eta", [0.01, 50.0])
+def test_written_mixing_is_a_gradient_step_on_the_written_loss(eta):
+    """Lemma 1: U = Xi @ W equals W - eta_i grad_W L(D(W)) (float64 autodiff of the written loss), eta_i = eta
+    unless cut so that sum_{j != i} |xi_ij| <= 1."""
+    with jax.enable_x64(True):
+        w = jnp.asarray(two_groups(5, 30, spread=0.4, seed=1), jnp.float64)
+        tau = 0.5
+        u, xi, _ = mix_models(w, tau, eta)
+        grad = jax.jit(jax.grad(lambda w: written_loss_of_models64(w, tau)))(w)
+        steps = np.asarray(md.bounded_step_sizes(md.step_pulls(md.pairwise_sq_distances(w), tau), eta))
+        np.testing.assert_allclose(u, w - steps[:, None] * grad, rtol=1e-10, atol=1e-12)
+        xi = np.asarray(xi)
+        off = np.abs(xi - np.diag(np.diag(xi))).sum(axis=1)
+        if eta < 0.1:
+            np.testing.assert_array_equal(steps, eta)
+        else:
+            assert np.all(steps < eta) and np.all(steps > 0)
+            np.testing.assert_allclose(off, 1.0, rtol=1e-12)
+        assert np.all(off <= 1 + 1e-12) and np.all(np.diag(xi) >= -1e-12)
+
+
+def test_two_near_pairs_far_apart_attract_within_and_repel_across():
+    """4 clients, models {0, 1} near each other and {2, 3} near each other, the pairs far apart: one server
+    step moves each model toward its partner and away from the other pair (negative xi), as float64
+    autodiff of the written loss says."""
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=20), rng.normal(size=20) + 6.0
+    w = np.stack([a, a + 0.3 * rng.normal(size=20), b, b + 0.3 * rng.normal(size=20)]).astype(np.float32)
+    tau, eta = 1.0, 0.05
+    u, xi, _ = mix_models(jnp.asarray(w), tau, eta)
+    u, xi = np.asarray(u, np.float64), np.asarray(xi, np.float64)
+    partner, far = {0: 1, 1: 0, 2: 3, 3: 2}, {0: (2, 3), 1: (2, 3), 2: (0, 1), 3: (0, 1)}
+    for i in range(4):
+        assert xi[i, partner[i]] > 0 and all(xi[i, j] < 0 for j in far[i]), xi[i]
+        assert np.linalg.norm(u[i] - w[partner[i]]) < np.linalg.norm(w[i] - w[partner[i]])
+        other_mean = w[list(far[i])].mean(0)
+        assert np.linalg.norm(u[i] - other_mean) > np.linalg.norm(w[i] - other_mean)
+    with jax.enable_x64(True):
+        w64 = jnp.asarray(w, jnp.float64)
+        grad = np.asarray(jax.jit(jax.grad(lambda w: written_loss_of_models64(w, tau)))(w64))
+        steps = np.asarray(md.bounded_step_sizes(md.step_pulls(md.pairwise_sq_distances(w64), tau), eta))
+    np.testing.assert_allclose(u, w - steps[:, None] * grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,p,kind,eta", [(10, 2000, "random", 0.01), (40, 1000, "random", 0.01),
+                                          (100, 1500, "near", 1e-5), (40, 1000, "groups", 0.01),
+                                          (40, 1000, "groups", 5.0)])
+def test_written_mixed_models_match_float64_loop(n, p, kind, eta):
+    w = {"random": lambda: random_models(n, p, seed=n),
+         "near": lambda: near_identical_models(n, p, 1e-4, seed=n),
+         "groups": lambda: two_groups(n // 2, p, spread=0.3, seed=n)}[kind]()
+    tau = 0.7
+    d64 = distances_loop64(w)
+    xi64 = distance_mixing_loop64(d64, tau, eta)
+    u64 = mix_loop64(xi64, w)
+    u, xi, d = mix_models(jnp.asarray(w), tau, eta)
+    u, xi = np.asarray(u, np.float64), np.asarray(xi, np.float64)
+    assert off_diag_rel_err(d, d64) < REL
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0, atol=1e-5)
+    off64 = xi64 - np.diag(np.diag(xi64))
+    assert np.max(np.abs((xi - np.diag(np.diag(xi))) - off64)) < 1e-3 * np.max(np.abs(off64))
+    assert np.all(np.abs(xi - np.diag(np.diag(xi))).sum(axis=1) <= 1 + 1e-5)
+    row_err = np.linalg.norm(u - u64, axis=1) / np.linalg.norm(u64, axis=1)
+    assert row_err.max() < REL
+
+
+def test_written_form_keeps_repelling_a_far_model():
+    """Unlike the kernel variant, a model moved away from the others keeps being pushed away: its weight
+    from the others stays negative and its step does not fade to nothing."""
+    rng = np.random.default_rng(4)
+    base = rng.normal(size=(12, 100)) * 0.1
+    direction = rng.normal(size=100)
+    direction /= np.linalg.norm(direction)
+    for r in (4.0, 16.0, 64.0):
+        w = base.copy()
+        w[0] = base[0] + r * direction
+        u, xi, _ = mix_models(jnp.asarray(w, jnp.float32), 1.0, 0.05)
+        xi = np.asarray(xi)
+        assert np.all(xi[1:, 0] < 0), (r, xi[1:, 0])  # every other client repels the far model
+        outward = float(np.dot(np.asarray(u)[0] - w[0], direction))
+        assert outward > 1e-3, (r, outward)  # the far model's anchor moves further out
+
+
+def test_single_pair_and_identical_pairs_have_no_force():
+    """Two models: each softmax has one entry (s = 1), so N-1 = 1 and c = 0; identical models: weight 0."""
+    w = jnp.asarray(random_models(2, 10))
+    u, xi, _ = mix_models(w, 1.0, 0.5)
+    np.testing.assert_allclose(np.asarray(xi), np.eye(2), atol=1e-7)
+    w3 = jnp.asarray(np.stack([random_models(1, 10)[0]] * 2 + [random_models(1, 10, seed=1)[0]]))
+    xi3 = np.asarray(mix_models(w3, 1.0, 0.5)[1])
+    assert xi3[0, 1] == 0.0 and xi3[1, 0] == 0.0 and np.all(np.isfinite(xi3))
+
+
+# ------------------------------------------------------- the kernel variant: loss, mixing
 def mean_sq_distance(w):
     """A kernel scale at the models' own spread: the mean squared distance of different pairs (float64)."""
     d = distances_loop64(w)
@@ -176,15 +346,15 @@ def test_loss_value_matches_formula():
         lse = np.log(np.sum(np.exp(z)))
         ref += sum(zj - lse for zj in z)
     with jax.enable_x64(True):
-        val = md.model_distance_loss(jnp.asarray(d ** 2), tau, sigma)
+        val = md.kernel_similarity_loss(jnp.asarray(d ** 2), tau, sigma)
         assert abs(float(val) - ref) < 1e-10 * abs(ref)
 
 
 def test_autodiff_grad_equals_closed_form():
     with jax.enable_x64(True):
         sq = jnp.asarray(distances_loop64(random_models(12, 40)) ** 2)
-        g = jax.grad(md.model_distance_loss)(sq, 0.3, 80.0)
-        np.testing.assert_allclose(g, md.model_distance_loss_grad(sq, 0.3, 80.0), rtol=1e-10, atol=1e-14)
+        g = jax.grad(md.kernel_similarity_loss)(sq, 0.3, 80.0)
+        np.testing.assert_allclose(g, md.kernel_similarity_loss_grad(sq, 0.3, 80.0), rtol=1e-10, atol=1e-14)
         # each client's pull on its more-similar models outweighs its push on the others
         assert np.all(np.asarray(g).sum(axis=1) > 0)
 
@@ -193,7 +363,7 @@ def test_gradient_through_kernel_matches_finite_differences():
     rng = np.random.default_rng(0)
     with jax.enable_x64(True):
         w = jnp.asarray(rng.normal(size=(7, 20)))
-        f = jax.jit(lambda w: md.model_distance_loss(md.pairwise_sq_distances(w), 0.8, 30.0))
+        f = jax.jit(lambda w: md.kernel_similarity_loss(md.pairwise_sq_distances(w), 0.8, 30.0))
         g = jax.jit(jax.grad(f))(w)
         h = 1e-6
         for _ in range(5):
@@ -214,9 +384,9 @@ def test_mixing_is_a_gradient_step_on_the_loss(eta):
     with jax.enable_x64(True):
         w = jnp.asarray(two_groups(5, 30, spread=0.4, seed=1), jnp.float64)
         tau, sigma = 0.5, 60.0
-        u, xi, _ = mix_models(w, tau, eta, sigma)
-        grad = jax.jit(jax.grad(lambda w: md.model_distance_loss(md.pairwise_sq_distances(w), tau, sigma)))(w)
-        pull = 2 * sigma * md.pair_coefficients(md.pairwise_sq_distances(w), tau, sigma)
+        u, xi, _ = kernel_mix_models(w, tau, eta, sigma)
+        grad = jax.jit(jax.grad(lambda w: md.kernel_similarity_loss(md.pairwise_sq_distances(w), tau, sigma)))(w)
+        pull = md.step_pulls(md.pairwise_sq_distances(w), tau, form="kernel", sigma=sigma)
         steps = np.asarray(md.step_sizes(pull, eta))
         np.testing.assert_allclose(u, w - steps[:, None] * sigma * grad, rtol=1e-10, atol=1e-12)
         self_weight = np.diag(np.asarray(xi))
@@ -232,7 +402,7 @@ def test_mixing_is_a_gradient_step_on_the_loss(eta):
 @pytest.mark.parametrize("n,p,kind,eta", [(10, 2000, "random", 0.02), (40, 1000, "random", 0.02),
                                           (100, 800, "random", 0.02), (100, 1500, "near", 0.02),
                                           (40, 1000, "groups", 0.02), (40, 1000, "groups", 5.0)])
-def test_mixed_models_match_float64_loop(n, p, kind, eta):
+def test_kernel_mixed_models_match_float64_loop(n, p, kind, eta):
     w = {"random": lambda: random_models(n, p, seed=n),
          "near": lambda: near_identical_models(n, p, 1e-4, seed=n),
          "groups": lambda: two_groups(n // 2, p, spread=0.3, seed=n)}[kind]()
@@ -240,7 +410,7 @@ def test_mixed_models_match_float64_loop(n, p, kind, eta):
     d64 = distances_loop64(w)
     xi64 = mixing_loop64(d64, tau, eta, sigma)
     u64 = mix_loop64(xi64, w)
-    u, xi, d = mix_models(jnp.asarray(w), tau, eta, jnp.float32(sigma))
+    u, xi, d = kernel_mix_models(jnp.asarray(w), tau, eta, jnp.float32(sigma))
     u, xi = np.asarray(u, np.float64), np.asarray(xi, np.float64)
     assert off_diag_rel_err(d, d64) < REL
     np.testing.assert_allclose(xi.sum(axis=1), 1.0, atol=1e-5)
@@ -267,8 +437,8 @@ def test_mixed_models_match_float64_loop(n, p, kind, eta):
 def test_rows_select_clients_from_all_models():
     w = jnp.asarray(random_models(30, 200))
     rows = jnp.array([3, 17, 29, 0])
-    u_all, xi_all, _ = mix_models(w, 0.5, 0.01, 400.0)
-    u_sel, xi_sel, _ = mix_models(w, 0.5, 0.01, 400.0, rows=rows)
+    u_all, xi_all, _ = mix_models(w, 0.5, 0.01)
+    u_sel, xi_sel, _ = mix_models(w, 0.5, 0.01, rows=rows)
     np.testing.assert_allclose(xi_sel, xi_all[rows], rtol=1e-6)
     np.testing.assert_allclose(u_sel, u_all[rows], rtol=1e-6, atol=1e-6)
     assert xi_sel.shape == (4, 30)
@@ -276,7 +446,7 @@ def test_rows_select_clients_from_all_models():
 
 def test_rows_of_xi_sum_to_one_and_signs():
     w = two_groups(8, 300)
-    xi = np.asarray(mixing_matrix(md.pairwise_sq_distances(jnp.asarray(w)), 1.0, 0.01, mean_sq_distance(w)))
+    xi = np.asarray(kernel_mixing_matrix(md.pairwise_sq_distances(jnp.asarray(w)), 1.0, 0.01, mean_sq_distance(w)))
     np.testing.assert_allclose(xi.sum(axis=1), 1.0, atol=1e-6)
     same = np.kron(np.eye(2), np.ones((8, 8))).astype(bool) & ~np.eye(16, dtype=bool)
     other = ~np.kron(np.eye(2), np.ones((8, 8))).astype(bool)
@@ -288,7 +458,7 @@ def test_mechanism_two_groups_attract_and_repel():
     """u_i moves toward its own group's models and away from the other group's."""
     n = 10
     w = two_groups(n, 500, spread=0.3, seed=5)
-    u, _, _ = mix_models(jnp.asarray(w), 1.0, 1e-3, mean_sq_distance(w))
+    u, _, _ = kernel_mix_models(jnp.asarray(w), 1.0, 1e-3, mean_sq_distance(w))
     u = np.asarray(u)
     mean_a, mean_b = w[:n].mean(0), w[n:].mean(0)
     for i in range(2 * n):
@@ -302,20 +472,23 @@ def test_mechanism_two_groups_attract_and_repel():
 
 
 @pytest.mark.parametrize("kind", ["groups", "random"])
-def test_larger_tau_strengthens_pull_and_push(kind):
-    """Over the paper's range of tau, both the attracting and the repelling mass of Xi grow with tau."""
+def test_kernel_larger_tau_strengthens_pull_and_push(kind):
+    """In the kernel variant, over the paper's range of tau, both the attracting and the repelling mass of Xi
+    grow with tau."""
     w = two_groups(10, 400, spread=0.5, seed=2) if kind == "groups" else random_models(20, 400, seed=2)
     sq, sigma = md.pairwise_sq_distances(jnp.asarray(w)), mean_sq_distance(w)
     own = jnp.arange(20)
-    masses = [md.signed_mass(mixing_matrix(sq, tau, 0.01, sigma), own) for tau in (0.1, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0)]
+    masses = [md.signed_mass(kernel_mixing_matrix(sq, tau, 0.01, sigma), own)
+              for tau in (0.1, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0)]
     pull = np.array([float(m["attraction"]) for m in masses])
     push = np.array([-float(m["repulsion"]) for m in masses])
     assert np.all(np.diff(pull) > 0) and np.all(np.diff(push) > 0), (pull, push)
     assert push[0] > 0
 
 
-def test_push_on_a_far_model_fades():
-    """A model moved away from the others is pushed less and less, to nothing (the loss is bounded below)."""
+def test_kernel_push_on_a_far_model_fades():
+    """In the kernel variant a model moved away from the others is pushed less and less, to nothing: it does
+    not repel far models (why it is not the paper's form)."""
     rng = np.random.default_rng(4)
     base = rng.normal(size=(12, 100)) * 0.1
     direction = rng.normal(size=100)
@@ -324,7 +497,7 @@ def test_push_on_a_far_model_fades():
     for r in (1.0, 2.0, 4.0, 8.0):
         w = base.copy()
         w[0] = base[0] + r * direction
-        u, _, _ = mix_models(jnp.asarray(w, jnp.float32), 1.0, 0.05, 1.0)
+        u, _, _ = kernel_mix_models(jnp.asarray(w, jnp.float32), 1.0, 0.05, 1.0)
         steps.append(float(np.linalg.norm(np.asarray(u)[0] - w[0])))
     assert steps[0] > steps[1] > 100 * steps[2] and steps[-1] < 1e-6, steps
 
@@ -335,7 +508,7 @@ def test_coefficients_are_bounded_for_close_pairs():
     w[1] = w[0] + 1e-3 * np.random.default_rng(8).normal(size=300).astype(np.float32)
     for tau in (0.5, 1.0, 2.0):
         for sigma in (1.0, mean_sq_distance(w), 1e4):
-            xi = np.asarray(mixing_matrix(md.pairwise_sq_distances(jnp.asarray(w)), tau, 0.01, sigma))
+            xi = np.asarray(kernel_mixing_matrix(md.pairwise_sq_distances(jnp.asarray(w)), tau, 0.01, sigma))
             off = xi - np.diag(np.diag(xi))
             assert np.abs(off).max() <= 4 * 0.01 * tau * (np.exp(tau) - 1) * (1 + 1e-5)
             assert np.mean(np.diag(xi)) <= 1 + 1e-6  # on average the pull outweighs the push
@@ -343,9 +516,11 @@ def test_coefficients_are_bounded_for_close_pairs():
 
 def test_single_model_is_left_alone():
     w = jnp.asarray(random_models(1, 10))
-    u, xi, d = mix_models(w, 1.0, 0.1, 1.0)
-    np.testing.assert_allclose(u, w, rtol=1e-6)
-    assert float(md.model_distance_loss(d ** 2, 1.0, 1.0)) == 0.0
+    for form in md.FORMS:
+        u, xi, d = mix_models(w, 1.0, 0.1, form=form)
+        np.testing.assert_allclose(u, w, rtol=1e-6)
+    assert float(md.model_distance_loss(d, 1.0)) == 0.0
+    assert float(md.kernel_similarity_loss(d ** 2, 1.0, 1.0)) == 0.0
 
 
 def test_public_facades_reexport_the_kernel():

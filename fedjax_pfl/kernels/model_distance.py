@@ -19,64 +19,51 @@ the diagonal is exactly 0. Computation is in float32, or in the input's dtype
 when that is wider (float64 under ``jax.enable_x64(True)``); matmuls use
 ``Precision.HIGHEST`` so GPUs/TPUs do not drop to TF32/bfloat16.
 
-Remaining limit (documented, tested): the relative error of d_ij is about
-``eps32 * (|wc_i|^2 + |wc_j|^2) / d_ij^2``; it is small unless two models are
-much closer to each other than to the mean of all models (tight clusters far
-apart): measured 2e-7 for random or globally near-identical models, 1e-3 for
-two clusters whose spread is 1/70 of their separation. Pairs closer than the
-Gram's rounding noise are reported at distance 0 (see `pairwise_sq_distances`),
-so the server step is never amplified by a spuriously tiny distance.
+The relative error of d_ij is about ``eps32 * (|wc_i|^2 + |wc_j|^2) / d_ij^2``;
+it is small unless two models are much closer to each other than to the mean
+of all models (tight clusters far apart). Pairs closer than the Gram's
+rounding noise are reported at distance 0 (see `pairwise_sq_distances`), so
+the server step is never amplified by a spuriously tiny distance.
 
-Model-distance loss (docs/methods/conventions.md, DiversiFed; its equation is
-reconstructed from the paper's words, so it lives in ONE pure function,
-`model_distance_loss`, to be swapped). Models are compared by a bounded
-similarity, a Gaussian kernel of their Euclidean distance, and the loss
-sharpens each client's softmax over those similarities:
+The model-distance loss (``form='distance'``, the paper's)
+---------------------------------------------------------
+The logits are the Euclidean distances scaled by the temperature tau:
 
-    k_ij = exp(-d_ij^2 / sigma),
-    L(D) = sum_i L_i,  L_i = sum_{j != i} log( exp(tau k_ij) / sum_{l != i} exp(tau k_il) ).
+    L(D) = sum_i L_i,  L_i = sum_{j != i} log( exp(d_ij / tau) / sum_{k != i} exp(d_ik / tau) ),
+    dL_i/dd_ij = (1 - (N-1) s_ij) / tau,  s_ij = softmax_{k != i}(d_ik / tau)_j.
 
-L_i is smallest when client i's similarities are as unequal as possible, so
-descent raises the similarity of models more similar than i's softmax average
-(attraction) and lowers that of the others (repulsion):
-dL_i/dk_ij = tau (1 - (N-1) s_ij), s_ij = softmax_{l != i}(tau k_il)_j. A
-larger ``tau`` both sharpens the softmax and scales the gradient, so it
-strengthens the pull and the push together. The logits lie in [0, tau], so L
-is bounded below, and the push on a model fades as its similarity goes to 0:
-a far model is left alone instead of being driven away without end.
+Descent on L shortens the distances of the models closer to client i than
+its softmax average (attraction: the numerator) and lengthens those of the
+farther ones (repulsion: the denominator). The server step is one gradient
+step on L with respect to every model ("incremental proximal", Lemma 1):
+``u_i = w_i - eta_i grad_{w_i} L``. Since ``grad_{w_i} d_ij = (w_i - w_j) / d_ij``,
 
-The server step is one gradient step on L with respect to every model
-("incremental proximal", Lemma 1), taken in units of the kernel scale:
-``u_i = w_i - eta_i * sigma * grad_{w_i} L`` (eta_i = eta unless cut, below).
-Since ``grad_{w_i} d_ij^2 = 2 (w_i - w_j)``, ``u_i = sum_j xi_ij w_j`` with
+    u_i = sum_j xi_ij w_j,  xi_ij = eta_i c_ij / d_ij  (j != i),  xi_ii = 1 - sum_{j != i} xi_ij,
+    c_ij = dL/dd_ij counting both L_i and L_j,
 
-    xi_ij = 2 eta_i sigma c_ij  (j != i),   xi_ii = 1 - sum_{j != i} xi_ij,
-    c_ij = dL/d(d_ij^2) counting both L_i and L_j  (= G_ij + G_ji, G = dL/dD^2),
-    sigma c_ij = tau [k_ij ((N-1) s_ij - 1) + k_ji ((N-1) s_ji - 1)],
+so a positive xi_ij attracts and a negative one repels; a pair at distance 0
+has no direction and weight 0 (identical initial models: Xi = I).
 
-so every row of Xi sums to 1, a positive entry attracts and a negative one
-repels. Taking the step on squared distances keeps every coefficient bounded
-(no 1/d_ij factor, which would overshoot close pairs), and a pair at distance
-0 has k = 1 and a zero direction (identical initial models: Xi = I). The
-entries are weighted by the similarity, so the pull on near models outweighs
-the push on far ones: sum_{j != i} k_ij ((N-1) s_ij - 1) >= 0 (k and s are
-ordered alike), hence sum_ij c_ij >= 0: over all clients, the step mixes
-others in (the mean self-weight of the uncut step is below 1 whenever the
-similarities differ).
+Stabilisation. Taken literally, L is unbounded below: the farthest model's
+term falls without limit as it moves away, and xi_ij = eta c_ij / d_ij grows
+without bound for close pairs, so the full step overshoots them. The one
+change made: each client's step size eta_i is eta, cut where needed so that
+sum_{j != i} |xi_ij| <= 1 (`bounded_step_sizes`). The step keeps the
+gradient's direction (a shorter descent step on the same L), xi_ii >= 0, and
+u_i stays within the span of the distances to the other models. Far pairs
+still repel and near ones attract at every step.
 
-Scale and stability: ``sigma`` is a fixed scale in squared parameter distance
-(like FedAMP's), not a statistic of the current models: with a scale that
-follows the models (their mean distance), the push is a constant fraction of
-the distances, and the models spread geometrically round after round. With a
-fixed scale, models farther apart than a few sqrt(sigma) neither attract nor
-repel. Since (N-1) s_ij <= e^tau, |xi_ij| <= 4 eta tau (e^tau - 1). The pull
-grows as similar models gather (their similarities part from the others'),
-so a step that mixes well while the models are still alike would, once they
-cluster, move a client past the models it is pulled to (xi_ii < 0) and make
-the clusters oscillate. Each client's step size is therefore cut, where
-needed, to the step at which xi_ii reaches 0 (`step_sizes`): a per-client
-step along the same gradient, so still a descent step on L, and a mix that
-never weighs a client's own model negatively.
+The kernel variant (``form='kernel'``)
+-------------------------------------
+Logits tau k_ij with k_ij = exp(-d_ij^2 / sigma), a bounded similarity:
+
+    L(D^2) = sum_i sum_{j != i} log softmax_{l != i}(tau k_il)_j,
+    u_i = w_i - eta_i sigma grad_{w_i} L,  xi_ij = 2 eta_i sigma c_ij,  c_ij = dL/d(d_ij^2) (both terms),
+
+with eta_i cut to the step at which xi_ii reaches 0 (`step_sizes`). Every
+force is multiplied by k_ij, which goes to 0 for far pairs: a far model is
+left alone instead of repelled, so this is not the paper's loss; it is kept
+as a named variant only.
 """
 
 from __future__ import annotations
@@ -180,8 +167,61 @@ def _off_diagonal(n: int):
     return ~jnp.eye(n, dtype=bool)
 
 
+FORMS = ("distance", "kernel")  # the paper's loss on d_ij / tau; the bounded-similarity variant
+
+
+def model_distance_loss(distances, tau):
+    """L(D) = sum_i sum_{j != i} log softmax_{k != i}(d_ik / tau)_j, D Euclidean (module docstring).
+
+    distances [N, N] (symmetric, zero diagonal; entries are used as
+    independent inputs, so dL/dD_ij is the L_i part only). The only place the
+    paper's formula lives.
+
+    Examples:
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> round(float(model_distance_loss(d, tau=1.0)), 4)
+        -4.6393
+    """
+    return _sum_of_log_softmax_off_diagonal(distances / tau)
+
+
+def _sum_of_log_softmax_off_diagonal(logits):
+    """sum_i sum_{j != i} log softmax_{k != i}(logits_ik)_j for logits [N, N] (0 for N < 2)."""
+    n = logits.shape[0]
+    if n < 2:
+        return jnp.zeros((), logits.dtype)
+    off = _off_diagonal(n)
+    lse = jax.nn.logsumexp(jnp.where(off, logits, -jnp.inf), axis=1)  # [N]
+    return jnp.sum(jnp.sum(jnp.where(off, logits, 0.0), axis=1) - (n - 1) * lse)
+
+
+def model_distance_loss_grad(distances, tau):
+    """Closed form of dL/dD for `model_distance_loss`: (1 - (N-1) s_ij) / tau off the diagonal.
+
+    s_ij = softmax_{k != i}(d_ik / tau)_j. Positive entries attract (the loss
+    grows with that distance), negative ones repel. A test reference for autodiff.
+
+    Examples:
+        >>> import numpy as np
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> g = model_distance_loss_grad(d, 1.0)
+        >>> bool(jnp.allclose(g, jax.grad(model_distance_loss)(d, 1.0), atol=1e-6))
+        True
+        >>> print(np.asarray(g).round(3))  # client 0: model 1 (near) attracts, model 2 (far) repels
+        [[ 0.     0.462 -0.462]
+         [ 0.     0.     0.   ]
+         [-0.462  0.462  0.   ]]
+    """
+    n = distances.shape[0]
+    if n < 2:
+        return jnp.zeros_like(distances)
+    off = _off_diagonal(n)
+    s = jax.nn.softmax(jnp.where(off, distances / tau, -jnp.inf), axis=1)
+    return jnp.where(off, (1.0 - (n - 1) * s) / tau, 0.0)
+
+
 def similarities(sq_distances, sigma):
-    """k_ij = exp(-d_ij^2 / sigma): 1 for identical models, toward 0 for models far apart.
+    """k_ij = exp(-d_ij^2 / sigma): 1 for identical models, toward 0 for models far apart (the kernel variant).
 
     Examples:
         >>> import numpy as np
@@ -192,44 +232,28 @@ def similarities(sq_distances, sigma):
     return jnp.exp(-sq_distances / sigma)
 
 
-def model_distance_loss(sq_distances, tau, sigma):
-    """L(D^2) = sum_i sum_{j != i} log softmax_{l != i}(tau k_il)_j, k = exp(-D^2 / sigma) (module docstring).
-
-    sq_distances [N, N] (symmetric, zero diagonal; entries are used as
-    independent inputs, so dL/dD^2_ij is the L_i part only). The only place the
-    formula lives.
+def kernel_similarity_loss(sq_distances, tau, sigma):
+    """The kernel variant's loss: sum_i sum_{j != i} log softmax_{l != i}(tau k_il)_j, k = exp(-D^2 / sigma).
 
     Examples:
         >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
-        >>> round(float(model_distance_loss(d2, tau=1.0, sigma=1.0)), 4)
+        >>> round(float(kernel_similarity_loss(d2, tau=1.0, sigma=1.0)), 4)
         -4.2197
     """
-    n = sq_distances.shape[0]
-    if n < 2:
-        return jnp.zeros((), sq_distances.dtype)
-    off = _off_diagonal(n)
-    logits = tau * similarities(sq_distances, sigma)
-    lse = jax.nn.logsumexp(jnp.where(off, logits, -jnp.inf), axis=1)  # [N]
-    per_client = jnp.sum(jnp.where(off, logits, 0.0), axis=1) - (n - 1) * lse
-    return jnp.sum(per_client)
+    return _sum_of_log_softmax_off_diagonal(tau * similarities(sq_distances, sigma))
 
 
-def model_distance_loss_grad(sq_distances, tau, sigma):
-    """Closed form of dL/dD^2 for `model_distance_loss`: (tau/sigma) k_ij ((N-1) s_ij - 1) off the diagonal.
+def kernel_similarity_loss_grad(sq_distances, tau, sigma):
+    """Closed form of dL/dD^2 for `kernel_similarity_loss`: (tau/sigma) k_ij ((N-1) s_ij - 1) off the diagonal.
 
-    s_ij = softmax_{l != i}(tau k_il)_j. Positive entries attract (the loss
-    grows with that distance). A test reference for autodiff.
+    s_ij = softmax_{l != i}(tau k_il)_j. A test reference for autodiff.
 
     Examples:
         >>> import numpy as np
         >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
-        >>> g = model_distance_loss_grad(d2, 1.0, 1.0)
-        >>> bool(jnp.allclose(g, jax.grad(model_distance_loss)(d2, 1.0, 1.0), atol=1e-6))
+        >>> g = kernel_similarity_loss_grad(d2, 1.0, 1.0)
+        >>> bool(jnp.allclose(g, jax.grad(kernel_similarity_loss)(d2, 1.0, 1.0), atol=1e-6))
         True
-        >>> print(np.asarray(g).round(3))  # client 0: model 1 (near) attracts, model 2 (far) repels
-        [[ 0.     0.064 -0.003]
-         [ 0.     0.     0.   ]
-         [-0.003  0.064  0.   ]]
     """
     n = sq_distances.shape[0]
     if n < 2:
@@ -240,55 +264,92 @@ def model_distance_loss_grad(sq_distances, tau, sigma):
     return jnp.where(off, (tau / sigma) * k * ((n - 1) * s - 1.0), 0.0)
 
 
-def pair_coefficients(sq_distances, tau, sigma, loss_fn: Callable = model_distance_loss):
-    """c_ij = dL/d(d_ij^2) with d_ij = d_ji one variable: G + G^T, G = grad of ``loss_fn`` w.r.t. D^2.
+def pair_coefficients(loss_fn: Callable, matrix, *args):
+    """c_ij = dL/dm_ij with m_ij = m_ji one variable: G + G^T, G = grad of ``loss_fn(matrix, *args)``.
+
+    Examples:
+        >>> import numpy as np
+        >>> d = jnp.array([[0.0, 1.0, 2.0], [1.0, 0.0, 1.0], [2.0, 1.0, 0.0]])
+        >>> print(np.asarray(pair_coefficients(model_distance_loss, d, 1.0)).round(3))  # symmetric
+        [[ 0.     0.462 -0.924]
+         [ 0.462  0.     0.462]
+         [-0.924  0.462  0.   ]]
+    """
+    g = jax.grad(loss_fn)(matrix, *args)
+    return jnp.where(_off_diagonal(matrix.shape[0]), g + g.T, 0.0)
+
+
+def step_pulls(sq_distances, tau, *, form: str = "distance", sigma: float = 1.0):
+    """Xi's off-diagonal per unit of server step, [N, N]: c_ij / d_ij (``distance``; 0 where d_ij = 0) or
+    2 sigma c_ij with c on squared distances (``kernel``).
 
     Examples:
         >>> import numpy as np
         >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
-        >>> print(np.asarray(pair_coefficients(d2, 1.0, 1.0)).round(3))  # symmetric
-        [[ 0.     0.064 -0.006]
-         [ 0.064  0.     0.064]
-         [-0.006  0.064  0.   ]]
+        >>> print(np.asarray(step_pulls(d2, 1.0)).round(3))
+        [[ 0.     0.462 -0.462]
+         [ 0.462  0.     0.462]
+         [-0.462  0.462  0.   ]]
     """
-    g = jax.grad(loss_fn)(sq_distances, tau, sigma)
-    return jnp.where(_off_diagonal(sq_distances.shape[0]), g + g.T, 0.0)
+    if form == "kernel":
+        return 2.0 * sigma * pair_coefficients(kernel_similarity_loss, sq_distances, tau, sigma)
+    if form != "distance":
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    distances = safe_sqrt(sq_distances)
+    c = pair_coefficients(model_distance_loss, distances, tau)
+    positive = distances > 0
+    return jnp.where(positive, c / jnp.where(positive, distances, 1.0), 0.0)
 
 
-def mixing_matrix(sq_distances, tau, eta, sigma, *, loss_fn: Callable = model_distance_loss, rows=None):
-    """Xi [N, N] (or [S, N] for ``rows`` [S]): xi_ij = 2 eta_i sigma c_ij, xi_ii = 1 - sum_{j != i} xi_ij.
+def mixing_matrix(sq_distances, tau, eta, *, form: str = "distance", sigma: float = 1.0, rows=None):
+    """Xi [N, N] (or [S, N] for ``rows`` [S]): xi_ij = eta_i pull_ij (`step_pulls`), xi_ii = 1 - sum_{j != i} xi_ij.
 
     ``sq_distances`` are the squared distances of ALL N models; rows select
     whose mixed model is wanted (the clients of this round). Every row sums to
-    1. eta_i = eta, cut to the step at which xi_ii reaches 0 where the full
-    step would make it negative (`step_sizes`).
+    1. eta_i is eta, cut where needed: ``distance`` so that sum_{j != i} |xi_ij|
+    <= 1 (`bounded_step_sizes`), ``kernel`` so that xi_ii >= 0 (`step_sizes`).
 
     Examples:
         >>> import numpy as np
         >>> d2 = jnp.array([[0.0, 1.0, 4.0], [1.0, 0.0, 1.0], [4.0, 1.0, 0.0]])
-        >>> xi = mixing_matrix(d2, tau=1.0, eta=0.5, sigma=1.0)
-        >>> print(np.asarray(xi).round(3))  # a negative entry repels
+        >>> print(np.asarray(mixing_matrix(d2, tau=1.0, eta=0.5)).round(3))  # a negative entry repels
+        [[ 1.     0.231 -0.231]
+         [ 0.231  0.538  0.231]
+         [-0.231  0.231  1.   ]]
+        >>> print(np.asarray(mixing_matrix(d2, tau=1.0, eta=10.0)).round(3))  # steps cut: sum |xi_ij| = 1
+        [[ 1.   0.5 -0.5]
+         [ 0.5  0.   0.5]
+         [-0.5  0.5  1. ]]
+        >>> print(np.asarray(mixing_matrix(d2, tau=1.0, eta=0.5, form="kernel", sigma=1.0)).round(3))
         [[ 0.943  0.064 -0.006]
          [ 0.064  0.873  0.064]
          [-0.006  0.064  0.943]]
-        >>> print(np.asarray(mixing_matrix(d2, tau=1.0, eta=10.0, sigma=1.0)).round(3))  # steps cut: xi_ii = 0
-        [[ 0.     1.111 -0.111]
-         [ 0.5    0.     0.5  ]
-         [-0.111  1.111  0.   ]]
     """
-    n = sq_distances.shape[0]
-    pull = 2.0 * sigma * pair_coefficients(sq_distances, tau, sigma, loss_fn)  # the step per unit of eta
-    off = step_sizes(pull, eta)[:, None] * pull
+    pull = step_pulls(sq_distances, tau, form=form, sigma=sigma)
+    steps = bounded_step_sizes(pull, eta) if form == "distance" else step_sizes(pull, eta)
+    off = steps[:, None] * pull
     xi = off + jnp.diag(1.0 - jnp.sum(off, axis=1))
     if rows is not None:
         xi = xi[rows]
     return xi
 
 
+def bounded_step_sizes(pull, eta):
+    """Each client's server step size [N] for the distance form: eta, or 1 / sum_{j != i} |pull_ij| where the
+    full step would put more than 1 of absolute weight on the other models. ``pull`` [N, N]: Xi's off-diagonal
+    per unit of step.
+
+    Examples:
+        >>> print(bounded_step_sizes(jnp.array([[0.0, 0.5, -0.25], [4.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), eta=1.0).tolist())
+        [1.0, 0.25, 1.0]
+    """
+    total = jnp.sum(jnp.abs(pull), axis=1)
+    return jnp.where(eta * total > 1.0, 1.0 / jnp.where(total > 0, total, 1.0), eta)
+
+
 def step_sizes(pull, eta):
-    """Each client's server step size [N]: eta, or less where the full step would put a negative weight on
-    the client's own model, 1 / sum_{j != i} pull_ij (then xi_ii = 0). ``pull`` [N, N]: Xi's off-diagonal per
-    unit of step.
+    """Each client's server step size [N] for the kernel form: eta, or less where the full step would put a
+    negative weight on the client's own model, 1 / sum_{j != i} pull_ij (then xi_ii = 0).
 
     Examples:
         >>> print(step_sizes(jnp.array([[0.0, 0.5], [4.0, 0.0]]), eta=1.0).tolist())
@@ -333,25 +394,26 @@ def _unflatten_rows(matrix, like):
     return jax.tree.unflatten(treedef, out)
 
 
-def mix_models(models, tau, eta, sigma, *, rows=None, loss_fn: Callable = model_distance_loss):
+def mix_models(models, tau, eta, *, form: str = "distance", sigma: float = 1.0, rows=None):
     """DiversiFed's server step in one call: -> (U for ``rows`` (all if None), Xi, D).
 
     models: [N, P] or a stacked tree of all N stored models; U comes back in
     the same form with S = len(rows) rows; D are the Euclidean distances [N, N].
+    ``form`` and ``sigma``: see `mixing_matrix`.
 
     Examples:
         >>> import numpy as np
         >>> models = jnp.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])  # N=3 flattened models
-        >>> u, xi, d = mix_models(models, tau=1.0, eta=0.5, sigma=1.0, rows=jnp.array([0]))
+        >>> u, xi, d = mix_models(models, tau=1.0, eta=0.1, rows=jnp.array([0]))
         >>> print(np.asarray(d).round(3))
         [[0.    1.    2.   ]
          [1.    0.    2.236]
          [2.    2.236 0.   ]]
         >>> print(np.asarray(u).round(3))  # client 0's anchor: toward model 1 (near), away from model 2 (far)
-        [[ 0.129 -0.006]]
+        [[ 0.101 -0.034]]
     """
     sq = pairwise_sq_distances(models)
-    xi = mixing_matrix(sq, tau, eta, sigma, loss_fn=loss_fn, rows=rows)
+    xi = mixing_matrix(sq, tau, eta, form=form, sigma=sigma, rows=rows)
     return apply_mixing(xi, models), xi, safe_sqrt(sq)
 
 
