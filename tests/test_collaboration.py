@@ -11,12 +11,15 @@ import pytest
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import collaboration
 from fedjax_pfl.methods import get_method, method_names
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods.base import Method, ServerRound
 from fedjax_pfl.runs import records
 
 # The methods whose clients' models are built from other clients' models, one weight per client (or
 # per candidate model): each reports its collaboration through `round_diagnostics`.
 COLLABORATING = ("fedamp", "diversifed", "fedfomo", "apple", "fedcac", "fedpac", "fedpac_proto")
+# Methods that report their server step in another way: FedAS its Fisher weights and its alignment's effect
+# (tests/test_fedas.py).
+OTHER_REPORTING = ("fedas",)
 
 
 def test_summaries_equal_float64_reference():
@@ -43,18 +46,25 @@ def test_summaries_equal_float64_reference():
 def test_every_method_with_diagnostics_is_checked_here():
     reporting = {name for name in method_names()
                  if get_method(name).round_diagnostics is not Method.round_diagnostics}
-    assert reporting == set(COLLABORATING)
+    assert reporting == set(COLLABORATING) | set(OTHER_REPORTING)
 
 
-def test_round_diagnostics_must_be_scalars():
-    class Broken(Method):
-        name = "broken"
+def test_round_diagnostics_are_scalars_or_one_value_per_selected_client():
+    class Reporting(Method):
+        name = "reporting"
+        shape = ()
 
         def round_diagnostics(self, server, new_server, uploads, info):
-            return {"self_weight": jnp.ones(2)}
+            return {"self_weight": jnp.ones(self.shape), "mean": 0.5}
 
+    info = ServerRound(jnp.int32(0), jnp.array([4, 0, 2]), jnp.ones(3), jnp.ones(3, bool))
+    method = Reporting.__new__(Reporting)
+    method.shape = (3,)
+    scalars, per_client = engine_lib.round_diagnostics(method, {}, {}, {}, info)
+    assert set(scalars) == {"mean"} and per_client["self_weight"].shape == (3,)
+    method.shape = (2,)
     with pytest.raises(ValueError, match="self_weight"):
-        engine_lib.round_diagnostics(Broken.__new__(Broken), {}, {}, {}, None)
+        engine_lib.round_diagnostics(method, {}, {}, {}, info)
 
 
 def test_records_carry_the_diagnostics_of_their_round():
@@ -66,4 +76,8 @@ def test_records_carry_the_diagnostics_of_their_round():
     record = records.evaluation_record(per_client, per_round[1], 1, 1.0, "local")
     assert record["round"] == 2 and record["diagnostics"] == {"self_weight": pytest.approx(0.8)}
     plain = records.evaluation_record(per_client, {"train_loss": 0.1, "diagnostics": {}}, 0, 1.0, "local")
-    assert "diagnostics" not in plain
+    assert "diagnostics" not in plain and "client_diagnostics" not in plain
+    by_client = records.evaluation_record(per_client, {"train_loss": 0.1, "selected": np.array([7, 2]),
+                                                       "client_diagnostics": {"w": np.array([0.25, 0.75])}},
+                                          0, 1.0, "local")
+    assert by_client["client_diagnostics"] == {"w": {"7": 0.25, "2": 0.75}}

@@ -257,6 +257,59 @@ def test_server_weights_fisher_or_sample_counts_and_dropped_uploads_weigh_zero()
                      new["body"], server["body"])
 
 
+def _fisher_weights_by_loop(model, clients_variables, data, selected, uploaded):
+    """alpha_i written out client by client, batch by batch, as FedAS's paper and its authors' code state
+    it: with client i's trained model (inference mode), for each of its train batches of size B in storage
+    order (the last one partial), the gradient g_b of the batch-mean negative log-likelihood of the true
+    labels w.r.t. every parameter (body and head); F_i = sum over batches of ||g_b||^2; alpha_i = F_i over
+    the sum of F_j of the clients whose upload arrived. float64 NumPy sums over float32 gradients."""
+    traces = []
+    for i in selected:
+        variables = jax.tree.map(lambda a: a[i], clients_variables)
+        n = int(data.n[i])
+        total = 0.0
+        for start in range(0, n, B):
+            x = _normalize(data.x[i, start:min(start + B, n)])
+            y = data.y[i, start:min(start + B, n)]
+
+            def nll(params):
+                logits = model.apply({**variables, "params": params}, x, train=False).logits
+                return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+
+            grads = jax.grad(nll)(variables["params"])
+            total += sum(float(np.sum(np.asarray(g, np.float64) ** 2)) for g in jax.tree.leaves(grads))
+        traces.append(total)
+    traces = np.where(np.asarray(uploaded), np.asarray(traces), 0.0)
+    return traces / traces.sum(), traces
+
+
+@pytest.mark.parametrize("options,drop", [({}, 0.0), ({"alignment": "per_sample"}, 0.34)])
+def test_recorded_weights_equal_an_independent_per_client_loop(options, drop):
+    """The round metrics carry alpha_i per selected client (client_diagnostics 'weight', summing to 1 over
+    the uploads that arrived); they equal the per-client loop's on the clients' trained models, and the
+    new global body is that average of the uploaded bodies."""
+    server, clients, history = _run_engine("fedas", options, rounds=2, drop_fraction=drop)
+    before, after, metrics = history[-1]
+    selected = np.asarray(metrics["selected"])
+    uploaded = np.asarray(metrics["uploaded"])
+    recorded = np.asarray(metrics["client_diagnostics"]["weight"])
+    expected, traces = _fisher_weights_by_loop(_model(), clients["variables"], _data(), selected, uploaded)
+    assert recorded.shape == (3,) and abs(recorded.sum() - 1.0) < 1e-6
+    np.testing.assert_allclose(recorded, expected, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(metrics["client_diagnostics"]["fisher"])[uploaded], traces[uploaded],
+                               rtol=1e-4)
+    if drop:
+        assert not uploaded.all() and np.all(recorded[~uploaded] == 0.0)
+    bodies = jax.tree.map(lambda a: np.asarray(a)[selected].astype(np.float64),
+                          tree_ops.part_of(clients["variables"], "body"))
+    jax.tree.map(lambda got, rows: np.testing.assert_allclose(np.asarray(got), np.tensordot(expected, rows, 1),
+                                                             rtol=1e-4, atol=1e-6), after["body"], bodies)
+    change = np.asarray(metrics["client_diagnostics"]["feature_change"])
+    assert np.all(change > 0)  # round 2: the alignment moved every selected client's received features
+    first = np.asarray(history[0][2]["client_diagnostics"]["feature_change"])
+    assert np.all(first == 0.0)  # round 1: no alignment
+
+
 def test_method_fisher_trace_is_the_kernel_on_the_clients_batches():
     model = _model()
     data = _client(_data(), 2)  # 7 real samples of 24: one partial batch, two all-padding

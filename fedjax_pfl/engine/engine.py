@@ -120,16 +120,22 @@ def every_client_keys(round_key, num_clients: int):
     return jax.random.split(jax.random.fold_in(round_key, 3), num_clients)
 
 
-def round_diagnostics(method: Method, server, new_server, uploads, info: ServerRound) -> dict:
-    """`Method.round_diagnostics` as float32 scalars (the round metrics' ``diagnostics``); ValueError
-    for a value that is not one number."""
-    out = {}
+def round_diagnostics(method: Method, server, new_server, uploads, info: ServerRound) -> tuple[dict, dict]:
+    """`Method.round_diagnostics` split into (scalars, per-client values), as float32: a value is one number
+    (the round metrics' ``diagnostics``) or one number per selected client, [S] in the order of
+    ``info.selected`` (``client_diagnostics``); ValueError for any other shape."""
+    scalars, per_client = {}, {}
+    selected = info.selected.shape[0]
     for name, value in method.round_diagnostics(server, new_server, uploads, info).items():
         value = jnp.asarray(value, jnp.float32)
-        if value.shape != ():
-            raise ValueError(f"{method.name}.round_diagnostics: {name!r} has shape {value.shape}; give a scalar")
-        out[name] = value
-    return out
+        if value.shape == ():
+            scalars[name] = value
+        elif value.shape == (selected,):
+            per_client[name] = value
+        else:
+            raise ValueError(f"{method.name}.round_diagnostics: {name!r} has shape {value.shape}; give a scalar "
+                             f"or one value per selected client ({selected},)")
+    return scalars, per_client
 
 
 def is_eval_round(round_index, total_rounds: int, eval_every: int):
@@ -355,7 +361,9 @@ class Engine:
         client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
                        else jnp.zeros(selected.shape)).astype(jnp.float32)
         how = ("map" if sequential else self.mapping, cfg.chunk_size, sharding.mesh_size(self.mesh))  # as round_padding
-        per_client = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss}
+        diagnostics, client_diagnostics = round_diagnostics(method, started_from, server, uploads, info)
+        per_client = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss,
+                      "client_diagnostics": client_diagnostics}
         if order is not None:  # the metrics list the clients as selected, whatever order they trained in
             per_client = jax.tree.map(lambda a: a[jnp.argsort(order)], per_client)
         metrics = {
@@ -363,7 +371,7 @@ class Engine:
             "train_loss": jnp.mean(client_loss),
             "real_steps": steps.sum(),
             **dict(zip(("sequential_steps", "executed_steps"), client_mapping.step_counts(steps, *how))),
-            "diagnostics": round_diagnostics(method, started_from, server, uploads, info),
+            "diagnostics": diagnostics,
         }
         return server, clients, metrics
 

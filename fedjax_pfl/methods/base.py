@@ -138,9 +138,10 @@ class Method:
         return server, clients
 
     def round_diagnostics(self, server, new_server, uploads, info: ServerRound) -> dict:
-        """Scalars about this round, {name: scalar}: the engine adds them to the round metrics
-        (``metrics['diagnostics']``), metrics.jsonl records them with each evaluation and the run's figures
-        draw them (plots/diagnostics.png). ``server``: the state the round started from; ``new_server``:
+        """Numbers about this round, {name: value}: a scalar, or [S], one value per selected client in the
+        order of ``info.selected``. The engine adds them to the round metrics (``metrics['diagnostics']``;
+        per client ``metrics['client_diagnostics']``), metrics.jsonl records them with each evaluation (per
+        client as {client id: value}) and the run's figures draw the scalars (plots/diagnostics.png). ``server``: the state the round started from; ``new_server``:
         after `server_update`; ``uploads``: the round's stacked uploads [S, ...], where a method may put
         per-client values for this step (``upload['collaboration']``, averaged by
         `kernels.collaboration.client_means`). A method that weights other clients' models reports its

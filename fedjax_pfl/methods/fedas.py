@@ -125,6 +125,16 @@ class FedAS(SharedBodyMethod):
 
         return objective
 
+    def feature_change(self, before, after, data):
+        """Mean over the client's train samples of ||f_after(x) - f_before(x)||^2 (inference mode): how far
+        the alignment moved the received body's features."""
+
+        def batch_sum(batch):
+            delta = self.features(after, batch.x) - self.features(before, batch.x)
+            return jnp.sum(jnp.sum(delta.astype(jnp.float32) ** 2, axis=-1) * batch.mask)
+
+        return self.sum_batches(batch_sum, data) / jnp.maximum(data.n.astype(jnp.float32), 1.0)
+
     def align(self, old_variables, variables, data, key):
         """Train the body of ``variables`` on the alignment loss -> (variables, mean loss)."""
         hp = self.hparams
@@ -169,14 +179,16 @@ class FedAS(SharedBodyMethod):
         k_align, k_train = jax.random.fold_in(key, 1), key
         extras = {}
         if self.hparams.align:
+
+            def aligned(received):
+                out, loss = self.align(client["variables"], received, data, k_align)
+                return out, loss, self.feature_change(received, out, data)
+
             # lax.cond: the round index is the same for every client (not vmapped),
             # so round 0 skips the alignment's compute, not just its result.
-            variables, extras["align_loss"] = jax.lax.cond(
-                info.round > 0,
-                lambda v: self.align(client["variables"], v, data, k_align),
-                lambda v: (v, jnp.zeros((), jnp.float32)),
-                variables,
-            )
+            variables, extras["align_loss"], extras["feature_change"] = jax.lax.cond(
+                info.round > 0, aligned, lambda v: (v, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
+                variables)
         variables, loss = self.train(self.supervised_objective(), variables, data, k_train, info.epochs)
         extras["fisher"] = self.fisher_trace(variables, data)
         return variables, loss, extras
@@ -186,3 +198,12 @@ class FedAS(SharedBodyMethod):
         if self.hparams.fisher_weights:
             return aggregation.fisher_weights(uploads["fisher"], info.uploaded)
         return info.sample_weights
+
+    def round_diagnostics(self, server, new_server, uploads, info):
+        """Per selected client: ``weight``, its normalised aggregation weight alpha_i (the Fisher weights, or
+        n_i / sum n_j with fisher_weights=False; 0 for a dropped upload), ``fisher``, its Fisher trace F_i, and
+        ``feature_change``, how far the alignment moved the received body's features (0 without it)."""
+        weights = aggregation.normalize_weights(self.aggregation_weights(uploads, info))
+        change = uploads["feature_change"] if self.hparams.align else jnp.zeros_like(uploads["fisher"])
+        return {"weight": weights, "fisher": uploads["fisher"], "feature_change": change,
+                "feature_change_mean": jnp.mean(change)}

@@ -33,7 +33,7 @@ COMPACT = "metrics.jsonl.xz"
 # what the tables and the report read from every record (the last one's other numbers are in summary.json)
 COMPACT_KEYS = ("round", "accuracy", "accuracy_weighted", "seconds")
 # kept where a record has them: whether the method's clients mixed, and the validation accuracy a sweep picks by
-COMPACT_IF_PRESENT = ("diagnostics", "val_accuracy")
+COMPACT_IF_PRESENT = ("diagnostics", "client_diagnostics", "val_accuracy")
 
 @dataclasses.dataclass
 class MetricsFile:
@@ -98,9 +98,13 @@ def read_metrics(path: Path) -> MetricsFile:
     return MetricsFile(path, records, damaged, line_of)
 
 
+PER_CLIENT = "client_diagnostics"  # {name: {client id: number}}: metrics.jsonl only, no column per client
+
+
 def flat_record(record: dict) -> dict:
     """``record`` with each nested dict (the method's ``diagnostics``: name -> number) spread into
-    ``'group/name'`` fields in its place, for metrics.csv's columns and TensorBoard's tags.
+    ``'group/name'`` fields in its place, for metrics.csv's columns and TensorBoard's tags; the per-client
+    values (`PER_CLIENT`) are left out.
 
     Examples:
         >>> flat_record({"round": 3, "diagnostics": {"self_weight": 0.5}, "seconds": 1.0})
@@ -108,6 +112,8 @@ def flat_record(record: dict) -> dict:
     """
     flat = {}
     for key, value in record.items():
+        if key == PER_CLIENT:
+            continue
         if isinstance(value, dict):
             flat.update({f"{key}/{name}": v for name, v in value.items()})
         else:

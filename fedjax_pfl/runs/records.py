@@ -53,7 +53,8 @@ def check_rounds(records: list[dict], step_sizes: list[str] = ()) -> None:
 
 def evaluation_record(per_client: dict, round_metrics: dict, t: int, seconds: float, eval_model: str) -> dict:
     """The metrics.jsonl record of the evaluation after round index ``t`` (``round`` t + 1), with the
-    method's ``diagnostics`` of that round when it reports any; DivergedError if the test loss is not finite.
+    method's ``diagnostics`` of that round when it reports any (``client_diagnostics``: its values per
+    selected client, keyed by client id); DivergedError if the test loss is not finite.
 
     ``seconds``: the run's wall time when the call holding round ``t`` returned.
     """
@@ -68,4 +69,8 @@ def evaluation_record(per_client: dict, round_metrics: dict, t: int, seconds: fl
     diagnostics = round_metrics.get("diagnostics")
     if diagnostics:  # the method's scalars about round t (Method.round_diagnostics)
         record["diagnostics"] = {k: float(v) for k, v in diagnostics.items()}
+    per_client = round_metrics.get("client_diagnostics")
+    if per_client:  # its values per selected client: {name: {client id: value}}
+        ids = [str(int(c)) for c in np.asarray(round_metrics["selected"])]
+        record["client_diagnostics"] = {k: dict(zip(ids, map(float, np.asarray(v)))) for k, v in per_client.items()}
     return record
