@@ -290,6 +290,25 @@ def test_client_dirichlet_overlap_as_the_authors_never_within_a_client():
         assert not np.isin(tr, te).any() and np.array_equal(np.sort(np.concatenate([tr, te])), p)
 
 
+def test_client_dirichlet_disjoint_shares_no_sample_and_keeps_each_mix():
+    """disjoint (the pFedKD-WCL paper's reading): no sample in two clients; a client's class counts are the
+    independent draw's, cut in proportion where a class is asked for beyond its pool (here: 20 clients of
+    1,165-3,834 from 60,000, top 2 classes, oversubscribe some classes)."""
+    parts = P.client_dirichlet(MNIST_LIKE, 20, 0.5, (1165, 3834), seed=0, max_classes_per_client=2, disjoint=True)
+    flat = np.concatenate(parts)
+    assert np.unique(flat).size == flat.size and flat.max() < MNIST_LIKE.size
+    asked = P.client_class_counts(MNIST_LIKE, 20, 0.5, (1165, 3834), seed=0, max_classes_per_client=2)
+    got = _hist(parts, MNIST_LIKE)
+    assert asked.sum(1).tolist() == np.linspace(1165, 3834, 20, dtype=int).tolist()
+    assert np.all(got <= asked) and np.all((got > 0) <= (asked > 0))  # the same classes, never more of one
+    supply = np.bincount(MNIST_LIKE)
+    short = asked.sum(0) > supply
+    assert short.any() and np.array_equal(got.sum(0)[~short], asked.sum(0)[~short])
+    assert np.all(got.sum(0)[short] <= supply[short]) and np.all(got.sum(0)[short] > 0.99 * supply[short] - 20)
+    for c in np.flatnonzero(short):  # each client keeps floor(its ask x supply / demand)
+        np.testing.assert_array_equal(got[:, c], np.floor(asked[:, c] * supply[c] / asked[:, c].sum()))
+
+
 def test_client_dirichlet_is_seeded_and_fast():
     a = P.make_partition("client_dirichlet", MNIST_LIKE, 20, 3, alpha=0.05, size_range=[1165, 3834],
                          max_classes_per_client=3)

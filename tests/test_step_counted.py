@@ -56,3 +56,48 @@ def _bn_setup():
     model = types.SimpleNamespace(init=lambda key: {"params": {"w": jnp.zeros(2)}, "batch_stats": {"m": jnp.zeros(2)}})
     return LocalSetup(model=model, optimizer=optax.sgd(0.1), batch_size=4, local_epochs=1, normalize=lambda x: x,
                       learning_rate=0.1)
+
+
+@pytest.mark.parametrize("name,options", [("fedavg", {"local_steps": 3}), ("fedprox", {"local_steps": 3, "mu": 0.5})])
+def test_fedavg_and_fedprox_take_r_random_batch_steps_with_local_steps(name, options):
+    """method.local_steps=R (pFedKD-WCL's paper's protocol for its baselines): R plain SGD steps, each on one
+    random batch that `random_batch` draws from the step's key, from the global model, as a per-step loop
+    computes them (FedProx with its proximal term); a straggler takes max(1, R e // E)."""
+    import numpy as np
+
+    from fedjax_pfl import losses
+    from fedjax_pfl.data.client_data import ClientData, stack_clients
+    from fedjax_pfl.methods.base import ClientRound
+    from fedjax_pfl.methods.step_counted import random_batch
+    from test_pfedkd import SIZES, _data
+
+    method = _method(name, **options)
+    x, y, idx = _data()
+    train = stack_clients(x, y, idx)
+    data = ClientData(train.x[2], train.y[2], train.n[2])
+    server, clients = method.init(jax.random.key(0), len(SIZES))
+    client = jax.tree.map(lambda a: a[2], clients)
+    key = jax.random.key(5)
+    mu = options.get("mu", 0.0)
+    anchor = server["variables"]["params"]
+
+    def reference(steps):
+        params = anchor
+        for k in jax.random.split(key, 3)[:steps]:
+            k_step, k_batch = jax.random.split(k)
+            batch = random_batch(k_batch, data, method.setup.batch_size, method.setup.normalize)
+
+            def loss(p):
+                logits = method.model.apply({"params": p}, batch.x, train=True).logits
+                return losses.cross_entropy(logits, batch.y, batch.mask) + mu * losses.proximal(p, anchor)
+
+            params = jax.tree.map(lambda a, g: a - 0.1 * g, params, jax.grad(loss)(params))
+        return params
+
+    for epochs, steps in [(4, 3), (1, 1)]:  # E = 4 (the setup's local_epochs): a straggler at e = 1 takes 1 step
+        _, upload = jax.jit(method.client_update)(server, client, data, key, ClientRound(jnp.int32(1), jnp.int32(epochs)))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                     upload["variables"]["params"], reference(steps))
+    plain = _method(name, **{k: v for k, v in options.items() if k != "local_steps"})
+    _, epochs_upload = jax.jit(plain.client_update)(server, client, data, key, ClientRound(jnp.int32(1), jnp.int32(4)))
+    assert not np.allclose(jax.tree.leaves(epochs_upload["variables"])[0], jax.tree.leaves(upload["variables"])[0])

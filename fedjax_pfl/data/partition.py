@@ -388,7 +388,7 @@ def linspace_sizes(size_range: Sequence[int], num_clients: int) -> np.ndarray:
 
 
 def client_dirichlet(labels, num_clients: int, alpha: float, size_range: Sequence[int], seed: int,
-                     max_classes_per_client: int | None = None) -> Partition:
+                     max_classes_per_client: int | None = None, disjoint: bool = False) -> Partition:
     """Each client draws its own class mix and samples a fixed number of examples from the whole pool.
 
     The pFedKD-WCL authors' MNIST data (HengruiH/pFedKD utils/MNIST_dirichlet.py),
@@ -404,6 +404,11 @@ def client_dirichlet(labels, num_clients: int, alpha: float, size_range: Sequenc
     (and one client's test sample may be another's train sample once
     `split_train_test` cuts each client). This scheme is the one that breaks
     this module's "no index appears twice" across clients. Not every sample is used.
+    With ``disjoint`` (the pFedKD-WCL paper's reading: each client its own
+    samples), every class's pool is shuffled once and dealt out in slices, so
+    no sample is in two clients; where the clients ask more of a class than
+    it holds, each client's count of that class is cut in proportion (its mix
+    keeps its shape, its size shrinks).
 
     Where it differs from the authors' script: their rounding floors each count
     and adds the remainder (0 to k-1 samples) to class 9, whether or not class 9
@@ -428,14 +433,13 @@ def client_dirichlet(labels, num_clients: int, alpha: float, size_range: Sequenc
     if sizes.max() > most:
         raise UserError(f"a client of {sizes.max()} samples cannot be drawn from at most {k} classes that hold "
                         f"{most} samples together; lower size_range or raise max_classes_per_client.")
+    if disjoint:
+        counts = client_class_counts(labels, num_clients, alpha, size_range, seed, max_classes_per_client)
+        return _disjoint_draw(counts, pools, np.random.default_rng((seed, 1)))
     rng = np.random.default_rng(seed)
     parts = []
     for i, n in enumerate(sizes):
-        p = rng.dirichlet(np.full(num_classes, float(alpha)))
-        kept = np.zeros(num_classes, np.int64)
-        top = np.argsort(-p, kind="stable")[:int(k)]
-        kept[top] = np.round(p[top] * 2**32).astype(np.int64)
-        counts = _proportional_counts(kept, int(n), rng)
+        counts = _class_counts(rng, int(n), num_classes, alpha, int(k))
         short = np.flatnonzero(counts > [pool.size for pool in pools])
         if short.size:
             c = int(short[0])
@@ -444,6 +448,46 @@ def client_dirichlet(labels, num_clients: int, alpha: float, size_range: Sequenc
         picked = [rng.choice(pools[c], counts[c], replace=False) for c in np.flatnonzero(counts)]
         parts.append(np.sort(np.concatenate(picked)).astype(np.int64))
     return parts
+
+
+def _class_counts(rng, n: int, num_classes: int, alpha: float, k: int) -> np.ndarray:
+    """One client's class counts [C]: p ~ Dir(alpha), its k largest kept and renormalised, n split by them."""
+    p = rng.dirichlet(np.full(num_classes, float(alpha)))
+    kept = np.zeros(num_classes, np.int64)
+    top = np.argsort(-p, kind="stable")[:k]
+    kept[top] = np.round(p[top] * 2**32).astype(np.int64)
+    return _proportional_counts(kept, n, rng)
+
+
+def client_class_counts(labels, num_clients: int, alpha: float, size_range: Sequence[int], seed: int,
+                        max_classes_per_client: int | None = None) -> np.ndarray:
+    """[N, C] the class counts each client of `client_dirichlet` asks for (``disjoint`` deals them out).
+
+    Examples:
+        >>> counts = client_class_counts(np.repeat(np.arange(4), 50), 3, 0.5, (10, 30), seed=0, max_classes_per_client=2)
+        >>> counts.sum(axis=1).tolist(), bool(((counts > 0).sum(axis=1) <= 2).all())
+        ([10, 20, 30], True)
+    """
+    labels = _check_labels(labels)
+    num_classes = _num_classes(labels)
+    k = num_classes if max_classes_per_client is None else int(max_classes_per_client)
+    rng = np.random.default_rng(seed)
+    return np.stack([_class_counts(rng, int(n), num_classes, alpha, k)
+                     for n in linspace_sizes(size_range, _check_clients(labels, num_clients))])
+
+
+def _disjoint_draw(counts, pools, rng) -> Partition:
+    """Clients' samples from one shuffled pool per class, no sample in two clients: ``counts`` [N, C] as drawn;
+    where the clients ask more of a class than its pool holds, each one's count of it is cut in proportion
+    (floor of count x pool / demand), so the mixes keep their shape and the sizes shrink."""
+    demand = counts.sum(axis=0)
+    supply = np.array([pool.size for pool in pools])
+    scale = np.minimum(1.0, supply / np.maximum(demand, 1))
+    counts = np.floor(counts * scale[None, :]).astype(np.int64)
+    ends = np.cumsum(counts, axis=0)
+    shuffled = [rng.permutation(pool) for pool in pools]
+    return [np.sort(np.concatenate([shuffled[c][ends[i, c] - counts[i, c]:ends[i, c]] for c in range(len(pools))]))
+            .astype(np.int64) for i in range(counts.shape[0])]
 
 
 # --------------------------------------------------------------------------

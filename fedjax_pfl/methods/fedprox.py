@@ -6,13 +6,12 @@ Evaluation (``eval.model``): ``global``, as FedAvg: the global model, optionally
 import dataclasses
 
 from fedjax_pfl import losses
-from fedjax_pfl.methods.fedavg import FedAvg
-from fedjax_pfl.methods.finetune import FineTuneConfig
+from fedjax_pfl.methods.fedavg import FedAvg, FedAvgConfig
 from fedjax_pfl.methods.options import option
 
 
 @dataclasses.dataclass(frozen=True)
-class FedProxConfig(FineTuneConfig):
+class FedProxConfig(FedAvgConfig):
     mu: float = option(0.01, "weight of the proximal term (mu/2) ||w - w_global||^2", at_least=0.0)
 
 

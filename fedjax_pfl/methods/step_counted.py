@@ -4,7 +4,8 @@ pFedKD-WCL, Per-FedAvg, pFedMe and pFedHN count local work in minibatch
 steps, as their authors' code does (their "local epochs" are steps: each step
 draws ``torch.randperm(n)[:B]``), not in epochs over the client's data.
 `random_batch_steps` runs such steps with a masked scan (stragglers take
-fewer); `StepMethod` gives those methods R (``method.local_steps``, else
+fewer; `optimizer_steps` with an optax optimizer, for an epoch-based method
+run under this protocol); `StepMethod` gives those methods R (``method.local_steps``, else
 ``train.local_epochs`` read as steps), the straggler step count, train.lr and
 the no-BatchNorm check. Nothing here is specific to one of them.
 """
@@ -15,6 +16,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
@@ -61,6 +63,40 @@ def random_batch_steps(step: Callable, carry, data, key, *, steps, max_steps: in
     return carry, loss_sum / jnp.maximum(valid.sum(), 1)
 
 
+def optimizer_steps(objective: Callable, optimizer, variables, data, key, *, steps, max_steps: int, batch_size: int,
+                    normalize: Callable, augment: Callable | None = None):
+    """``steps`` (<= ``max_steps``) steps of ``optimizer`` on ``objective(variables, batch, key) -> (loss,
+    batch_stats)``, each on one random batch of B distinct samples, from a fresh optimizer state ->
+    (variables, mean loss over the real steps): the step-counted protocol for an epoch-based method."""
+    params = variables["params"]
+
+    def step(carry, batches, k):
+        params, opt_state, stats = carry
+
+        def loss_of(p):
+            current = {**variables, "params": p}
+            if stats is not None:
+                current["batch_stats"] = stats
+            return objective(current, batches[0], k)
+
+        (loss, new_stats), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state, new_stats if stats is not None else None), loss
+
+    carry = (params, optimizer.init(params), variables.get("batch_stats"))
+    (params, _, stats), loss = random_batch_steps(step, carry, data, key, steps=steps, max_steps=max_steps,
+                                                  batch_size=batch_size, normalize=normalize, augment=augment)
+    out = {**variables, "params": params}
+    if stats is not None:
+        out["batch_stats"] = stats
+    return out, loss
+
+
+def straggler_steps(r: int, epochs, local_epochs: int):
+    """R steps, or max(1, R * e // E) for a straggler that trains e < E epochs."""
+    return jnp.clip(r * epochs // int(local_epochs), 1, r)
+
+
 class StepMethod(Method):
     """Helpers of the step-counted methods: R, straggler steps, train.lr, BatchNorm check.
 
@@ -94,8 +130,7 @@ class StepMethod(Method):
 
     def steps_this_round(self, info):
         """R, or max(1, R * e // E) for a straggler that trains e < E epochs."""
-        r, e_max = self.local_steps(), int(self.setup.local_epochs)
-        return jnp.clip(r * info.epochs // e_max, 1, r)
+        return straggler_steps(self.local_steps(), info.epochs, self.setup.local_epochs)
 
     def init_variables(self, key):
         variables = self.model.init(key)

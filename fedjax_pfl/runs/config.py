@@ -153,6 +153,8 @@ class PartitionConfig:
     size_range: tuple[int, ...] | None = setting(None, "client_dirichlet: client sizes floor(linspace(smallest, "
                                                  "largest, num_clients))", check=_size_range,
                                                  none="(client_dirichlet needs it)")
+    disjoint: bool = setting(False, "client_dirichlet: no sample in two clients (a class asked for beyond its pool "
+                             "is cut in proportion); false: clients draw independently, as pFedKD-WCL's authors")
 
 
 @dataclasses.dataclass
