@@ -323,6 +323,23 @@ def test_relative_alignment_is_the_term_in_units_of_the_targets_mean_square():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # (lam = 1 / 7, not 1: the absolute term differs)
 
 
+def test_every_paper_table_runs_fedpac_with_its_papers_absolute_term():
+    """FedPAC's alignment term is the absolute MSE, as its paper and its authors' code: the default, and what
+    every cell of every paper table that runs FedPAC (or its prototype-loss variant) asks for."""
+    from fedjax_pfl.papers import table_spec
+
+    assert FedPACConfig().alignment == "absolute"
+    checked = 0
+    for name in table_spec.table_names():
+        spec = table_spec.find_table(name)
+        for cell in spec.cells(seeds=[0]):
+            if cell.method.method in ("fedpac", "fedpac_proto"):
+                checked += 1
+                asked = [o for o in cell.overrides if o.startswith("method.alignment=")]
+                assert asked in ([], ["method.alignment=absolute"]), (name, cell.folder_name, asked)
+    assert checked >= 20  # FedPAC runs in PFAKD's and FedPAC's tables
+
+
 def test_head_optimizer_run_is_the_runs_optimizer_in_the_head_epoch():
     """head_optimizer=run (PFLlib's one optimizer, which PFAKD's table ran) equals the authors' head
     optimizer set to the run's SGD (lr 0.05, momentum 0.5, no decay); the default (lr 0.1) differs."""

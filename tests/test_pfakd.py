@@ -342,6 +342,32 @@ def test_bad_options_are_user_errors(name, options, match):
         config_lib.method_options(get_method(name).hparams_type, options)
 
 
+def test_fmnist_preset_runs_the_authors_fmnist_network():
+    """configs/pfakd_fmnist.yaml builds the network the PFAKD authors' main.py builds for Fashion-MNIST
+    (CNN_FMNIST): conv5x5 1->16 (no padding), conv5x5 16->32 (padding 1), each ReLU + 2x2 max-pool, Dense
+    800 -> 128 ReLU (the body's feature), head Dense 128 -> 10: 117,066 parameters."""
+    from pathlib import Path
+
+    cfg = config_lib.build(Path(__file__).resolve().parents[1] / "configs" / "pfakd_fmnist.yaml", [])
+    assert cfg.model.name == "pfakd_cnn_fmnist"
+    model = build_model(cfg.model.name, (28, 28, 1), 10, init=cfg.model.init)
+    params = jax.eval_shape(model.init, jax.random.key(0))["params"]
+    shapes = {"/".join(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
+              for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+    assert shapes == {"body/conv0/kernel": (5, 5, 1, 16), "body/conv0/bias": (16,),
+                      "body/conv1/kernel": (5, 5, 16, 32), "body/conv1/bias": (32,),
+                      "body/mlp/dense0/kernel": (800, 128), "body/mlp/dense0/bias": (128,),
+                      "head/logits/kernel": (128, 10), "head/logits/bias": (10,)}, shapes
+    assert sum(int(np.prod(s)) for s in shapes.values()) == 117_066
+    assert model.feature_dim == 128
+    out = model.apply(model.init(jax.random.key(0)), -jnp.ones((2, 28, 28, 1)))
+    assert out.features.shape == (2, 128) and bool(jnp.all(out.features >= 0))  # ReLU features
+    x = jax.random.normal(jax.random.key(1), (3, 28, 28, 1))  # ReLU, not leaky ReLU: differs from fedpac_cnn
+    twin = build_model("fedpac_cnn", (28, 28, 1), 10)
+    variables = model.init(jax.random.key(2))
+    assert not np.allclose(model.apply(variables, x).logits, twin.apply(variables, x).logits)
+
+
 def test_pfakd_at_checks_the_model():
     with pytest.raises(UserError, match="conv maps"):
         PFAKDAT(_setup(build_model("mlp", (28, 28, 1), 10)))

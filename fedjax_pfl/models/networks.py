@@ -24,6 +24,9 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
 * ``pfakd_cnn``: the PFAKD authors' CNN: conv3x3 16, conv4x4 32, conv3x3 64
   (VALID, each ReLU + maxpool 2), flatten (256 at 32x32, 64 at 28x28) = the
   feature; head Dense 64 ReLU, Dense(C).
+* ``pfakd_cnn_fmnist``: the PFAKD authors' Fashion-MNIST CNN (their CNN_FMNIST):
+  conv5x5 16 pad 0, conv5x5 32 pad 1 (each ReLU + maxpool 2), flatten (800 at
+  28x28), Dense 128 ReLU = the feature; head Dense(C). About 117k parameters.
 * ``fedpac_cnn``: the FedPAC authors' CNNs, leaky ReLU (slope 0.01), maxpool 2
   after each conv. ``variant='cifar'``: conv5x5 16 pad 0, conv5x5 32 pad 1,
   conv3x3 64 pad 1, Dense 128; ``variant='fmnist'``: the first two convs only,
@@ -294,12 +297,20 @@ def _pfakd_cnn(input_shape, num_classes, conv_impl):
     return ConvNetBody(convs, (), conv_impl=conv_impl), Head(num_classes, hidden=(64,), impl=conv_impl)
 
 
+_TWO_CONVS_5X5 = (ConvSpec(16, 5, 0), ConvSpec(32, 5, 1))  # PFAKD's CNN_FMNIST and FedPAC's FMNIST CNN
+
+
+def _pfakd_cnn_fmnist(input_shape, num_classes, conv_impl):
+    _need_image("pfakd_cnn_fmnist", input_shape)
+    return ConvNetBody(_TWO_CONVS_5X5, (128,), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
+
+
 def _fedpac_cnn(input_shape, num_classes, conv_impl, variant: str = "auto"):
     _need_image("fedpac_cnn", input_shape)
     if variant == "auto":
         variant = "fmnist" if input_shape[-1] == 1 else "cifar"
     convs = {"cifar": (ConvSpec(16, 5, 0), ConvSpec(32, 5, 1), ConvSpec(64, 3, 1)),
-             "fmnist": (ConvSpec(16, 5, 0), ConvSpec(32, 5, 1))}
+             "fmnist": _TWO_CONVS_5X5}
     if variant not in convs:
         raise UserError(f"fedpac_cnn variant must be 'auto', 'cifar' or 'fmnist', got {variant!r}.")
     body = ConvNetBody(convs[variant], (128,), nn.leaky_relu, conv_impl)
@@ -319,6 +330,7 @@ _REGISTRY: dict[str, Callable[..., tuple[nn.Module, nn.Module]]] = {
     "fedavgcnn": _fedavgcnn,
     "lenet": _lenet,
     "pfakd_cnn": _pfakd_cnn,
+    "pfakd_cnn_fmnist": _pfakd_cnn_fmnist,
     "fedpac_cnn": _fedpac_cnn,
     "resnet8": _resnet((16, 32, 64), (1, 1, 1), "resnet8"),
     "resnet18": _resnet((64, 128, 256, 512), (2, 2, 2, 2), "resnet18"),
