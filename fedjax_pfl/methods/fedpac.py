@@ -62,19 +62,14 @@ client's (combined) head, i.e. the model the client holds after the round in
 the authors' code; ``local`` evaluates the client's own trained body with
 its combined head.
 
-Scale of the alignment term (``alignment``): the paper's term is in absolute
-squared feature units, so its weight against the CE grows with the square of
-the features' scale. Where local training inflates unnormalised features
-within the first rounds (PFAKD's CNN, whose feature is its last pooled
-convolution, after E = 10 or 20 epochs of SGD with momentum 0.9), the
-averaged body's features in round 2 sit far from the global prototypes, the
-term outweighs the CE many times over with a gradient to match, the body's
-steps overshoot and it blows up, every client then predicting its largest
-class (PFLlib's FedPAC falls the same way there). ``alignment=relative``
-divides the batch's term by the mean square of its targets (a constant of
-the step): the same minimiser, the features pulled to the prototypes in
-proportion to their distance relative to the prototypes' size, whatever
-that size is; configs/tables/pfakd_table1.yaml sets it for Fashion-MNIST.
+Scale of the alignment term (``alignment``): ``absolute`` (the default) is
+the paper's term and its authors' code's, in squared feature units, so its
+weight against the CE grows with the square of the features' scale: where
+local training inflates unnormalised features within the first rounds, the
+averaged body's features in round 2 can sit far from the global prototypes
+and the term then outweighs the CE many times over. ``alignment=relative``
+divides the batch's term by the mean square of its targets (a batch-dependent
+effective lambda): a variant, not the paper's, which no paper table runs.
 
 Where the spec is silent (authors' code followed, or said why): statistics
 and prototypes use the model in inference mode (BatchNorm running averages);
