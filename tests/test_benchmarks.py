@@ -406,7 +406,7 @@ def _bash_array(path, name):
 
 def test_lease_plan_names_only_cells_the_tables_have_and_still_lack(data_dir, tmp_path):
     """benchmarks/lease.sh --dry-run: every planned cell exists in its table file and is not finished in
-    reproductions/ (a plan that re-runs committed cells would waste a lent GPU's 15 minutes)."""
+    reproductions/ (a plan that re-runs committed cells would waste a lent GPU's time)."""
     env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir), "LEASE_WORK": str(tmp_path / "work")}
     proc = subprocess.run(["bash", str(BENCH / "lease.sh"), "500", "--dry-run"], capture_output=True, text=True,
                           timeout=600, env=env, cwd=BENCH.parent)
