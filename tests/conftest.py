@@ -31,7 +31,6 @@ if 'xla_force_host_platform_device_count' not in os.environ['XLA_FLAGS']:
 # Its key holds the program, the XLA flags and the JAX version, so a hit runs exactly what a fresh compile
 # would. One folder per test session, set here in the pytest process before xdist starts its workers (they
 # and every subprocess inherit it) and removed when that process ends: each run compiles everything once.
-# tests/test_eval_protocols.py: 112 s -> 86 s on 2 cores.
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
     _cache_dir = tempfile.mkdtemp(prefix='fedjax_pfl-test-xla-cache-')
     os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache_dir

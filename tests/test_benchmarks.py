@@ -50,7 +50,9 @@ def test_vs_pytorch_tiny_reports_both_sides_or_says_why_not():
                             "samples_per_s", "padding_efficiency", "peak_memory_bytes", "flops_per_sample",
                             "train_gflops", "matmul_peak_gflops", "mapping_choice_s"])
     assert ours["train_s_per_round"] > 0 and 0 < ours["padding_efficiency"] <= 1
-    assert ours["train_samples_per_round"] == 2 * 20 and 0 <= ours["accuracy"] <= 1  # join ratio 0.5: 2 of 4
+    assert ours["train_samples_per_round"] == 2 * 20  # join ratio 0.5: 2 of 4
+    tested = 4 * 10  # the mean over 4 clients of correct predictions among each one's 10 test samples
+    assert 0 <= ours["accuracy"] <= 1 and ours["accuracy"] * tested == pytest.approx(round(ours["accuracy"] * tested))
     assert ours["flops_per_sample"] > 2 * 784 * 100  # the MLP 784-100-10's forward alone
     choice = ours["mapping_choice"]  # the engine's auto choice, timed
     assert choice["timed"] and ours["client_mapping"] == choice["mapping"] and ours["conv_impl"]
@@ -67,6 +69,24 @@ def test_vs_pytorch_tiny_reports_both_sides_or_says_why_not():
         assert theirs["client_steps_per_round"] == ours["real_client_steps"]  # same steps on both sides
         assert record["ratio_train"] == theirs["train_s_per_round"] / ours["train_s_per_round"]
         assert record["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
+
+
+def test_vs_pytorch_reports_the_accuracy_of_the_trained_model(monkeypatch, data_dir):
+    """On a workload that learns (4 IID Fashion-MNIST clients, 3 rounds) the accuracy a record reports clears
+    the partition's majority-class baseline by far: it is the trained model's, evaluated on the real test
+    samples (a model left at its initial parameters or a broken evaluation stays near the baseline)."""
+    import majority_baseline
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(data_dir))
+    import vs_pytorch
+
+    workload = dict(method="fedavg", model="mlp", batch=10, join_ratio=1.0, partition="iid", clients=4, epochs=2,
+                    lr=0.05, train_per_client=100, test_per_client=50, mapping="map")
+    record = vs_pytorch.measure_jax(workload, 2, 64, 10 ** 6)
+    exp = vs_pytorch.build(workload)
+    baseline = majority_baseline.from_client_data(exp.data.train, exp.data.test, exp.dataset.num_classes)
+    assert record["accuracy"] > baseline + 0.3, (record["accuracy"], baseline)
 
 
 BLOCKER = """
@@ -386,7 +406,7 @@ def _bash_array(path, name):
 
 def test_lease_plan_names_only_cells_the_tables_have_and_still_lack(data_dir, tmp_path):
     """benchmarks/lease.sh --dry-run: every planned cell exists in its table file and is not finished in
-    reproductions/ (a plan that re-runs committed cells would waste a lent GPU's 15 minutes)."""
+    reproductions/ (a plan that re-runs committed cells would waste a lent GPU's time)."""
     env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir), "LEASE_WORK": str(tmp_path / "work")}
     proc = subprocess.run(["bash", str(BENCH / "lease.sh"), "500", "--dry-run"], capture_output=True, text=True,
                           timeout=600, env=env, cwd=BENCH.parent)

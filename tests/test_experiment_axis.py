@@ -1,4 +1,4 @@
-"""Experiments on a vmapped axis, traced hyperparameters and the lr schedule (issues 16 and 18).
+"""Experiments on a vmapped axis, traced hyperparameters and the lr schedule.
 
 Each experiment of a batched call must equal the single run with its seed or
 value; a method rebuilt with a traced value must equal the method built with

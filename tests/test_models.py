@@ -267,7 +267,7 @@ def test_user_errors(args, kwargs, match):
 
 def test_batchnorm_mask_makes_a_padded_batch_equal_the_unpadded_one():
     """resnet8, 3 real rows + 3 zero rows with a mask == the 3 real rows alone:
-    features, loss, gradients and running statistics (issue 12)."""
+    features, loss, gradients and running statistics."""
     model = build_model("resnet8", (16, 16, 3), C)
     variables = _init_fn("resnet8", (16, 16, 3))(KEY)
     x = jax.random.normal(jax.random.PRNGKey(1), (3, 16, 16, 3))

@@ -29,21 +29,12 @@ clients' products, all trained from the same phi (S times fewer steps; the
 three agree for S = 1). Their inner optimizer (SGD lr 5e-3, momentum 0.9,
 weight decay 5e-5, batch 64) is set through train.*.
 
-Measured (CPU, seed 0, mean per-client accuracy). FMNIST, 10 clients,
-Dirichlet 0.1, 6 per round, MLP, SGD lr 0.05, B 32, 3 rounds: sequential
-63.6% (78.2% at round 8), mean 7.3%, sum 38.7%; the per-client majority
-class scores 61.7% there. The authors' loop, written in PyTorch and run on
-the same partitions (reproductions/pfedhn_fmnist), scores 59.0 / 66.4 /
-57.8% at seeds 0-2 after those 18 hypernetwork steps (here 63.6 / 65.7 /
-55.2%; majority 61.7 / 54.9 / 64.2%): three rounds are too few steps for the
-algorithm itself to clear the label skew. FMNIST pathological preset (40 clients, all per
-round) at round 50 with the authors' inner optimizer: sequential 97.5%,
-mean 84.5%; Local 97.6% with the preset's Adam. With the preset's Adam (lr
-1e-3) as inner optimizer the sequential hypernetwork diverges (training
-losses grow to 1e5-1e9; 10% at round 50, 72% with server_lr 1e-3) and mean
-reaches 77.0%: use an SGD inner optimizer. A sequential round costs about
-1.9x a mean round on CPU (the 3-round setting above: S hypernetwork steps
-instead of one); on a GPU it also gives up training the S clients in parallel.
+``sequential`` learns where ``mean`` and ``sum``, with S times fewer
+hypernetwork steps, fall far behind in the same rounds; a sequential round
+costs more than a mean round (S hypernetwork steps instead of one) and, on a
+GPU, gives up training the S clients in parallel. Use an SGD inner optimizer:
+with Adam the sequential hypernetwork can diverge. Measurements, and the
+authors' loop run on the same partitions: reproductions/pfedhn_fmnist/notes.md.
 
 Models with BatchNorm are not supported (as the authors' target CNN).
 
