@@ -158,7 +158,7 @@ class Engine:
         self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), config.eval_batch_size, 1)
         self.every_client_mapping = self._all_clients_mapping(np.asarray(train.n), method.setup.batch_size,
                                                               method.setup.local_epochs, method.setup.drop_last)
-        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.needs_selected_state
+        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state
         self.padded_clients = sharding.padded_count(self.num_clients, self.mesh)  # array rows (empty ones appended)
         # Evaluation visits clients largest test set first so that chunks are even (host-known sizes);
         # on a mesh each device keeps its own block of clients instead (no reordering across devices).
@@ -175,7 +175,7 @@ class Engine:
         self.eval_data = (test, val)
         if config.clients_per_round > self.num_clients:
             raise ValueError("clients_per_round exceeds the number of clients")
-        if config.all_clients_train and not method.aggregates_uploaded_only:
+        if config.all_clients_train and not method.schedule.aggregates_uploaded_only:
             raise UserError(f"method {method.name!r} does not support train.all_clients_train; leave it false")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_with_val)
@@ -193,8 +193,8 @@ class Engine:
         from the data (`packed_width`); a method that cannot pack (`Method.cannot_pack`) runs 'chunked'."""
         if not client_mapping.is_packed(mapping):
             return mapping, None
-        if self.method.cannot_pack:
-            note = (f"method {self.method.name!r} cannot run {mapping} ({self.method.cannot_pack}): "
+        if self.method.schedule.cannot_pack:
+            note = (f"method {self.method.name!r} cannot run {mapping} ({self.method.schedule.cannot_pack}): "
                     f"chunked:{self.config.chunk_size} instead")
             warnings.warn(note, stacklevel=3)
             return "chunked", note
@@ -295,7 +295,7 @@ class Engine:
         uploaded &= jnp.arange(training) < cfg.clients_per_round
         keys = jax.random.split(k_clients, training)
         steps = local_training.real_steps(n[selected], setup.batch_size, epochs, setup.drop_last)
-        if not client_mapping.sorts_clients(self.mapping) or self.method.server_steps_per_client:
+        if not client_mapping.sorts_clients(self.mapping) or self.method.schedule.server_steps_per_client:
             return selected, epochs, uploaded, keys, steps, None
         order = jnp.argsort(-steps, stable=True)  # each chunk runs to its own largest client
         return (*(a[order] for a in (selected, epochs, uploaded, keys, steps)), order)
@@ -304,7 +304,7 @@ class Engine:
         """The round ``round_index`` with round key ``key`` in client-steps, as its metrics will count them, without
         training: real, executed and sequential steps under this engine's mapping and the padding efficiency
         (real / executed). Under ``map`` (or one client after another) only the efficiency, 1 by construction."""
-        how = ("map" if self.method.server_steps_per_client else self.mapping, self.config.chunk_size,
+        how = ("map" if self.method.schedule.server_steps_per_client else self.mapping, self.config.chunk_size,
                sharding.mesh_size(self.mesh))
         if how[0] == "map":  # nothing to count: each client runs its own steps (no compile for the record)
             return {"round": int(round_index) + 1, "padding_efficiency": 1.0}
@@ -325,7 +325,7 @@ class Engine:
         cfg, method = self.config, self.method_at(values, round_index)
         selected, epochs, uploaded, keys, steps, order = self._round_plan(train.n, key)
         training = selected.shape[0]
-        sequential = method.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
+        sequential = method.schedule.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
 
         def client_step(server, client, data_i, key_i, epochs_i):
             info = ClientRound(round_index, epochs_i)
@@ -355,7 +355,7 @@ class Engine:
             server, chosen = method.server_update(server, chosen, uploads, info)
             if not self.streams:
                 clients = tree_ops.scatter(clients, selected, chosen)
-        if method.updates_every_client:
+        if method.schedule.updates_every_client:
             clients = self._update_every_client(method, server, clients, train, key, round_index)
         has_loss = isinstance(uploads, dict) and "loss" in uploads
         client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss

@@ -89,7 +89,7 @@ import optax
 from fedjax_pfl import losses
 from fedjax_pfl.kernels import collaboration, core_mixing, model_store
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods.base import LegacyMethod as Method
 from fedjax_pfl.methods.options import Options, option
 
 

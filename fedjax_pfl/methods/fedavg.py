@@ -14,7 +14,7 @@ import dataclasses
 
 from fedjax_pfl import aggregation
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods.base import LegacyMethod as Method
 from fedjax_pfl.methods.finetune import FineTuneConfig, finetuned
 from fedjax_pfl.methods.options import option
 from fedjax_pfl.methods.step_counted import optimizer_steps, straggler_steps

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration, critical_params
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods.base import LegacyMethod as Method
 from fedjax_pfl.methods.options import Options, option
 
 SENSITIVITIES = ("update", "gradient")

@@ -92,7 +92,7 @@ from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration, fomo_weights, model_store, spectral_clustering, sub_federations
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods.base import LegacyMethod as Method, shared_init
 from fedjax_pfl.data.validation_split import split_train_validation
 from fedjax_pfl.methods.options import Options, option
 

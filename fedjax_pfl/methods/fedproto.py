@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import prototypes
-from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods.base import LegacyMethod as Method, shared_init
 from fedjax_pfl.methods.options import Options, option
 
 EVAL_BY = ("head", "prototype")

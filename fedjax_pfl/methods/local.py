@@ -1,7 +1,7 @@
 """Local: each client trains its own model on its own data; no communication.
 Evaluation (``eval.model``): ``local``, each client's own model."""
 
-from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods.base import LegacyMethod as Method, shared_init
 
 
 class Local(Method):

@@ -5,9 +5,12 @@ steps, as their authors' code does (their "local epochs" are steps: each step
 draws ``torch.randperm(n)[:B]``), not in epochs over the client's data.
 `random_batch_steps` runs such steps with a masked scan (stragglers take
 fewer; `optimizer_steps` with an optax optimizer, for an epoch-based method
-run under this protocol); `StepMethod` gives those methods R (``method.local_steps``, else
-``train.local_epochs`` read as steps), the straggler step count, train.lr and
-the no-BatchNorm check. Nothing here is specific to one of them.
+run under this protocol). The functions of the bound method ``m`` give those
+methods R (`local_steps`: ``method.local_steps``, else ``train.local_epochs``
+read as steps), the straggler step count (`steps_this_round`), the masked scan
+with the run's batch size (`run_steps`), the no-BatchNorm check
+(`init_variables`) and the checks when bound (`check`). Nothing here is
+specific to one of them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import optax
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import local_training
-from fedjax_pfl.methods.base import Method
 
 
 def random_batch_index(key, n, n_max: int, batch_size: int):
@@ -95,6 +97,50 @@ def optimizer_steps(objective: Callable, optimizer, variables, data, key, *, ste
 def straggler_steps(r: int, epochs, local_epochs: int):
     """R steps, or max(1, R * e // E) for a straggler that trains e < E epochs."""
     return jnp.clip(r * epochs // int(local_epochs), 1, r)
+
+
+def check(m) -> None:
+    """When bound: these methods take SGD steps themselves (train.lr must be known) and draw a random batch per
+    step, so train.drop_last does not apply."""
+    if m.setup.learning_rate is None:
+        raise ValueError(f"{m.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
+    if m.setup.drop_last:
+        raise UserError(f"method {m.name!r} draws a random batch of B samples per step, not epochs of "
+                        "batches: train.drop_last does not apply; leave it false")
+
+
+def local_steps(m) -> int:
+    """R: ``method.local_steps``, else ``train.local_epochs`` read as a step count."""
+    r = getattr(m.hparams, "local_steps", None)
+    return int(r) if r else int(m.setup.local_epochs)
+
+
+def steps_this_round(m, info):
+    """R, or max(1, R * e // E) for a straggler that trains e < E epochs."""
+    return straggler_steps(local_steps(m), info.epochs, m.setup.local_epochs)
+
+
+def init_variables(m, key):
+    """The model's initial variables; a model with BatchNorm is refused (these methods' models have none)."""
+    variables = m.model.init(key)
+    if "batch_stats" in variables:
+        raise UserError(f"method {m.name!r} supports models without BatchNorm (e.g. --model mlr or mlp)")
+    return variables
+
+
+def run_steps(m, step, carry, data, key, info, batches_per_step: int = 1):
+    """`random_batch_steps` of this round's R steps (fewer for a straggler) with the run's batch size."""
+    s = m.setup
+    return random_batch_steps(step, carry, data, key, steps=steps_this_round(m, info), max_steps=local_steps(m),
+                              batch_size=s.batch_size, normalize=s.normalize, batches_per_step=batches_per_step,
+                              augment=s.augment)
+
+
+def logits(m, params, x, train: bool = False):
+    return m.model.apply({"params": params}, x, train=train).logits
+
+
+from fedjax_pfl.methods.base import LegacyMethod as Method  # noqa: E402  (until every method has moved)
 
 
 class StepMethod(Method):
