@@ -21,9 +21,8 @@ from fedjax_pfl.kernels import model_distance as md
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import diversifed, get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
-from fedjax_pfl.methods import diversifed
 from fedjax_pfl.methods.diversifed import DIVERSIFED, DiversiFedConfig
 from fedjax_pfl.models.networks import build_model
 

@@ -19,9 +19,8 @@ from fedjax_pfl.runs import config
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedas, get_method, shared_body, training
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
-from fedjax_pfl.methods import fedas, shared_body, training
 from fedjax_pfl.methods.fedas import FEDAS, FedASConfig
 from fedjax_pfl.models.networks import build_model
 

@@ -22,10 +22,9 @@ from fedjax_pfl.kernels import prototypes
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedpac, get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
 from fedjax_pfl.kernels.classifier_combination import prototype_losses, qp_matrices
-from fedjax_pfl.methods import fedpac
 from fedjax_pfl.methods.fedpac import FEDPAC, FEDPAC_PROTO, FedPACConfig
 from fedjax_pfl.models.networks import build_model
 

@@ -22,9 +22,8 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs.experiment import build_experiment
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import get_method, pfakd
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
-from fedjax_pfl.methods import pfakd
 from fedjax_pfl.methods.pfakd import PFAKD, PFAKD_AT, PFAKDATConfig, PFAKDConfig, pfakd_objective
 from fedjax_pfl.models.networks import build_model
 

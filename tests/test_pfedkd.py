@@ -15,10 +15,9 @@ from fedjax_pfl import losses
 from fedjax_pfl.kernels import kd_server
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import get_method, step_counted
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
 from fedjax_pfl.methods.pfedkd import PFedKDConfig
-from fedjax_pfl.methods import step_counted
 from fedjax_pfl.methods.step_counted import random_batch, random_batch_index
 from fedjax_pfl.models.networks import build_model
 

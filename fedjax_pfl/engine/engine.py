@@ -5,7 +5,7 @@ gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
 lax.map, chunked vmap or packed lanes: client_mapping.py); (5) the method's server step on
 the stacked uploads; (6) scatter client state back; (7) for a method that
-asks (``Method.updates_every_client``: FedALA), a per-client step on ALL N
+asks (``Schedule.updates_every_client``: FedALA), a per-client step on ALL N
 clients with the new server state, mapped like evaluation; (8) the method's
 `round_diagnostics` (scalars, e.g. how much clients learn from each other)
 join the round metrics. Under ``chunked`` (and
@@ -61,7 +61,7 @@ class EngineConfig:
     shard: bool = True  # split the client axis over all devices when there are several
     lr_schedule: LrSchedule = LrSchedule()  # train.lr by round index (constant by default)
     # chunked: gather, train and scatter the selected clients chunk by chunk where the method allows it
-    # (Method.needs_selected_state); False: gather all S first (the same numbers; more memory)
+    # (Schedule.needs_selected_state); False: gather all S first (the same numbers; more memory)
     stream_chunks: bool = True
     # single-round calls report local steps and finished clients to the host (round_progress.py; on several
     # devices each reports its own clients)
@@ -190,7 +190,7 @@ class Engine:
 
     def _packed_or_fallback(self, mapping: str) -> tuple[str, str | None]:
         """(the mapping to run, a note on why it is not the one asked for, or None): 'packed' gets its width
-        from the data (`packed_width`); a method that cannot pack (`Method.cannot_pack`) runs 'chunked'."""
+        from the data (`packed_width`); a method that cannot pack (`Schedule.cannot_pack`) runs 'chunked'."""
         if not client_mapping.is_packed(mapping):
             return mapping, None
         if self.method.schedule.cannot_pack:

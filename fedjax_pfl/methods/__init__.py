@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Algorithm, LegacyMethod
+from fedjax_pfl.methods.base import Algorithm
 
 ENV = "FEDJAX_PFL_METHODS"
 EXTERNAL_PREFIX = "fedjax_pfl_external_methods."  # the module names of the files named by $FEDJAX_PFL_METHODS
@@ -31,13 +31,7 @@ EXTERNAL_PREFIX = "fedjax_pfl_external_methods."  # the module names of the file
 
 def _declared(module) -> list:
     """The algorithms ``module`` declares at its top level (not those it imports)."""
-    found = []
-    for obj in vars(module).values():
-        if isinstance(obj, Algorithm) and obj.module == module.__name__:
-            found.append(obj)
-        elif isinstance(obj, type) and issubclass(obj, LegacyMethod) and obj.name and obj.__module__ == module.__name__:
-            found.append(obj)
-    return found
+    return [obj for obj in vars(module).values() if isinstance(obj, Algorithm) and obj.module == module.__name__]
 
 
 def _external_files(value: str) -> list[Path]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration, model_store
 from fedjax_pfl.methods import training
@@ -41,7 +40,7 @@ def proximal_training(m, client, data, key, epochs, weight, from_anchor: bool):
     """E epochs of CE(w) + (``weight``/2) ||w - u_i||^2, from the client's own w_i (or from its anchor u_i)
     -> (client, upload of w_i's parameters)."""
     anchor = client["anchor"]
-    objective = training.supervised_objective(m, lambda v, batch, out, k: weight * losses.proximal(v["params"], anchor))
+    objective = training.proximal_objective(m, anchor, weight)
     start = client["variables"]
     if from_anchor:
         start = tree_ops.with_trainable(start, "all", anchor)

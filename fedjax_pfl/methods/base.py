@@ -48,9 +48,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import losses
-from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import local_training
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.models.networks import Model
 
@@ -212,15 +209,16 @@ class Algorithm:
     eval_variables: Callable = own_variables
     eval_logits: Callable = model_logits
     round_diagnostics: Callable = no_diagnostics
-    static: Callable | None = None
+    static: Callable | None = None  # m -> what the method derives once when bound (m.static); its checks raise there
     keeps_optimizer_state: bool = False  # supports train.persistent_optimizer (`training.train_kept`)
     needs_body_head_split: bool = False  # shares a body: a model without body parameters cannot work
     own_sgd: bool = False  # its update rule is its own plain SGD of train.lr: other optimizer settings are refused
-    module: str = ""  # the module that declares it (filled in when made)
+    # The module whose top level makes it (also through `dataclasses.replace`): the registry takes the algorithms
+    # a module makes, not those it imports.
+    module: str = dataclasses.field(init=False, default="")
 
     def __post_init__(self):
-        if not self.module:
-            object.__setattr__(self, "module", _declaring_module())
+        object.__setattr__(self, "module", _declaring_module())
 
     def __repr__(self) -> str:
         return f"Algorithm({self.name!r}, {self.module})"
@@ -228,6 +226,17 @@ class Algorithm:
     def __call__(self, setup: LocalSetup, hparams: Any = None) -> "Method":
         """This algorithm bound to ``setup`` and ``hparams`` (None: the default options)."""
         return Method(self, setup, hparams)
+
+    @property
+    def doc(self) -> str:
+        """The declaring module's docstring: the algorithm and its notes (the documentation page, ``--help``)."""
+        return sys.modules[self.module].__doc__ or ""
+
+    def schedule_of(self, hparams: Any = None) -> Schedule:
+        """The engine's schedule under options ``hparams`` (None: the default options)."""
+        if isinstance(self.schedule, Schedule):
+            return self.schedule
+        return self.schedule(hparams if hparams is not None else self.hparams_type())
 
     def refuse_unsupported(self, persistent_optimizer: bool, beyond_plain_sgd: tuple[str, ...] = ()) -> None:
         """UserError for run settings this method would ignore: train.persistent_optimizer where it keeps no
@@ -274,8 +283,7 @@ class Method:
 
     @property
     def schedule(self) -> Schedule:
-        schedule = self.algorithm.schedule
-        return schedule if isinstance(schedule, Schedule) else schedule(self.hparams)
+        return self.algorithm.schedule_of(self.hparams)
 
     def rebuilt(self, setup: LocalSetup, hparams: Any) -> "Method":
         """The same algorithm bound to another setup and options (engine/method_values.py)."""
@@ -304,209 +312,3 @@ class Method:
 
     def round_diagnostics(self, server, new_server, uploads, info: ServerRound) -> dict:
         return self.algorithm.round_diagnostics(self, server, new_server, uploads, info)
-
-
-class LegacyMethod:
-    """Base class; subclasses set ``name`` and override what they need.
-
-    Defaults: no server->client preparation, identity server step, and
-    evaluation with the client's own variables (``client['variables']``).
-
-    ``eval_models`` names the evaluation protocols a method offers (the run
-    setting ``eval.model``); the first is its default, the one its authors use.
-    """
-
-    name: str = ""
-    hparams_type: type | None = None  # a dataclass of method-specific options
-    eval_models: tuple[str, ...] = ("local",)  # 'local': each client's own model after its last training
-    needs_body_head_split: bool = False  # shares a body: a model without body parameters cannot work
-    keeps_optimizer_state: bool = False  # supports setup.persistent_optimizer (`train_kept`, `with_optimizer_state`)
-    # Its server step uses only uploads with ``info.uploaded`` (as drop_fraction needs), so the engine's
-    # train.all_clients_train may let every client train; a method whose server step does not sets False.
-    aggregates_uploaded_only: bool = True
-    # Its `prepare` or `server_update` reads or changes the stacked state of the round's selected clients
-    # (DiversiFed's mixing, FedPAC's heads): the engine then gathers all S of them at once. Otherwise, under
-    # client_mapping 'chunked', the engine gathers, trains and scatters them chunk by chunk: `prepare` is not
-    # called and `server_update` gets ``clients=None`` (and must return it).
-    needs_selected_state: bool = False
-    # After each round's server step the engine maps `update_every_client` over ALL N clients, selected or
-    # not (FedALA's adaptive local aggregation, which its authors run on every client every round).
-    updates_every_client: bool = False
-    # Its server steps after each selected client, as pFedHN's authors do: the engine then visits the
-    # round's clients one after another (engine/sequential_clients.py), each trained from the server state
-    # the previous one's `server_update` left, that step given a round of one client.
-    server_steps_per_client: bool = False
-    # Why the engine's ``packed`` client mapping (engine/packed_loops.py) cannot run this method's client
-    # update, in a few words; empty: it can (the engine then runs 'chunked' instead, and says so).
-    cannot_pack: str = ""
-
-    @property
-    def schedule(self) -> Schedule:
-        return Schedule(self.needs_selected_state, self.updates_every_client, self.server_steps_per_client,
-                        self.aggregates_uploaded_only, self.cannot_pack)
-
-    @property
-    def algorithm(self):
-        return type(self)
-
-    def rebuilt(self, setup, hparams):
-        return type(self)(setup, hparams)
-
-    @classmethod
-    def refuse_unsupported(cls, persistent_optimizer: bool, beyond_plain_sgd: tuple[str, ...] = ()) -> None:
-        cls.refuse_persistent_optimizer(persistent_optimizer)
-        if hasattr(cls, "refuse_ignored_optimizer"):
-            cls.refuse_ignored_optimizer(beyond_plain_sgd)
-
-    def __init__(self, setup: LocalSetup, hparams: Any = None):
-        self.refuse_persistent_optimizer(setup.persistent_optimizer)
-        self.setup = setup
-        if hparams is None and self.hparams_type is not None:
-            hparams = self.hparams_type()
-        self.hparams = hparams
-
-    @classmethod
-    def refuse_persistent_optimizer(cls, persistent: bool) -> None:
-        """UserError if ``persistent`` (train.persistent_optimizer) and this method cannot keep its state."""
-        if persistent and not cls.keeps_optimizer_state:
-            raise UserError(f"method {cls.name!r} does not support train.persistent_optimizer; leave it false")
-
-    # ---- state -------------------------------------------------------------
-    def init(self, key, num_clients: int):
-        """-> (server, clients) with clients' leaves stacked [N, ...]."""
-        raise NotImplementedError
-
-    def prepare(self, server, clients, selected):
-        """Batched server->client step before local training (e.g. DiversiFed's u_i);
-        a method that overrides it sets ``needs_selected_state``."""
-        return clients
-
-    def client_update(self, server, client, data, key, info: ClientRound):
-        """-> (client, upload) for one client."""
-        raise NotImplementedError
-
-    def server_update(self, server, clients, uploads, info: ServerRound):
-        """-> (server, clients) from stacked uploads of the selected clients (``clients``
-        may be None, to return as is: see ``needs_selected_state``)."""
-        return server, clients
-
-    def round_diagnostics(self, server, new_server, uploads, info: ServerRound) -> dict:
-        """Numbers about this round, {name: value}: a scalar, or [S], one value per selected client in the
-        order of ``info.selected``. The engine adds them to the round metrics (``metrics['diagnostics']``;
-        per client ``metrics['client_diagnostics']``), metrics.jsonl records them with each evaluation (per
-        client as {client id: value}) and the run's figures draw the scalars (plots/diagnostics.png). ``server``: the state the round started from; ``new_server``:
-        after `server_update`; ``uploads``: the round's stacked uploads [S, ...], where a method may put
-        per-client values for this step (``upload['collaboration']``, averaged by
-        `kernels.collaboration.client_means`). A method that weights other clients' models reports its
-        collaboration here (kernels/collaboration.py; docs/methods/conventions.md). Default: none."""
-        return {}
-
-    def update_every_client(self, server, client, data, key, round_index):
-        """-> client: one client's step from the new server state, which the engine runs on every client
-        after the server step and before evaluation (only when ``updates_every_client``)."""
-        return client
-
-    def eval_variables(self, server, client, data, key):
-        """The personalized model variables of one client, for evaluation (``eval_model``)."""
-        return client["variables"]
-
-    def eval_logits(self, variables, x):
-        """Logits of the personalized model on a normalised batch ``x`` (inference mode).
-
-        ``variables`` is what `eval_variables` returned; a method whose
-        prediction is not one model's output (APFL's output mixture, FedProto's
-        nearest prototype) overrides this and returns what it needs from there.
-        """
-        return self.model.apply(variables, x, train=False).logits
-
-    # ---- helpers shared by methods ----------------------------------------
-    @property
-    def model(self) -> Model:
-        return self.setup.model
-
-    @property
-    def eval_model(self) -> str:
-        """The evaluation protocol in use (``setup.eval_model`` or this method's default)."""
-        return self.setup.eval_model or self.eval_models[0]
-
-    def init_variables(self, key):
-        return self.model.init(key)
-
-    def train(self, objective, variables, data, key, epochs, *, part="all", optimizer=None, max_epochs=None):
-        """Masked local SGD (local_training.train) with this method's setup."""
-        s = self.setup
-        return local_training.train(
-            objective,
-            optimizer or s.optimizer,
-            variables,
-            data,
-            key,
-            batch_size=s.batch_size,
-            max_epochs=max_epochs or s.local_epochs,
-            epochs=epochs,
-            normalize=s.normalize,
-            part=part,
-            drop_last=s.drop_last,
-            augment=s.augment,
-        )
-
-    def train_kept(self, objective, client, variables, data, key, epochs, state="opt_state", *, part="all",
-                   optimizer=None, max_epochs=None):
-        """`train` of ``part`` from the client's kept optimizer state -> (variables, loss, kept).
-
-        With ``setup.persistent_optimizer`` the optimizer state (e.g. SGD
-        momentum) starts from ``client[state]`` and ``kept`` is
-        ``{state: final state}``, to store in the client's state; as in
-        PFLlib (PFAKD's authors' code), where each client keeps its optimizer
-        objects across its participations, also for parameters it receives
-        from the server. A method that trains its parts in phases keeps one
-        state per phase (FedRep's and FedPAC's head and body; PFLlib's
-        optimizers skip the parameters a phase freezes, so their momentum
-        waits for the next phase of the same part). Otherwise the state
-        starts fresh and ``kept`` is ``{}`` (client state unchanged).
-        """
-        if not self.setup.persistent_optimizer:
-            variables, loss = self.train(objective, variables, data, key, epochs, part=part, optimizer=optimizer,
-                                         max_epochs=max_epochs)
-            return variables, loss, {}
-        s = self.setup
-        variables, loss, opt_state = local_training.train_with_state(
-            objective, optimizer or s.optimizer, variables, data, key, batch_size=s.batch_size,
-            max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize, part=part,
-            drop_last=s.drop_last, opt_state=client[state], augment=s.augment)
-        return variables, loss, {state: opt_state}
-
-    def with_optimizer_state(self, clients, variables, num_clients: int, state="opt_state", *, part="all",
-                             optimizer=None):
-        """``clients`` plus a fresh optimizer state ``state`` of ``part`` of ``variables`` per client
-        (persistent_optimizer only; ``optimizer``: the one `train_kept` will use, default the run's)."""
-        if not self.setup.persistent_optimizer:
-            return clients
-        fresh = (optimizer or self.setup.optimizer).init(tree_ops.trainable_of(variables, part))
-        return {**clients, state: tree_ops.broadcast(fresh, num_clients)}
-
-    def supervised_objective(self, extra: Callable | None = None):
-        """CE on the model output, plus ``extra(variables, batch, output, key)`` if given."""
-
-        def objective(variables, batch, key):
-            out = self.model.apply(variables, batch.x, train=True, mask=batch.mask)
-            loss = losses.cross_entropy(out.logits, batch.y, batch.mask)
-            if extra is not None:
-                loss = loss + extra(variables, batch, out, key)
-            return loss, out.batch_stats
-
-        return objective
-
-    def map_batches(self, fn, data):
-        """``fn(batch)`` per batch slot, stacked (padding-only slots included): for inspection."""
-        return local_training.map_batches(fn, data, self.setup.batch_size, self.setup.normalize)
-
-    def sum_batches(self, fn, data):
-        """Sum of ``fn(batch)`` over the client's real batches (local_training.sum_batches)."""
-        return local_training.sum_batches(fn, data, self.setup.batch_size, self.setup.normalize)
-
-
-def shared_init(method: LegacyMethod, key, num_clients: int):
-    """Every client starts from the same initial variables (docs/methods/conventions.md)."""
-    variables = method.init_variables(key)
-    return variables, tree_ops.broadcast(variables, num_clients)

@@ -150,11 +150,6 @@ def client_update(m, server, client, data, key, info):
     return shared_body.upload(m, client, variables, loss, kept)
 
 
-def server_update(m, server, clients, uploads, info):
-    """The bodies' mean weighted by n_i."""
-    return shared_body.average(m, server, uploads, info.sample_weights), clients
-
-
 _PAPER = dict(authors="Qi et al.", title="Personalized Federated Learning with Feature Alignment via Knowledge "
               "Distillation", venue="OpenReview (Udsxwsvecv)", url="https://openreview.net/forum?id=Udsxwsvecv",
               code="fei0829/PFAKD")
@@ -168,7 +163,7 @@ PFAKD = Algorithm(
     keeps_optimizer_state=True,
     init=shared_body.init,
     client_update=client_update,
-    server_update=server_update,
+    server_update=shared_body.server_update,
     eval_variables=shared_body.eval_variables,
 )
 

@@ -67,76 +67,13 @@ def average(m, server, uploads, weights, part="body"):
     return {**server, part: aggregation.weighted_mean_or(uploads[part], weights, server[part])}
 
 
+def server_update(m, server, clients, uploads, info, part="body"):
+    """The server step of FedPer and most part-sharing methods: the uploaded parts' mean weighted by n_i."""
+    return average(m, server, uploads, info.sample_weights, part), clients
+
+
 def eval_variables(m, server, client, data, key, part="body"):
     """``global``: the received global part with the client's own rest; ``local``: the client's own model."""
     if m.eval_model == "global":
         return receive(m, server, client, part)
     return client["variables"]
-
-
-
-from fedjax_pfl.methods.base import LegacyMethod as Method, shared_init
-
-
-class SharedBodyMethod(Method):
-    eval_models = ("global", "local")
-    needs_body_head_split = True
-    shared_part = "body"
-    keeps_optimizer_state = True  # by `local_phase`s that train with `train_kept` (subclasses that do not: False)
-
-    def init(self, key, num_clients):
-        variables, clients = shared_init(self, key, num_clients)
-        clients = self.with_kept_optimizers({"variables": clients}, variables, num_clients)
-        return {self.shared_part: self.shared_body(variables)}, clients
-
-    def kept_optimizers(self) -> dict:
-        """{client state name: (part it trains, optimizer or None for the run's)} that `local_phase`
-        keeps with `train_kept` (train.persistent_optimizer): the whole model by default."""
-        return {"opt_state": ("all", None)}
-
-    def with_kept_optimizers(self, clients, variables, num_clients):
-        """``clients`` plus a fresh state of each of `kept_optimizers` (persistent_optimizer only)."""
-        for state, (part, optimizer) in self.kept_optimizers().items():
-            clients = self.with_optimizer_state(clients, variables, num_clients, state, part=part,
-                                                optimizer=optimizer)
-        return clients
-
-    def shared_body(self, variables):
-        """The part of ``variables`` that is uploaded and averaged."""
-        shared = tree_ops.part_of(variables, self.shared_part)
-        if not getattr(self.setup, "share_batch_stats", True):
-            shared = {k: v for k, v in shared.items() if k == "params"}
-        return shared
-
-    def receive(self, server, client):
-        """The client's variables with the global part in place."""
-        return tree_ops.with_part(client["variables"], self.shared_part, server[self.shared_part])
-
-    def local_phase(self, server, client, variables, data, key, info):
-        """Local training from ``variables`` (global part + own part) -> (variables, loss, extras).
-
-        ``extras`` are uploaded, except the optimizer states of `kept_optimizers`
-        (from `train_kept`), which the client keeps.
-        """
-        return self.train_kept(self.supervised_objective(), client, variables, data, key, info.epochs)
-
-    def client_update(self, server, client, data, key, info):
-        variables = self.receive(server, client)
-        variables, loss, extras = self.local_phase(server, client, variables, data, key, info)
-        kept = {state: extras.pop(state) for state in self.kept_optimizers() if state in extras}
-        upload = {self.shared_part: self.shared_body(variables), "loss": loss, **extras}
-        return {**client, "variables": variables, **kept}, upload
-
-    def eval_variables(self, server, client, data, key):
-        if self.eval_model == "global":
-            return self.receive(server, client)
-        return client["variables"]
-
-    def aggregation_weights(self, uploads, info):
-        return info.sample_weights
-
-    def server_update(self, server, clients, uploads, info):
-        weights = self.aggregation_weights(uploads, info)
-        part = self.shared_part
-        shared = aggregation.weighted_mean_or(uploads[part], weights, server[part])
-        return {**server, part: shared}, clients

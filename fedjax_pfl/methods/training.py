@@ -92,3 +92,9 @@ def sum_batches(m, fn, data):
 def map_batches(m, fn, data):
     """``fn(batch)`` per batch slot of the run's batch size, stacked (padding-only slots included)."""
     return local_training.map_batches(fn, data, m.setup.batch_size, m.setup.normalize)
+
+
+def proximal_objective(m, anchor, weight):
+    """CE plus ``weight`` (1/2) ||params - anchor||^2 (`losses.proximal`): FedProx's, Ditto's and the anchored
+    methods' local loss."""
+    return supervised_objective(m, lambda v, batch, out, key: weight * losses.proximal(v["params"], anchor))
