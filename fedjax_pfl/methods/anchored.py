@@ -7,7 +7,7 @@ In round t the method's own mixing rule computes, for the selected clients,
 anchors u_i from all N stored models (its ``prepare`` puts them in
 ``client['anchor']``). `proximal_training` then trains E epochs of
 CE(w) + (weight/2) ||w - u_i||^2 from the client's own w_i (or from u_i) and
-uploads w_i; `store_uploads` keeps the arrived uploads (a dropped upload leaves
+uploads w_i; `server_update` stores the arrived uploads (a dropped upload leaves
 the stored copy as it was, while the client keeps its trained model).
 Evaluation: each client's own model w_i. All clients start from the same
 initial model (`init`). `mixing_diagnostics`: the selected rows' mixing
@@ -48,10 +48,10 @@ def proximal_training(m, client, data, key, epochs, weight, from_anchor: bool):
     return {**client, "variables": variables}, {"params": variables["params"], "loss": loss}
 
 
-def store_uploads(server, uploads, info):
-    """The server's stored parameters with the arrived uploads in their clients' rows."""
-    return {**server, "params": model_store.store_arrived(server["params"], info.selected, info.uploaded,
-                                                          uploads["params"])}
+def server_update(m, server, clients, uploads, info):
+    """Store the arrived uploads in their clients' rows of the server's parameters."""
+    stored = model_store.store_arrived(server["params"], info.selected, info.uploaded, uploads["params"])
+    return {**server, "params": stored}, clients
 
 
 def mixing_diagnostics(server, weights, selected):

@@ -94,11 +94,6 @@ def client_update(m, server, client, data, key, info):
     return anchored.proximal_training(m, client, data, key, info.epochs, hp.lamda, hp.start == "anchor")
 
 
-def server_update(m, server, clients, uploads, info):
-    """Store the arrived uploads."""
-    return anchored.store_uploads(server, uploads, info), clients
-
-
 def round_diagnostics(m, server, new_server, uploads, info):
     """The mixing diagnostics (methods/anchored.py) and Xi's attracting and repelling mass."""
     _, xi = anchors(m, server, info.selected)
@@ -116,6 +111,6 @@ DIVERSIFED = Algorithm(
     init=anchored.init,
     prepare=prepare,
     client_update=client_update,
-    server_update=server_update,
+    server_update=anchored.server_update,
     round_diagnostics=round_diagnostics,
 )

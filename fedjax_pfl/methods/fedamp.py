@@ -77,11 +77,6 @@ def client_update(m, server, client, data, key, info):
                                       hp.start == "anchor")
 
 
-def server_update(m, server, clients, uploads, info):
-    """Store the arrived uploads."""
-    return anchored.store_uploads(server, uploads, info), clients
-
-
 def round_diagnostics(m, server, new_server, uploads, info):
     """The selected rows of Xi and the stored models' distances (methods/anchored.py)."""
     _, xi = anchors(m, server, info.selected)
@@ -98,6 +93,6 @@ FEDAMP = Algorithm(
     init=anchored.init,
     prepare=prepare,
     client_update=client_update,
-    server_update=server_update,
+    server_update=anchored.server_update,
     round_diagnostics=round_diagnostics,
 )
