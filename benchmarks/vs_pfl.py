@@ -411,8 +411,8 @@ def child_main(side: str, spec: dict) -> int:
 
     def gate(record):
         send(record)
-        if "peak_memory_bytes" not in record:
-            sys.stdin.readline()
+        if "peak_memory_bytes" not in record and not sys.stdin.readline():
+            raise SystemExit(1)  # the parent is gone: stop, run nothing more
 
     try:
         if side == "fedjax_pfl":
@@ -446,14 +446,19 @@ def summarize(side: str, setup: dict, blocks: list[dict], tail: dict, spec: dict
 def run(spec: dict, with_peer: bool, note: str | None, log_dir: str) -> list[dict]:
     sides = [s for s in SIDES if with_peer or s == "fedjax_pfl"]
     children = {s: Child(s, spec, os.path.join(log_dir, f"vs_pfl_{s}.log")) for s in sides}
-    setups = {s: children[s].next(go=False) for s in sides}
-    blocks = {s: [] for s in sides}
-    for block in range(spec["blocks"] + 1):  # sides take turns, the first one alternating block by block
-        for s in (sides if block % 2 == 0 else sides[::-1]):
-            blocks[s].append(children[s].next())
-    tails = {s: children[s].next() for s in sides}
-    for child in children.values():
-        child.proc.wait()
+    try:
+        setups = {s: children[s].next(go=False) for s in sides}
+        blocks = {s: [] for s in sides}
+        for block in range(spec["blocks"] + 1):  # sides take turns, the first one alternating block by block
+            for s in (sides if block % 2 == 0 else sides[::-1]):
+                blocks[s].append(children[s].next())
+        tails = {s: children[s].next() for s in sides}
+        for child in children.values():
+            child.proc.wait()
+    finally:  # a side that failed stops the other
+        for child in children.values():
+            if child.proc.poll() is None:
+                child.proc.kill()
     load = round(os.getloadavg()[0], 2)
     rows = [{"benchmark": "vs_pfl", "workload": workload_record(spec), "device": _device_name(spec), "load_avg_1min": load,
              **summarize(s, setups[s], blocks[s], tails[s], spec)} for s in sides]
