@@ -41,7 +41,7 @@ class FedAvg(Method):
         return self.supervised_objective()
 
     def client_update(self, server, client, data, key, info):
-        r = self.hparams.local_steps
+        r = getattr(self.hparams, "local_steps", None)  # subclasses with their own config train epochs
         if r:
             if self.setup.persistent_optimizer:
                 raise UserError(f"method {self.name!r} with method.local_steps starts each round's optimizer fresh: "
