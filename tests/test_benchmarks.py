@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rounds_per_second.py"
@@ -427,3 +428,71 @@ def test_lease_refuses_a_cell_its_table_lacks(data_dir, tmp_path):
     proc = subprocess.run(["bash", str(bad), "500", "--dry-run"], capture_output=True, text=True, timeout=600,
                           env=env, cwd=BENCH.parent)
     assert proc.returncode == 2 and "cifar10_E99" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_absent():
+    """vs_pfl.py --tiny: pfl-research's CIFAR-10 benchmark counts (1,000 clients of 50 images, 50 a round, 1
+    epoch of batches of 10) on random CIFAR-shaped data; the peer's row where pfl is installed, else one line."""
+    proc = subprocess.run([sys.executable, str(BENCH / "vs_pfl.py"), "--tiny"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    *sides, comparison = rows
+    ours = sides[-1]
+    assert ours["side"] == "fedjax_pfl" and ours["workload"]["clients"] == 1000
+    assert ours["clients_per_round"] == 50 and ours["train_images_per_client"] == [50]
+    assert ours["client_steps_per_round"] == 50 * 5  # 50 clients x ceil(50 / 10) steps x 1 epoch
+    assert ours["test_images"] == 1000 and ours["rounds"] == 3  # block 0 (rounds 0, 1) and one timed block
+    _finite_positive(ours, ["e2e_s_per_round", "train_s_per_round", "eval_s", "warmup_block_s", "peak_memory_bytes"])
+    assert ours["e2e_s_per_round"] > ours["train_s_per_round"] > 0 and 0 <= ours["accuracy"] <= 1
+    assert len(ours["accuracy_per_block"]) == 2 and comparison["accuracy_fedjax_pfl"] == ours["accuracy"]
+    if len(sides) == 1:  # pfl-research not installed: fedjax_pfl's side stands, and the comparison says why
+        assert "pfl" in comparison["peer_note"] and "\n" not in comparison["peer_note"]
+        assert comparison["ratio_e2e"] is None and "vs_pfl: pfl-research is not installed" in proc.stderr
+    else:
+        theirs = sides[0]
+        assert theirs["side"] == "pfl" and theirs["rounds"] == ours["rounds"]
+        assert theirs["client_steps_per_round"] == ours["client_steps_per_round"]
+        assert comparison["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
+
+
+@pytest.fixture
+def x64():
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def test_vs_pfl_starts_both_sides_from_the_same_model(x64):
+    """pfl_cnn with the parameters vs_pfl.py gives it computes pfl-research's simple_cnn (PyTorch's layout,
+    NCHW flattening) on the same images: a float64 NumPy reference of the PyTorch model."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import vs_pfl
+    finally:
+        sys.path.remove(str(BENCH))
+    import jax
+
+    from fedjax_pfl.models.networks import build_model
+
+    torch_params = {k: v.astype(np.float64) for k, v in vs_pfl.initial_parameters(3).items()}
+    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3))
+
+    def conv(x_nchw, w, b):  # VALID cross-correlation, PyTorch's Conv2d
+        k = w.shape[-1]
+        ho, wo = x_nchw.shape[2] - k + 1, x_nchw.shape[3] - k + 1
+        out = sum(np.einsum("nchw,oc->nohw", x_nchw[:, :, i:i + ho, j:j + wo], w[:, :, i, j])
+                  for i in range(k) for j in range(k))
+        return out + b[None, :, None, None]
+
+    h = np.maximum(conv(x.transpose(0, 3, 1, 2), torch_params["conv0.weight"], torch_params["conv0.bias"]), 0)
+    h = np.maximum(conv(h, torch_params["conv1.weight"], torch_params["conv1.bias"]), 0)
+    h = h.reshape(2, 64, 14, 2, 14, 2).max(axis=(3, 5)).reshape(2, -1)  # 2x2 max-pool, flatten (C, H, W)
+    h = np.maximum(h @ torch_params["dense0.weight"].T + torch_params["dense0.bias"], 0)
+    expected = h @ torch_params["logits.weight"].T + torch_params["logits.bias"]
+    model = build_model("pfl_cnn", (32, 32, 3), 10, conv_impl="native")
+    params = jax.tree.map(np.asarray, vs_pfl.as_flax_params(torch_params))
+    logits = model.apply({"params": params}, x).logits
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-10, atol=1e-10)
