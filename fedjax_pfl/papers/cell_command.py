@@ -7,7 +7,7 @@ it builds (validated, no data read), `cell_state` what its run folder holds
 for it (new, finished, resumable, to run again), and `batchable` /
 `seeds_argv` whether and how a cell's seeds share one ``--seeds`` program
 (runs/sweep.py). Used by the table command (reproduce.py) and its lease plan
-(lease.py).
+(plan_command.py).
 """
 
 from __future__ import annotations

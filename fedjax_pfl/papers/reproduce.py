@@ -44,7 +44,7 @@ far, exit 130 (143). ``--jobs N`` trains N cells at a time, each in its own proc
 does not fill. ``--cells A,B,...`` runs exactly those cells
 (``<method>-<setting>/seed<k>``), in that order.
 
-Leases of a device (papers/lease.py): ``--plan-for-seconds S`` writes the
+Leases of a device (papers/plan_command.py): ``--plan-for-seconds S`` writes the
 next lease's plan for the cells not finished (lease_plan.md, lease_plan.sh,
 lease_plan.json beside the table, and the table with the plan in its notes;
 ``--device-kind`` names the device, default nvidia-h200); on the lent machine
@@ -69,7 +69,7 @@ from fedjax_pfl.commands.command import INTERRUPTED, TERMINATED, Command, OneLin
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
-from fedjax_pfl.papers import lease
+from fedjax_pfl.papers import plan_command as lease
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
@@ -238,7 +238,7 @@ def listed_cells(text: str, spec: TableSpec) -> list[Cell]:
 
 def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status. The lease options
-    (papers/lease.py) plan the next lease, pack a lease's records or land them instead.
+    (papers/plan_command.py) plan the next lease, pack a lease's records or land them instead.
 
     ``command.folder`` is set to the output folder (for error.log)."""
     from fedjax_pfl.papers.earlier_table import read_earlier

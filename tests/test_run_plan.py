@@ -12,8 +12,8 @@ import pytest
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import metrics_file, results_writer, run_folder
-from fedjax_pfl.papers import lease_plan, lease_records, reproduce, round_seconds, table_spec
-from fedjax_pfl.papers.lease_plan import Margins, Step
+from fedjax_pfl.papers import reproduce, round_seconds, run_plan, run_records, table_spec
+from fedjax_pfl.papers.run_plan import Margins, Step
 from fedjax_pfl.runs import config as config_lib
 from signal_after_round import signal_after
 from test_reproduce import TINY as REPRODUCE_TINY
@@ -52,7 +52,7 @@ def test_packing_never_exceeds_its_budget_in_its_own_estimate(seed):
     rng = random.Random(seed)
     steps = _steps([rng.uniform(30, 900) for _ in range(rng.randint(1, 40))])
     lease = rng.uniform(200, 2000)
-    plan = lease_plan.pack(steps, lease, 600, MARGINS)
+    plan = run_plan.pack(steps, lease, 600, MARGINS)
     assert all(c.seconds <= 600 for c in plan.commands) and sum(c.seconds for c in plan.commands) <= lease
     for command in plan.commands:
         assert command.estimate(MARGINS) <= command.seconds + 1e-9
@@ -67,15 +67,15 @@ def test_packing_never_exceeds_its_budget_in_its_own_estimate(seed):
 
 def test_a_step_longer_than_a_command_continues_in_the_next_and_one_past_the_lease_waits():
     steps = _steps([700, 100])
-    plan = lease_plan.pack(steps, 1200, 600, MARGINS)  # two commands of 600, 510 s of room each
+    plan = run_plan.pack(steps, 1200, 600, MARGINS)  # two commands of 600, 510 s of room each
     assert [[round(s) for _, s in c.parts] for c in plan.commands] == [[510], [215, 100]]
-    plan = lease_plan.pack(_steps([2000, 100]), 1200, 600, MARGINS)
+    plan = run_plan.pack(_steps([2000, 100]), 1200, 600, MARGINS)
     assert [s.seconds(MARGINS) for s in plan.left] == [2000] and [round(s) for _, s in plan.commands[0].parts] == [100]
 
 
 def test_the_headline_column_comes_first_its_rivals_nearest_first_then_its_group_then_more_seeds():
     spec = table_spec.find_table("fedas_table3")
-    ordered = lease_plan.priority(spec, spec.cells(seeds=[0, 1, 2]))
+    ordered = run_plan.priority(spec, spec.cells(seeds=[0, 1, 2]))
     first = ordered[:10]
     assert {c.setting.name for c in first} == {"beta0.1_P0.6"} and {c.seed for c in first} == {0}
     # FedAS, then by distance of the paper's P0.6 number to FedAS's 90.81
@@ -87,17 +87,17 @@ def test_the_headline_column_comes_first_its_rivals_nearest_first_then_its_group
     assert [c.folder_name for c in ordered[120:122]] == ["fedas-beta0.1_P0.6/seed1", "fedas-beta0.1_P0.6/seed2"]
     plain = dataclasses.replace(spec, headline_row=None, headline_settings=())  # without one: column by column
     by_column = [c for s in spec.settings for c in spec.cells(settings=[s.name], seeds=[0])]
-    assert lease_plan.priority(plain, spec.cells(seeds=[0])) == by_column
+    assert run_plan.priority(plain, spec.cells(seeds=[0])) == by_column
 
 
 def test_a_cells_further_seeds_are_one_step_when_they_share_a_program():
     cells = [_cell("fedas-beta0.1_P0.6", 0), _cell("fedas-beta0.1_P0.6", 1), _cell("fedas-beta0.1_P0.6", 2)]
     states = {c.folder_name: s for c, s in zip(cells, ("finished", "new", "new"))}
     estimate = {"fedas-beta0.1_P0.6": round_seconds.Estimate(2.0, "x")}
-    steps = lease_plan.plan_steps(cells, states, dict.fromkeys(states, 40), estimate, {"fedas-beta0.1_P0.6"})
+    steps = run_plan.plan_steps(cells, states, dict.fromkeys(states, 40), estimate, {"fedas-beta0.1_P0.6"})
     assert [s.label for s in steps] == ["fedas-beta0.1_P0.6 seeds 1,2"]
     assert steps[0].seconds(MARGINS) == MARGINS.cell_start + 2 * 40 * 2.0
-    steps = lease_plan.plan_steps(cells, states, dict.fromkeys(states, 40), estimate, set())
+    steps = run_plan.plan_steps(cells, states, dict.fromkeys(states, 40), estimate, set())
     assert [s.label for s in steps] == ["fedas-beta0.1_P0.6 seed 1", "fedas-beta0.1_P0.6 seed 2"]
 
 
@@ -228,7 +228,7 @@ def test_a_records_archive_holding_anything_else_is_refused(tmp_path):
     with tarfile.open(bad, "w:gz") as tar:
         tar.add(tmp_path / "ckpt", arcname="runs/fedas-beta0.1_P0.6/seed0/checkpoints/1/state")
     with pytest.raises(UserError, match="is not a run record"):
-        lease_records.land([tmp_path], tmp_path / "runs")
+        run_records.land([tmp_path], tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 

@@ -3,7 +3,7 @@
 ``--plan-for-seconds S`` reads every chosen cell's state here (finished,
 resumable, new; a cell an earlier table keeps counts as finished), estimates
 each cell's seconds per round on ``--device-kind`` (papers/round_seconds.py),
-orders and packs the missing ones (papers/lease_plan.py) and writes, beside
+orders and packs the missing ones (papers/run_plan.py) and writes, beside
 the table: lease_plan.md (for people), lease_plan.sh (what each device
 command runs: ``bash OUT/lease_plan.sh SECONDS``) and lease_plan.json (the
 plan as data, and what made it). Every cell of the plan runs with
@@ -14,7 +14,7 @@ benchmarks/RESULTS.md), and at 20 clients it chose vmap.
 On the lent machine the script trains the listed cells in runs/lease/NAME
 (ignored by git, so the machine keeps it between calls while it stays warm,
 and a cut cell's checkpoint with it) and ``--pack-records`` packs their records into $OUT/records.tar.gz
-(papers/lease_records.py). Here ``--bring-back`` lands them in the table's
+(papers/run_records.py). Here ``--bring-back`` lands them in the table's
 runs/, then the table and the plan are written again.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.outputs.atomic_file import atomic_write
-from fedjax_pfl.papers import lease_plan, lease_records, round_seconds
+from fedjax_pfl.papers import round_seconds, run_plan, run_records
 from fedjax_pfl.papers.cell_command import (batchable, build_config, cell_argv, cell_state, consecutive_groups,
                                             display_path)
 from fedjax_pfl.papers.table_spec import NO_DATA, Cell, TableSpec
@@ -55,7 +55,7 @@ def _kept_seeds(kept: dict) -> set[tuple[str, str, int]]:
 
 def cell_inputs(cells: list[Cell], out: Path, rounds: dict, extra: list[str], data_dir: str | None,
                 no_data: dict, kept: dict, one_by_one: bool, kind: dict, record: dict) -> tuple:
-    """(states, rounds left, estimates, together) of ``cells`` for `lease_plan.plan_steps`."""
+    """(states, rounds left, estimates, together) of ``cells`` for `run_plan.plan_steps`."""
     runs = round_seconds.run_anchors(out / "runs", kind["machine"])
     recorded = round_seconds.record_anchors(kind)
     finished_elsewhere = _kept_seeds(kept)
@@ -81,32 +81,32 @@ def cell_inputs(cells: list[Cell], out: Path, rounds: dict, extra: list[str], da
     return states, rounds_left, estimates, together
 
 
-def checked_kind(args) -> tuple[dict, dict, lease_plan.Margins, float]:
+def checked_kind(args) -> tuple[dict, dict, run_plan.Margins, float]:
     """(record, kind, margins, command limit) for --device-kind; UserError for an unknown kind or a
     --plan-for-seconds that holds no command (before any cell is looked at)."""
     record = round_seconds.load_record()
     kind = round_seconds.kind_record(record, args.device_kind)
-    margins = lease_plan.margins_of(kind)
+    margins = run_plan.margins_of(kind)
     limit = float(kind.get("command_limit_seconds", 600))
-    lease_plan.check_budget(args.plan_for_seconds, margins)
+    run_plan.check_budget(args.plan_for_seconds, margins)
     return record, kind, margins, limit
 
 
 def plan_next_lease(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, args, extra: list[str],
-                    no_data: dict, kept: dict, table_args: list[str], made_by: str) -> lease_plan.Plan:
+                    no_data: dict, kept: dict, table_args: list[str], made_by: str) -> run_plan.Plan:
     """Plan the next lease for ``cells`` and write the three plan files into ``out``; returns the plan."""
     record, kind, margins, limit = checked_kind(args)
-    ordered = lease_plan.priority(spec, cells)
+    ordered = run_plan.priority(spec, cells)
     inputs = cell_inputs(ordered, out, rounds, extra, args.data_dir, no_data, kept, args.one_by_one, kind, record)
-    plan = lease_plan.pack(lease_plan.plan_steps(ordered, *inputs), args.plan_for_seconds, limit, margins)
+    plan = run_plan.pack(run_plan.plan_steps(ordered, *inputs), args.plan_for_seconds, limit, margins)
     script_path = f"{display_path(out)}/lease_plan.sh"
     run_args = [*(["--rounds", str(args.rounds)] if args.rounds else []), *(["--one-by-one"] if args.one_by_one else []),
                 *extra]
     out.mkdir(parents=True, exist_ok=True)
-    texts = {"lease_plan.md": lease_plan.markdown(spec, plan, args.plan_for_seconds, args.device_kind, margins,
+    texts = {"lease_plan.md": run_plan.markdown(spec, plan, args.plan_for_seconds, args.device_kind, margins,
                                                   made_by, script_path),
-             "lease_plan.sh": lease_plan.script(spec, plan, margins, table_args, run_args, made_by, script_path),
-             "lease_plan.json": json.dumps({**lease_plan.as_json(spec, plan, args.plan_for_seconds, args.device_kind,
+             "lease_plan.sh": run_plan.script(spec, plan, margins, table_args, run_args, made_by, script_path),
+             "lease_plan.json": json.dumps({**run_plan.as_json(spec, plan, args.plan_for_seconds, args.device_kind,
                                                                   margins, extra), "made_by": made_by},
                                            indent=1) + "\n"}
     for name, text in texts.items():
@@ -135,7 +135,7 @@ def plan_note(out: Path) -> list[str]:
     planned = [c for command in plan["commands"] for step in command["steps"] for c in step["cells"]]
     cells = list(dict.fromkeys(planned))
     shown = ", ".join(cells[:12]) + (f" and {len(cells) - 12} more" if len(cells) > 12 else "")
-    calls = "; ".join(f"`bash {display_path(out)}/lease_plan.sh {c['seconds'] - lease_plan.CALL_SLACK:.0f}` (timeout_s "
+    calls = "; ".join(f"`bash {display_path(out)}/lease_plan.sh {c['seconds'] - run_plan.CALL_SLACK:.0f}` (timeout_s "
                       f"{c['seconds']:.0f}, "
                       f"estimated {c['estimate']:.0f} s)" for c in plan["commands"])
     return [f"Next lease ({plan['kind']}; {display_path(out)}/lease_plan.md, made by `{plan['made_by']}`): "
@@ -148,15 +148,15 @@ def plan_note(out: Path) -> list[str]:
 
 def pack_command(out: Path, archive: str) -> int:
     """``--pack-records``: the records of every run under OUT/runs into ``archive``."""
-    packed = lease_records.pack(out / "runs", Path(archive))
+    packed = run_records.pack(out / "runs", Path(archive))
     print(f"packed the records of {len(packed)} run(s) into {archive}: {', '.join(packed) or 'none'}")
     return 0
 
 
 def land_command(paths: list[str], out: Path) -> None:
     """``--bring-back``: land the archives' finished runs in OUT/runs, saying what landed."""
-    done = lease_records.land([Path(p) for p in paths], out / "runs")
-    print(lease_records.summary_line(done))
+    done = run_records.land([Path(p) for p in paths], out / "runs")
+    print(run_records.summary_line(done))
 
 
 def replan_args(args, extra: list[str], out: Path) -> list[str]:

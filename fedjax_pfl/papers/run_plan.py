@@ -28,7 +28,7 @@ A lease lends one device for a few commands (each at most the kind's
    stopped by SIGINT at the command's deadline (after the round in flight,
    with a checkpoint), so a wrong estimate only moves where a command stops.
    The records of the runs it made come back in one archive under $OUT
-   (papers/lease_records.py).
+   (papers/run_records.py).
 
 Nothing here runs anything or imports JAX: the states and estimates come in.
 """
@@ -223,7 +223,7 @@ def markdown(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margi
     heads = ["| step | state | rounds | s/round (per seed) | seconds | estimate from |", "|---|---|---|---|---|---|"]
     lines = [f"# Lease plan: {spec.name} on {kind}", "",
              f"Made by `{command}` from the cells not finished when it ran, in the order of "
-             "fedjax_pfl/papers/lease_plan.py (the headline setting first, then the rows nearest the headline "
+             "fedjax_pfl/papers/run_plan.py (the headline setting first, then the rows nearest the headline "
              "row's published number). Seconds are estimates (papers/round_seconds.py); margins per command: "
              f"start {margins.command_start:.0f}, stop {margins.stop:.0f}, packing {margins.pack:.0f}; per step: "
              f"start {margins.cell_start:.0f} (benchmarks/seconds_per_round.json says why).", "",
