@@ -1,21 +1,18 @@
-"""Lease plans for tables: order, packing, estimates, the commands a lease runs and the records it brings back."""
+"""Run plans for tables (--plan-for-seconds): order, packing, estimates, the commands a plan runs."""
 
 import csv
 import dataclasses
 import json
+import os
 import random
-import shlex
 import subprocess
-import tarfile
 
 import pytest
 
-from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.outputs import metrics_file, results_writer, run_folder
-from fedjax_pfl.papers import reproduce, round_seconds, run_plan, run_records, table_spec
+from fedjax_pfl.outputs import results_writer, run_folder
+from fedjax_pfl.papers import reproduce, round_seconds, run_plan, table_spec
 from fedjax_pfl.papers.run_plan import Margins, Step
 from fedjax_pfl.runs import config as config_lib
-from signal_after_round import signal_after
 from test_reproduce import TINY as REPRODUCE_TINY
 
 MARGINS = Margins(command_start=40, cell_start=25, stop=30, pack=10)
@@ -130,7 +127,7 @@ def test_bad_plan_for_seconds_is_one_line_exit_2(value, message, tmp_path, capsy
     assert reproduce.main(["fedas_table3", "--plan-for-seconds", value, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
-    assert not (tmp_path / "o" / "lease_plan.sh").exists()
+    assert not (tmp_path / "o" / "run_plan.sh").exists()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -138,10 +135,9 @@ def test_bad_plan_for_seconds_is_one_line_exit_2(value, message, tmp_path, capsy
     (["--cells", "fedas-beta0.1_P0.6/seed0", "--methods", "fedas"], "--cells names the cells itself"),
     (["--cells", "fedas-nowhere/seed0"], "is not a cell of fedas_table3"),
     (["--cells", "fedas-beta0.1_P0.6/seed0,fedas-beta0.1_P0.6/seed0"], "distinct cells"),
-    (["--pack-records", "x.tar.gz"], "give --out WORK"),
     (["--plan-for-seconds", "700", "--device-kind", "tpu-v9"], "no measurements for device kind 'tpu-v9'"),
 ])
-def test_bad_lease_options_are_one_line_exit_2(args, message, tmp_path, capsys):
+def test_bad_plan_options_are_one_line_exit_2(args, message, tmp_path, capsys):
     assert reproduce.main(["fedas_table3", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
@@ -161,77 +157,6 @@ def _accuracies(folder) -> list[float]:
     return [r["accuracy"] for r in run_folder.read_records(folder)]
 
 
-def test_a_lease_cut_mid_cell_resumes_to_the_numbers_of_an_uninterrupted_run_and_lands_here(tmp_path, monkeypatch,
-                                                                                            capsys):
-    table = _tiny(tmp_path, monkeypatch)
-    out = tmp_path / "table"
-    assert reproduce.main(["--table-file", str(table), "--out", str(out), "--plan-for-seconds", "700",
-                           "--device-kind", "tiny-device", "--seeds", "0"]) == 0
-    plan = json.loads((out / "lease_plan.json").read_text())
-    # the headline row (global) first, 25 s + 4 rounds x 2 s; one command holds both
-    assert plan["run_list"] == ["global-synth/seed0", "local-synth/seed0"] and len(plan["commands"]) == 1
-    local = 25 + 4 * 2.0 * round_seconds.PRIOR_MARGIN  # "local" never measured: FedAvg's rate, with the margin
-    assert [s["seconds"] for s in plan["commands"][0]["steps"]] == pytest.approx([33.0, local])
-    script = (out / "lease_plan.sh").read_text()
-    assert "cells=global-synth/seed0,local-synth/seed0" in script
-    assert subprocess.run(["bash", "-n", out / "lease_plan.sh"]).returncode == 0
-    too_short = subprocess.run(["bash", out / "lease_plan.sh", "100"], capture_output=True, text=True)
-    assert too_short.returncode == 2 and "SECONDS too small" in too_short.stdout
-    assert "Next lease (tiny-device" in (out / "table.md").read_text()
-    # the lease's commands, as the script runs them: the first cut after the first cell's round 2 (SIGINT)
-    line = next(ln for ln in script.splitlines() if ln.startswith("timeout "))
-    argv = shlex.split(line.split('"$python" -m fedjax_pfl.reproduce ', 1)[1].split(" 2>&1")[0])
-    work = tmp_path / "work"
-    argv = [a.replace("$work", str(work)).replace("$cells", ",".join(plan["run_list"])) for a in argv]
-    assert reproduce.main(argv, observe=signal_after(2, "INT")) == 130
-    assert json.loads((work / "runs/global-synth/seed0/summary.json").read_text())["status"] == "interrupted"
-    assert reproduce.main(["--table-file", str(table), "--out", str(work), "--pack-records",
-                           str(tmp_path / "first.tar.gz")]) == 0
-    capsys.readouterr()
-    assert reproduce.main(argv) == 0
-    assert "global-synth/seed0: resume" in capsys.readouterr().out
-    assert reproduce.main(["--table-file", str(table), "--out", str(work), "--pack-records",
-                           str(tmp_path / "second.tar.gz")]) == 0
-    with tarfile.open(tmp_path / "second.tar.gz") as tar:
-        names = sorted(tar.getnames())
-    compact = ("config.json", "summary.json", metrics_file.COMPACT)  # finished runs come back compact
-    assert names == sorted(f"runs/{c}/{f}" for c in plan["run_list"] for f in compact)
-    assert (work / "runs/global-synth/seed0/checkpoint").is_dir()  # left behind
-    # the same cell run straight through, elsewhere
-    straight = tmp_path / "straight"
-    assert reproduce.main(["--table-file", str(table), "--out", str(straight), "--cells", "global-synth/seed0",
-                           "--no-progress", "train.client_mapping=vmap"]) == 0
-    assert _accuracies(work / "runs/global-synth/seed0") == _accuracies(straight / "runs/global-synth/seed0")
-    capsys.readouterr()
-    # here: the first archive holds the cut run (not landed), the second the finished ones
-    assert reproduce.main(["--table-file", str(table), "--out", str(out), "--bring-back", str(tmp_path / "first.tar.gz"),
-                           "--bring-back", str(tmp_path / "second.tar.gz")]) == 0
-    printed = capsys.readouterr().out
-    assert "landed 2 run(s)" in printed and "cut by the lease" not in printed  # (the second archive finished it)
-    landed = out / "runs/global-synth/seed0"
-    assert sorted(p.name for p in landed.iterdir()) == sorted(compact)
-    assert _accuracies(landed) == _accuracies(straight / "runs/global-synth/seed0")
-    rows = {r["method"]: r for r in csv.DictReader(open(out / "table.csv"))}
-    assert rows["global"]["status"] == "1 finished, 1 not run" and float(rows["global"]["paper"]) == pytest.approx(0.6)
-    replanned = json.loads((out / "lease_plan.json").read_text())  # planned again: all the seeds, seed 1 left
-    assert replanned["run_list"] == ["global-synth/seed1", "local-synth/seed1"] and replanned["plan_for_seconds"] == 700
-    assert "Expected to finish 2 cell(s): global-synth/seed1, local-synth/seed1" in (out / "table.md").read_text()
-    # landing the same records again keeps what is here
-    assert reproduce.main(["--table-file", str(table), "--out", str(out), "--bring-back",
-                           str(tmp_path / "second.tar.gz")]) == 0
-    assert "landed 0 run(s); 2 already here" in capsys.readouterr().out
-
-
-def test_a_records_archive_holding_anything_else_is_refused(tmp_path):
-    bad = tmp_path / "records.tar.gz"
-    (tmp_path / "ckpt").write_text("x")
-    with tarfile.open(bad, "w:gz") as tar:
-        tar.add(tmp_path / "ckpt", arcname="runs/fedas-beta0.1_P0.6/seed0/checkpoints/1/state")
-    with pytest.raises(UserError, match="is not a run record"):
-        run_records.land([tmp_path], tmp_path / "runs")
-    assert not (tmp_path / "runs").exists()
-
-
 def test_seeds_of_a_setting_with_a_fixed_data_seed_run_as_one_program_and_equal_one_by_one(tmp_path, monkeypatch,
                                                                                              capsys):
     table = tmp_path / "seeded.yaml"
@@ -249,3 +174,51 @@ def test_seeds_of_a_setting_with_a_fixed_data_seed_run_as_one_program_and_equal_
     configs = [json.loads((tmp_path / m / "runs/global-synth/seed1/config.json").read_text())["config"]
                for m in ("together", "one_by_one")]
     assert configs[0]["data_seed"] == configs[1]["data_seed"] == 7 and not configs[0]["vary_data_with_seed"]
+
+
+def test_without_the_dataset_files_the_planner_refuses_and_keeps_the_plan_there(tmp_path, monkeypatch, capsys):
+    """No FEDJAX_PFL_DATA_DIR with the files: one line, exit 2, and the plan already in OUT is not replaced by an
+    empty one."""
+    monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "run_plan.sh").write_text("# the plan made before\n")
+    assert reproduce.main(["fedas_table3", "--plan-for-seconds", "700", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to plan" in err[0] and "FEDJAX_PFL_DATA_DIR" in err[0], err
+    assert (out / "run_plan.sh").read_text() == "# the plan made before\n"
+    assert sorted(p.name for p in out.iterdir()) == ["run_plan.sh"]
+
+
+def test_a_plan_script_runs_with_no_argument_and_refuses_missing_data_in_one_line(tmp_path, monkeypatch, data_dir):
+    """run_plan.sh with no argument takes the planned command's seconds and the table's folder; without the
+    dataset files there, the command it starts stops before training: one line, exit 2."""
+    table = _tiny(tmp_path, monkeypatch)
+    out = tmp_path / "table"
+    cifar = table.read_text().replace("data.name=synthetic, partition.scheme=natural",
+                                      "data.name=cifar10_jpeg, partition.scheme=iid")
+    table.write_text(cifar)
+    monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(data_dir))
+    assert reproduce.main(["--table-file", str(table), "--out", str(out), "--plan-for-seconds", "700",
+                           "--device-kind", "tiny-device", "--seeds", "0"]) == 0
+    env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(tmp_path / "nowhere")}
+    proc = subprocess.run(["bash", out / "run_plan.sh"], capture_output=True, text=True, env=env, timeout=300)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and err[0].startswith("error: dataset files missing"), proc.stderr
+    assert not (out / "runs").exists()
+
+
+def test_cells_naming_some_rows_of_a_setting_write_the_table_of_their_rows_and_settings(tmp_path, monkeypatch):
+    """--cells naming one row in one setting and both in another (a plan's run list cut mid-setting): the table
+    is written (the rows x settings they span, the others not run), no KeyError."""
+    table = _tiny(tmp_path, monkeypatch)
+    text = table.read_text().replace("settings:\n  - name: synth\n", "settings:\n  - name: synth\n")
+    second = text[text.index("  - name: synth"):text.index("methods:")].replace("name: synth", "name: synth2")
+    table.write_text(text.replace("methods:", second + "methods:").replace("train.rounds=4", "train.rounds=1"))
+    out = tmp_path / "o"
+    assert reproduce.main(["--table-file", str(table), "--out", str(out), "--no-progress",
+                           "--cells", "global-synth/seed0,local-synth/seed0,global-synth2/seed0"]) == 0
+    rows = {(r["method"], r["setting"]): r["status"] for r in csv.DictReader(open(out / "table.csv"))}
+    assert rows == {("local", "synth"): "1 finished", ("global", "synth"): "1 finished",
+                    ("local", "synth2"): "1 not run", ("global", "synth2"): "1 finished"}

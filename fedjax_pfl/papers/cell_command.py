@@ -6,7 +6,7 @@ the overrides; rounds and checkpoints last), `build_config` the configuration
 it builds (validated, no data read), `cell_state` what its run folder holds
 for it (new, finished, resumable, to run again), and `batchable` /
 `seeds_argv` whether and how a cell's seeds share one ``--seeds`` program
-(runs/sweep.py). Used by the table command (reproduce.py) and its lease plan
+(runs/sweep.py). Used by the table command (reproduce.py) and its run plan
 (plan_command.py).
 """
 

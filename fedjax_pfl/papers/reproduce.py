@@ -42,17 +42,18 @@ run (exit 1); Ctrl-C (or SIGTERM) stops after the round in flight, writes the ta
 far, exit 130 (143). ``--jobs N`` trains N cells at a time, each in its own process
 (papers/parallel_cells.py; its output in OUT/logs/), for a device one cell
 does not fill. ``--cells A,B,...`` runs exactly those cells
-(``<method>-<setting>/seed<k>``), in that order.
+(``<method>-<setting>/seed<k>``), in that order; its table shows the rows x
+settings x seeds they span.
 
-Leases of a device (papers/plan_command.py): ``--plan-for-seconds S`` writes the
-next lease's plan for the cells not finished (lease_plan.md, lease_plan.sh,
-lease_plan.json beside the table, and the table with the plan in its notes;
-``--device-kind`` names the device, default nvidia-h200); on the lent machine
-each command runs ``bash OUT/lease_plan.sh SECONDS``, which calls this
-command with ``--cells`` and then ``--pack-records ARCHIVE``; back here
-``--bring-back ARCHIVE`` lands the finished runs' records in OUT/runs and
-writes the table and the plan again (for the cells this command selects, the
-whole table by default).
+A time budget (papers/plan_command.py): ``--plan-for-seconds S`` plans the
+cells not finished into device commands that fit S seconds (a lent GPU's
+window, a cluster job's walltime), most wanted first, and writes
+run_plan.md, run_plan.sh and run_plan.json beside the table, and the table
+with the plan in its notes; each command runs ``bash OUT/run_plan.sh
+[SECONDS [WORK]]``, which calls this command with ``--cells``
+(``--device-kind`` names the device whose measured seconds the plan uses,
+default nvidia-h200). ``--require-data`` makes missing dataset files an
+error (one line, exit 2) instead of cells shown as "no data".
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from fedjax_pfl.commands.command import INTERRUPTED, TERMINATED, Command, OneLin
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
-from fedjax_pfl.papers import plan_command as lease
+from fedjax_pfl.papers import plan_command
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
@@ -101,18 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cells trained at once, each its own process with its output in OUT/logs/ (e.g. 4-5 on "
                         "one large GPU); 1 (default): one after another in this process")
     p.add_argument("--cells", help="comma-separated cells to run, in this order (<method>-<setting>/seed<k>, as "
-                                   "their run folders): what a lease plan's commands pass")
+                                   "their run folders): what a run plan's commands pass")
     p.add_argument("--plan-for-seconds", type=float, metavar="S",
-                   help="plan the next lease: the cells not finished, most wanted first, packed into device commands "
-                        "for S seconds of commands; writes OUT/lease_plan.md, .sh, .json and the table; runs nothing")
+                   help="plan the cells not finished, most wanted first, into device commands for S seconds of "
+                        "commands; writes OUT/run_plan.md, .sh, .json and the table; runs nothing")
     p.add_argument("--device-kind", default="nvidia-h200",
-                   help="the lent device the plan is for (its measured seconds: benchmarks/seconds_per_round.json)")
-    p.add_argument("--pack-records", metavar="ARCHIVE",
-                   help="(on the lent machine) pack the records of the runs under --out, the lease's work folder "
-                        "(the stopped ones made compact first), into ARCHIVE (tar.gz); runs nothing")
-    p.add_argument("--bring-back", action="append", metavar="ARCHIVE",
-                   help="land a lease's records.tar.gz (or a folder holding one) in OUT/runs, then write the table "
-                        "(and the plan again, if OUT/lease_plan.json is there); repeatable")
+                   help="the device the plan is for (its measured seconds: benchmarks/seconds_per_round.json)")
+    p.add_argument("--require-data", action="store_true",
+                   help="a setting whose dataset files are missing is an error (exit 2), not cells shown as no data")
     return p
 
 
@@ -207,16 +204,12 @@ def check_modes(args) -> None:
     """One-line UserErrors for options that do not go together."""
     chosen = [flag for flag, on in (("--dry-run", args.dry_run), ("--table-only", args.table_only),
                                     ("--compact", args.compact),
-                                    ("--plan-for-seconds", args.plan_for_seconds is not None),
-                                    ("--pack-records", args.pack_records is not None),
-                                    ("--bring-back", bool(args.bring_back))) if on]
+                                    ("--plan-for-seconds", args.plan_for_seconds is not None)) if on]
     if len(chosen) > 1:
         raise UserError(f"{' and '.join(chosen)} do different things (--dry-run writes nothing, --table-only and "
-                        "--compact write the table, the lease options plan, pack or land runs): give one of them")
+                        "--compact write the table, --plan-for-seconds plans runs): give one of them")
     if args.cells is not None and (args.methods or args.settings or args.seeds):
         raise UserError("--cells names the cells itself: give it without --methods, --settings and --seeds")
-    if args.pack_records is not None and not args.out:
-        raise UserError("--pack-records packs the runs under --out: give --out WORK, the lease's work folder")
 
 
 def listed_cells(text: str, spec: TableSpec) -> list[Cell]:
@@ -237,8 +230,8 @@ def listed_cells(text: str, spec: TableSpec) -> list[Cell]:
 
 
 def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
-    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status. The lease options
-    (papers/plan_command.py) plan the next lease, pack a lease's records or land them instead.
+    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status. With
+    --plan-for-seconds (papers/plan_command.py), plan them for a time budget instead.
 
     ``command.folder`` is set to the output folder (for error.log)."""
     from fedjax_pfl.papers.earlier_table import read_earlier
@@ -255,43 +248,42 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
         raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
     if args.plan_for_seconds is not None:
-        lease.checked_kind(args)  # a bad --plan-for-seconds or --device-kind: before anything is read or written
+        plan_command.checked_kind(args)  # a bad --plan-for-seconds or --device-kind: before anything is read or written
     out = Path(args.out or Path("reproductions") / spec.name)
-    if args.pack_records is not None:
-        return lease.pack_command(out, args.pack_records)
     if not args.dry_run:
         check_writable(out)
     command.folder = out
     if args.compact:
         args.table_only = True
         print(compacted_line(compact_runs(out), out), flush=True)
-    if args.bring_back:
-        lease.land_command(args.bring_back, out)
-        extra = lease.replan_args(args, extra, out)
     table_extra = extra
     planning = args.plan_for_seconds is not None
     if planning:
-        lease.checked_kind(args)
-        extra = lease.lease_overrides(extra)
+        plan_command.checked_kind(args)
+        extra = plan_command.plan_overrides(extra)
     if args.cells is not None:
         cells = listed_cells(args.cells, spec)
         seeds = sorted({c.seed for c in cells})
+        table_cells = spec.cells({c.method.name for c in cells}, {c.setting.name for c in cells}, seeds)
     else:
         methods = parse_list(args.methods, [m.name for m in spec.methods], "method(s)")
         settings = parse_list(args.settings, [s.name for s in spec.settings], "setting(s)")
         seeds = pick_seeds(args.seeds, spec)
-        cells = spec.cells(methods, settings, seeds)
+        cells = table_cells = spec.cells(methods, settings, seeds)
     published = {name: paper_rounds(c, extra) for name, c in first_cells(cells).items()}
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
     no_data = settings_without_data(cells, extra, args.data_dir)
+    if args.require_data and no_data:
+        raise UserError(f"dataset files missing for {', '.join(no_data)} ({'; '.join(dict.fromkeys(no_data.values()))}); "
+                        "set FEDJAX_PFL_DATA_DIR or pass --data-dir")
     if planning:
         kept = kept_cells(spec, cells, out / "runs", read_earlier(out), rounds, seeds)
         table_args = [args.name] if args.name else ["--table-file", args.table_file]
-        plan = lease.plan_next_lease(spec, cells, out, rounds, args, extra, no_data, kept, table_args,
-                                     lease.made_by(table_command(args, table_extra), args))
-        print((out / "lease_plan.md").read_text(), end="")
-        print(f"wrote {out}/lease_plan.md, lease_plan.sh, lease_plan.json ({len(plan.planned)} step(s) planned)")
-        write_and_print(spec, cells, out, rounds, seeds, args, lease.without_lease_mapping(extra), no_data,
+        plan = plan_command.write_plan(spec, cells, out, rounds, args, extra, no_data, kept, table_args,
+                                     plan_command.made_by(table_command(args, table_extra), args))
+        print((out / "run_plan.md").read_text(), end="")
+        print(f"wrote {out}/run_plan.md, run_plan.sh, run_plan.json ({len(plan.planned)} step(s) planned)")
+        write_and_print(spec, table_cells, out, rounds, seeds, args, plan_command.without_plan_mapping(extra), no_data,
                         write_table, show=False)
         return 0
     plans = plan_cells(cells, out, rounds, args, extra, no_data)
@@ -329,7 +321,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         print(f"note: not run, dataset files missing ({', '.join(names)}): {reason}", file=sys.stderr)
     if args.dry_run:
         return 0
-    write_and_print(spec, cells, out, rounds, seeds, args, extra, no_data, write_table)
+    write_and_print(spec, table_cells, out, rounds, seeds, args, extra, no_data, write_table)  # (--cells: the rows x
+    # settings x seeds they span, so that every (row, setting) shown has its line)
     if failed:
         print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
         return status or 1
@@ -338,12 +331,12 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
 
 def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, seeds: list[int], args,
                     extra: list[str], no_data: dict, write_table, show: bool = True) -> None:
-    """Write table.md / table.csv (with the next lease's note when OUT holds a plan) and print the table
+    """Write table.md / table.csv (with the planned runs' note when OUT holds a run plan) and print the table
     (``show``) or only where it went."""
     out.mkdir(parents=True, exist_ok=True)
     head_extra = [f"Command: `{table_command(args, extra)}`."]
     head_extra += [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
-    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data, lease.plan_note(out))
+    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data, plan_command.plan_note(out))
     print(text if show else "", end="")
     print(f"wrote {out}/ (table.md, table.csv, runs/)")
 

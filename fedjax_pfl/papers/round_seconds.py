@@ -1,8 +1,8 @@
-"""Seconds a table cell's round takes on a lent device kind, estimated from measurements.
+"""Seconds a table cell's round takes on a device kind, estimated from measurements.
 
 Measurements come from two places: benchmarks/seconds_per_round.json (the
 GPU suite's rows, per device kind, each at the run settings it names) and the
-table's own runs landed from earlier leases (their metrics.jsonl ``seconds``
+table's own runs made on that device (their metrics.jsonl ``seconds``
 and the machine their config.json names). A measurement is turned into
 seconds per *client-epoch* by a work model (`round_work`: how many passes over
 a client's train data a method's round makes, for the round's selected
@@ -14,7 +14,7 @@ never measured (its work counted from the method's definition, with
 runs on that device (same data, model, clients and batch size); this
 method's row in the record at the same model, clients, batch size and client
 mapping; another method's row there; another method's runs in the table.
-Without any, the estimate is unknown (the plan says so and the lease's runs
+Without any, the estimate is unknown (the plan says so, and the runs
 measure it). Nothing here imports JAX until a method's options are read.
 """
 

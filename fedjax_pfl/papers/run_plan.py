@@ -1,7 +1,8 @@
-"""A lease plan: a table's missing cells, most wanted first, packed into the commands one lease holds.
+"""A run plan: a table's missing cells, most wanted first, packed into device commands for a time budget.
 
-A lease lends one device for a few commands (each at most the kind's
-``command_limit_seconds``, 600 s), and what runs when it ends is lost. The plan:
+A budget (a lent device's window, a cluster job's walltime) holds a few
+commands of at most the device kind's ``command_limit_seconds`` (600 s)
+each, and what runs when it ends is lost. The plan:
 
 1. **Order** (`priority`): the first seed of every cell before any further
    seed; among the settings, the table's ``headline`` settings first, then
@@ -12,23 +13,21 @@ A lease lends one device for a few commands (each at most the kind's
    ``headline``: column by column, settings and rows in table order.
 2. **Steps** (`plan_steps`): one cell each; a cell's further seeds that can
    share one program (papers/reproduce.py ``batchable``) as one step.
-3. **Packing** (`pack`): the lease's seconds are cut into equal commands, none
+3. **Packing** (`pack`): the budget's seconds are cut into equal commands, none
    longer than the limit; each command spends its ``command_start`` margin
    (Python, JAX, the data), each step its ``cell_start`` (clients, compiling,
    checkpoints) and its rounds times the estimated seconds per round
    (papers/round_seconds.py), and ``stop`` + ``pack`` are kept free at the
    end. A step too long for what a command has left continues in the next
-   command of the same lease (its checkpoint stays on the machine, which
-   keeps its files while it stays warm; --resume), paying its start again;
-   a step that cannot end inside the lease is not planned, and later steps
+   command of the same budget (its checkpoint stays in the work folder;
+   --resume), paying its start again;
+   a step that cannot end inside the budget is not planned, and later steps
    that fit fill the time. Steps without an estimate are never planned.
-4. **Commands** (`script`): every command of the lease runs the same list,
+4. **Commands** (`script`): every command of the budget runs the same list,
    the planned steps in plan order and then the steps left over (standby):
    ``reproduce --cells`` skips the finished cells, resumes a cut one, and is
    stopped by SIGINT at the command's deadline (after the round in flight,
    with a checkpoint), so a wrong estimate only moves where a command stops.
-   The records of the runs it made come back in one archive under $OUT
-   (papers/run_records.py).
 
 Nothing here runs anything or imports JAX: the states and estimates come in.
 """
@@ -44,12 +43,13 @@ from fedjax_pfl.papers.table_spec import Cell, TableSpec
 
 STANDBY_CELLS = 40  # at most this many steps left over are listed after the planned ones
 MIN_PART_SECONDS = 60.0  # a command's leftover shorter than this is not worth starting a step in
-CALL_SLACK = 10.0  # seconds of a device call's timeout_s its command leaves to the tool (SECONDS = timeout_s - 10)
+CALL_SLACK = 10.0  # seconds of a command's limit left to whatever starts it (SECONDS = the limit - 10)
 
 
 @dataclasses.dataclass(frozen=True)
 class Margins:
-    """Seconds a command spends outside the rounds (the record's ``margins_seconds``, its ``why``)."""
+    """Seconds a command spends outside the rounds (the record's ``margins_seconds``, its ``why``); ``pack``:
+    kept free at the end for packing or copying what the runs wrote."""
 
     command_start: float
     cell_start: float
@@ -87,7 +87,7 @@ class Step:
 
 @dataclasses.dataclass
 class Command:
-    """One device command of the lease: its seconds and the (step, seconds of it) expected in it."""
+    """One device command of the plan: its seconds and the (step, seconds of it) expected in it."""
 
     seconds: float
     parts: list = dataclasses.field(default_factory=list)
@@ -99,14 +99,14 @@ class Command:
 @dataclasses.dataclass
 class Plan:
     commands: list[Command]
-    left: list[Step]  # not planned in this lease (no time, or no estimate), in order
+    left: list[Step]  # not planned in this budget (no time, or no estimate), in order
 
     @property
     def planned(self) -> list[Step]:
         return list(dict.fromkeys(step for c in self.commands for step, _ in c.parts))
 
     def run_list(self) -> list[Step]:
-        """What every command of the lease runs, in order: the planned steps, then standby."""
+        """What every command of the plan runs, in order: the planned steps, then standby."""
         return self.planned + self.left[:STANDBY_CELLS]
 
 
@@ -126,7 +126,7 @@ def _setting_key(spec: TableSpec, name: str, index: int) -> tuple:
 
 
 def priority(spec: TableSpec, cells: list[Cell]) -> list[Cell]:
-    """``cells`` in the order a lease should run them (module docstring, 1)."""
+    """``cells`` in the order a plan runs them (module docstring, 1)."""
     first_seed = cells[0].seed if cells else 0
     setting_index = {s.name: i for i, s in enumerate(spec.settings)}
     row_index = {m.name: i for i, m in enumerate(spec.methods)}
@@ -157,25 +157,25 @@ def plan_steps(cells: list[Cell], states: dict, rounds_left: dict, estimates: di
     return steps
 
 
-def windows(lease_seconds: float, limit: float) -> list[float]:
-    """The lease cut into the fewest equal commands of at most ``limit`` seconds each."""
-    count = max(1, math.ceil(lease_seconds / limit))
-    return [math.floor(lease_seconds / count)] * count
+def windows(budget_seconds: float, limit: float) -> list[float]:
+    """The budget cut into the fewest equal commands of at most ``limit`` seconds each."""
+    count = max(1, math.ceil(budget_seconds / limit))
+    return [math.floor(budget_seconds / count)] * count
 
 
-def check_budget(lease_seconds, margins: Margins) -> None:
+def check_budget(budget_seconds, margins: Margins) -> None:
     """UserError (one line) for a --plan-for-seconds that is no number or holds no command worth running."""
     least = margins.outside + margins.cell_start + MIN_PART_SECONDS
-    if not isinstance(lease_seconds, (int, float)) or not math.isfinite(lease_seconds) or lease_seconds < least:
-        raise UserError(f"--plan-for-seconds must be the lease's seconds for commands, at least {least:.0f} (one "
+    if not isinstance(budget_seconds, (int, float)) or not math.isfinite(budget_seconds) or budget_seconds < least:
+        raise UserError(f"--plan-for-seconds must be the budget's seconds for commands, at least {least:.0f} (one "
                         f"command's start, stop and packing margins and one step's start and a minute); got "
-                        f"{lease_seconds!r}")
+                        f"{budget_seconds!r}")
 
 
-def pack(steps: list[Step], lease_seconds: float, limit: float, margins: Margins) -> Plan:
-    """The steps laid into the lease's commands in order (module docstring, 3); commands left empty at the end
+def pack(steps: list[Step], budget_seconds: float, limit: float, margins: Margins) -> Plan:
+    """The steps laid into the budget's commands in order (module docstring, 3); commands left empty at the end
     are dropped."""
-    commands = [Command(w) for w in windows(lease_seconds, limit)]
+    commands = [Command(w) for w in windows(budget_seconds, limit)]
     room = [c.seconds - margins.outside for c in commands]
     at, used, left = 0, 0.0, []
     for step in steps:
@@ -196,7 +196,7 @@ def pack(steps: list[Step], lease_seconds: float, limit: float, margins: Margins
 
 def _place(need: float, at: int, used: float, room: list[float], margins: Margins) -> list | None:
     """[(command index, seconds)] of a step of ``need`` seconds started at ``used`` seconds into command
-    ``at``, continued in the next commands (paying its start again); None when it cannot end in the lease."""
+    ``at``, continued in the next commands (paying its start again); None when it cannot end in the budget."""
     parts, rest = [], need
     while at < len(room):
         free = room[at] - used
@@ -217,83 +217,77 @@ def _step_line(step: Step, seconds: float | None, margins: Margins) -> str:
     return f"| {step.label} | {step.state} | {step.rounds} | {rate} | {spent} | {step.source} |"
 
 
-def markdown(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margins: Margins, command: str,
+def markdown(spec: TableSpec, plan: Plan, budget_seconds: float, kind: str, margins: Margins, command: str,
              script_path: str) -> str:
     """The plan for people: what each command is expected to run, what waits, and how to run it."""
     heads = ["| step | state | rounds | s/round (per seed) | seconds | estimate from |", "|---|---|---|---|---|---|"]
-    lines = [f"# Lease plan: {spec.name} on {kind}", "",
+    lines = [f"# Run plan: {spec.name} on {kind}", "",
              f"Made by `{command}` from the cells not finished when it ran, in the order of "
              "fedjax_pfl/papers/run_plan.py (the headline setting first, then the rows nearest the headline "
              "row's published number). Seconds are estimates (papers/round_seconds.py); margins per command: "
              f"start {margins.command_start:.0f}, stop {margins.stop:.0f}, packing {margins.pack:.0f}; per step: "
              f"start {margins.cell_start:.0f} (benchmarks/seconds_per_round.json says why).", "",
-             f"{len(plan.commands)} command(s) for {lease_seconds:.0f} s; {len(plan.planned)} step(s) planned "
-             f"({sum(len(s.cells) for s in plan.planned)} cells), {len(plan.left)} left for later leases.", "",
-             "Run: one device call per command, each as soon as the last returns (the machine keeps a cut cell's "
-             "checkpoint only while it stays warm), with `carry: [\".dev/data\"]` (the dataset files: `mkdir -p "
-             ".dev/data && cp -r ../shared/data/cifar10_jpeg .dev/data/`; `.dev/` ignored in .git/info/exclude), "
-             f"`timeout_s` the command's seconds and the command `bash {script_path} SECONDS` (SECONDS = "
-             f"timeout_s - {CALL_SLACK:.0f}). A call that finds no warm machine starts a bare one, without the "
-             "runs of the calls before: land those first and plan again, or it trains the same cells again. "
-             "Then here, for each call's records: "
-             f"`python -m fedjax_pfl.reproduce {spec.name} --bring-back FILES_AT/records.tar.gz` (lands the "
-             "finished runs in runs/, rewrites table.md and this plan).", ""]
+             f"{len(plan.commands)} command(s) for {budget_seconds:.0f} s; {len(plan.planned)} step(s) planned "
+             f"({sum(len(s.cells) for s in plan.planned)} cells), {len(plan.left)} left for a later plan.", "",
+             f"Run: `bash {script_path} [SECONDS [WORK]]` once per command, one right after another, from the "
+             "folder the table's configs are found from, with FEDJAX_PFL_DATA_DIR naming the dataset files (the "
+             "command refuses in one line, exit 2, before training when they are missing). SECONDS: the "
+             f"command's limit minus {CALL_SLACK:.0f} (default: the first command's); WORK: where the runs go "
+             "(default: this table's folder; elsewhere, copy its finished run folders into runs/ here and write "
+             "the table again with --table-only). A cut cell resumes from its checkpoint in WORK.", ""]
     for i, command in enumerate(plan.commands, 1):
         lines += [f"## Command {i}: {command.seconds:.0f} s, estimated {command.estimate(margins):.0f} s", "",
                   f"    bash {script_path} {command.seconds - CALL_SLACK:.0f}", "", *heads,
                   *[_step_line(step, seconds, margins) for step, seconds in command.parts], ""]
     if plan.left:
         shown = plan.left[:STANDBY_CELLS]
-        lines += [f"## Left for later leases ({len(plan.left)} steps; the first {len(shown)} run as standby when "
+        lines += [f"## Left for a later plan ({len(plan.left)} steps; the first {len(shown)} run as standby when "
                   "a command has time left)", "", *heads, *[_step_line(s, s.seconds(margins), margins) for s in shown],
                   ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str], run_args: list[str], made_by: str,
-           script_path: str) -> str:
-    """The bash script every device command of the lease runs (module docstring, 4): ``table_args`` name the
-    table (NAME or --table-file FILE), ``run_args`` the options and overrides of its cells."""
+           script_path: str, out: str) -> str:
+    """The bash script every device command of the plan runs (module docstring, 4): ``table_args`` name the
+    table (NAME or --table-file FILE), ``run_args`` the options and overrides of its cells, ``out`` the table's
+    folder (the default work folder)."""
     cells = [c.folder_name for step in plan.run_list() for c in step.cells]
     table = shlex.join(["-m", "fedjax_pfl.reproduce", *table_args])
-    run = shlex.join([*run_args, "--no-progress"])
+    run = shlex.join([*run_args, "--no-progress", "--require-data"])
     keep = margins.stop + margins.pack
-    usage = f"bash {script_path} SECONDS (the timeout_s of the device call minus {CALL_SLACK:.0f})"
+    default = plan.commands[0].seconds - CALL_SLACK
+    usage = f"bash {script_path} [SECONDS [WORK]] (SECONDS: the command's limit minus {CALL_SLACK:.0f}, default {default:.0f})"
     return "\n".join([
         "#!/usr/bin/env bash",
-        f"# One device command of the next lease for {spec.name}: trains the cells below in order (finished ones",
-        "# skipped, a cut one resumed from its checkpoint) until SECONDS minus the stop and packing margins, in",
-        "# runs/lease/ (ignored by git: the lent machine keeps it between calls while it stays warm), then packs",
-        "# the records of its runs into $OUT/records.tar.gz.",
+        f"# One device command of the run plan for {spec.name}: trains the cells below in order (finished ones",
+        "# skipped, a cut one resumed from its checkpoint) into WORK (default: the table's folder) and stops them",
+        "# (SIGINT: after the round in flight, with a checkpoint) SECONDS minus the stop and packing margins after",
+        "# it starts. The dataset files come from FEDJAX_PFL_DATA_DIR: missing ones stop it before training (exit 2).",
+        f"#   {usage}",
         f"# Written by: {made_by}",
         "set -uo pipefail",
-        f"seconds=${{1:?usage: {usage}}}",
+        f"seconds=${{1:-{default:.0f}}}",
+        f"work=${{2:-{shlex.quote(out)}}}",
+        f"[[ $seconds =~ ^[0-9]+$ ]] || {{ echo \"error: SECONDS must be a whole number; usage: {usage}\" >&2; exit 2; }}",
         f"run_for=$((seconds - {keep:.0f}))",
-        f"(( run_for > {margins.command_start + margins.cell_start:.0f} )) || {{ echo \"usage: {usage}; "
-        "SECONDS too small\"; exit 2; }",
-        "export PYTHONPATH=. XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1",
-        "export FEDJAX_PFL_DATA_DIR=${FEDJAX_PFL_DATA_DIR:-$PWD/.dev/data}",
-        "out=${OUT:-/tmp/lease_out}",
-        f"work=${{LEASE_WORK:-runs/lease}}/{spec.name}",
+        f"(( run_for > {margins.command_start + margins.cell_start:.0f} )) || {{ echo \"error: SECONDS too small "
+        f"(at least {keep + margins.command_start + margins.cell_start + 1:.0f}); usage: {usage}\" >&2; exit 2; }}",
+        "export PYTHONUNBUFFERED=1",
         "python=$(command -v python3 || command -v python)",
-        "mkdir -p \"$out\" \"$work\"",
-        "{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; uptime; } 2>&1 | tee \"$out/lease.log\"",
         "cells=" + shlex.quote(",".join(cells)),
-        f"timeout -s INT -k {margins.stop:.0f} \"$run_for\" \"$python\" {table} {run} --out \"$work\" --cells \"$cells\" "
-        "2>&1 | tee -a \"$out/lease.log\"",
-        "echo \"lease: reproduce rc=${PIPESTATUS[0]} $(date -u +%T)\" | tee -a \"$out/lease.log\"",
-        f"\"$python\" {table} --out \"$work\" --pack-records \"$out/records.tar.gz\" 2>&1 | tee -a \"$out/lease.log\"",
+        f"timeout -s INT -k {margins.stop:.0f} \"$run_for\" \"$python\" {table} {run} --out \"$work\" --cells \"$cells\"",
         ""])
 
 
-def as_json(spec: TableSpec, plan: Plan, lease_seconds: float, kind: str, margins: Margins, extra: list[str]) -> dict:
-    """The plan as data: what made it (to make it again after a lease), the commands, the standby steps (the
-    first `STANDBY_CELLS` of those left) and the run list."""
+def as_json(spec: TableSpec, plan: Plan, budget_seconds: float, kind: str, margins: Margins, extra: list[str]) -> dict:
+    """The plan as data: what made it (to make it again later), the commands, the standby steps (the first
+    `STANDBY_CELLS` of those left) and the run list."""
     def step(s: Step, seconds: float | None) -> dict:
         return {"cells": [c.folder_name for c in s.cells], "state": s.state, "rounds": s.rounds,
                 "seconds_per_round": s.seconds_per_round, "seconds": seconds, "estimate_from": s.source}
 
-    return {"table": spec.name, "kind": kind, "plan_for_seconds": lease_seconds, "overrides": list(extra),
+    return {"table": spec.name, "kind": kind, "plan_for_seconds": budget_seconds, "overrides": list(extra),
             "margins_seconds": dataclasses.asdict(margins),
             "commands": [{"seconds": c.seconds, "estimate": c.estimate(margins),
                           "steps": [step(s, sec) for s, sec in c.parts]} for c in plan.commands],
