@@ -153,3 +153,52 @@ def test_what_cannot_be_rows_exactly_is_refused_in_one_line():
     same = [federations[0], federations[1], federations[3]]
     assert refusal(_ServerPerClient(_method("fedavg").setup), same, config) is None
     assert refusal(_method("fedavg", augment=lambda key, x: x), same, config) is None
+
+
+def _argv(root, name, cell, extra=()) -> list[str]:
+    """The training command line of a small synthetic run ``name`` under ``root``."""
+    return ["--method", "fedavg", "data.name=synthetic", "partition.scheme=dirichlet", "partition.num_clients=5",
+            "model.name=mlr", "train.rounds=3", "train.local_epochs=1", "train.batch_size=16",
+            "train.rounds_per_call=2", "checkpoint_every=2", "data_seed=5", *extra, *cell, "--out", str(root / name)]
+
+
+def _run_configs(root, cells, extra=()):
+    from fedjax_pfl.papers.cell_command import build_config
+
+    return [build_config(_argv(root, name, cell, extra)) for name, cell in cells.items()]
+
+
+def test_runs_that_differ_in_partition_participation_and_seed_write_their_single_runs_folders(tmp_path, monkeypatch):
+    """`runs.sweep.run_federations`: three runs (two share a partition) as rows of one program, each writing the
+    run folder its single run writes: the same records, the same config, a checkpoint."""
+    import json
+
+    from fedjax_pfl.commands import train
+    from fedjax_pfl.outputs import results_writer, run_folder
+    from fedjax_pfl.runs.sweep import run_federations
+
+    monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)
+    cells = {"a": ["partition.alpha=0.3", "train.join_ratio=0.6", "--seed", "0"],
+             "b": ["partition.alpha=1.0", "train.join_ratio=1.0", "--seed", "1"],
+             "c": ["partition.alpha=0.3", "train.join_ratio=0.4", "--seed", "2"]}
+    summaries = run_federations(_run_configs(tmp_path / "rows", cells), progress=False)
+    assert [s["status"] for s in summaries] == ["finished"] * 3
+    for name, cell in cells.items():
+        assert train.main([*_argv(tmp_path / "alone", name, cell), "--no-progress"]) == 0
+        rows, single = tmp_path / "rows" / name, tmp_path / "alone" / name
+        for key in ("accuracy", "accuracy_weighted", "loss", "train_loss"):
+            np.testing.assert_allclose([r[key] for r in run_folder.read_records(rows)],
+                                       [r[key] for r in run_folder.read_records(single)], rtol=1e-6, err_msg=key)
+        saved = [json.loads((f / "config.json").read_text())["config"] for f in (rows, single)]
+        assert {**saved[0], "out": None} == {**saved[1], "out": None}
+        assert (rows / "checkpoint").is_dir()
+
+
+def test_runs_that_differ_in_more_than_rows_may_are_refused_in_one_line(tmp_path):
+    from fedjax_pfl.runs.sweep import run_federations
+
+    cfgs = _run_configs(tmp_path, {"a": ["--seed", "0"]}) + _run_configs(tmp_path, {"b": ["--seed", "1"]},
+                                                                        ["train.lr=0.5"])
+    with pytest.raises(UserError, match="not in train.lr"):
+        run_federations(cfgs, progress=False)
+    assert not (tmp_path / "a").exists()

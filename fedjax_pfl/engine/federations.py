@@ -112,6 +112,8 @@ class FederationRows:
     """F federations of ``method`` as rows of one program (module docstring). Build once; call `init`, then
     `run_rounds`. ``config``: the shared round settings (its ``clients_per_round`` is each federation's own)."""
 
+    mesh = None  # one device: the rows are not split over a mesh
+
     def __init__(self, method: Method, federations: list[Federation], config: engine_lib.EngineConfig):
         if not federations:
             raise ValueError("a pool needs at least one federation")
