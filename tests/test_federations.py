@@ -202,3 +202,49 @@ def test_runs_that_differ_in_more_than_rows_may_are_refused_in_one_line(tmp_path
     with pytest.raises(UserError, match="not in train.lr"):
         run_federations(cfgs, progress=False)
     assert not (tmp_path / "a").exists()
+
+
+TABLE = """
+paper: "Tiny paper"
+table: "Table 0"
+metric: best
+seeds: [0, 1]
+grid:
+  overrides: [data.name=synthetic, partition.scheme=dirichlet, partition.num_clients=5, data_seed=3, model.name=mlr,
+              train.rounds=2, train.local_epochs=1, train.batch_size=16, train.rounds_per_call=1]
+  axes:
+    - {name: a, key: partition.alpha, values: [0.3, 1.0]}
+    - {name: P, key: train.join_ratio, values: [0.4, 1]}
+methods:
+  - {name: global, method: fedavg}
+  - local
+"""
+
+
+def test_the_table_command_trains_a_methods_cells_as_rows_and_equals_them_one_by_one(tmp_path, monkeypatch, capsys):
+    """reproduce: each method's new cells (two alphas x two join ratios x two seeds) as rows of one program;
+    with --one-by-one each alone: the same records. --cells with ';' ends a program."""
+    from fedjax_pfl.outputs import results_writer, run_folder
+    from fedjax_pfl.papers import reproduce
+
+    monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)
+    table = tmp_path / "tiny.yaml"
+    table.write_text(TABLE)
+    base = ["--table-file", str(table), "--no-progress"]
+    assert reproduce.main([*base, "--out", str(tmp_path / "rows")]) == 0
+    printed = capsys.readouterr().out
+    assert "global-a0.3_P0.4/seed0: new, row 1 of 8 in one program: python -m fedjax_pfl.train" in printed
+    assert "local-a1.0_P1/seed1: new, row 8 of 8 in one program" in printed
+    assert reproduce.main([*base, "--out", str(tmp_path / "alone"), "--one-by-one"]) == 0
+    assert "in one program" not in capsys.readouterr().out
+    cells = [f"{m}-a{a}_P{p}/seed{s}" for m in ("global", "local") for a in ("0.3", "1.0") for p in ("0.4", "1")
+             for s in (0, 1)]
+    for cell in cells:
+        rows, alone = (run_folder.read_records(tmp_path / mode / "runs" / cell) for mode in ("rows", "alone"))
+        np.testing.assert_allclose([r["accuracy"] for r in rows], [r["accuracy"] for r in alone], rtol=1e-6,
+                                   err_msg=cell)
+    listed = "global-a0.3_P0.4/seed0,global-a1.0_P1/seed0;global-a0.3_P1/seed0"
+    assert reproduce.main([*base, "--out", str(tmp_path / "listed"), "--cells", listed, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "global-a1.0_P1/seed0: new, row 2 of 2 in one program" in printed
+    assert "global-a0.3_P1/seed0: new: python" in printed

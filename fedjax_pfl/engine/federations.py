@@ -66,6 +66,10 @@ class Federation:
         return int(self.train.n.shape[0])
 
 
+class CannotPool(UserError):
+    """These federations cannot be rows of one program with exactly their lone runs' numbers (`refusal`)."""
+
+
 def refusal(method: Method, federations: list[Federation], config: engine_lib.EngineConfig) -> str | None:
     """Why these federations cannot be rows of one program with exactly their lone runs' numbers; None: they can."""
     if method.server_steps_per_client:
@@ -119,7 +123,7 @@ class FederationRows:
             raise ValueError("a pool needs at least one federation")
         why = refusal(method, federations, config)
         if why:
-            raise UserError(why)
+            raise CannotPool(why)
         self.method, self.config, self.federations = method, config, list(federations)
         self.sizes = [f.num_clients for f in federations]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int32)

@@ -111,11 +111,12 @@ def seeds_argv(argv: list[str], seeds: list[int], folder: Path, cfg: config_lib.
     return [*rest, "--seeds", ",".join(map(str, seeds)), *vary]
 
 
-def consecutive_groups(cells: list[Cell]) -> list[list[Cell]]:
-    """Runs of consecutive cells of one (method, setting), in the given order (table order: one run each)."""
+def consecutive_groups(cells: list[Cell], key=lambda c: c.group_name) -> list[list[Cell]]:
+    """Runs of consecutive cells of one (method, setting), or of one ``key``, in the given order (table order:
+    one run each)."""
     groups: list[list[Cell]] = []
     for cell in cells:
-        if groups and groups[-1][0].group_name == cell.group_name:
+        if groups and key(groups[-1][0]) == key(cell):
             groups[-1].append(cell)
         else:
             groups.append([cell])
