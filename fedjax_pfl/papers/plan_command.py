@@ -6,10 +6,11 @@ round on ``--device-kind`` (papers/round_seconds.py), orders and packs the
 missing ones into device commands that fit S seconds (papers/run_plan.py)
 and writes, beside the table: run_plan.md (for people), run_plan.sh (what
 each device command runs: ``bash OUT/run_plan.sh [SECONDS [WORK]]``) and
-run_plan.json (the plan as data, and what made it). Every cell of the plan
-runs with ``train.client_mapping=vmap`` unless the command sets a mapping:
-`auto` would time its candidates in every cell (35-55 s each on an H200,
-benchmarks/RESULTS.md), and at 20 clients it chose vmap.
+run_plan.json (the plan as data, and what made it). A method's new cells
+are rows of one program (papers/reproduce.py), and every cell runs with
+``train.client_mapping=packed`` unless the command sets a mapping (the rows
+share the lanes; `auto` would time its candidates in every lone cell, 35-55 s
+each on an H200, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.papers import round_seconds, run_plan
-from fedjax_pfl.papers.cell_command import (batchable, build_config, cell_argv, cell_state, consecutive_groups,
-                                            display_path)
+from fedjax_pfl.papers.cell_command import build_config, cell_argv, cell_state, display_path
 from fedjax_pfl.papers.table_spec import NO_DATA, Cell, TableSpec
-from fedjax_pfl.runs import config as config_lib
 
-PLAN_MAPPING = "train.client_mapping=vmap"
+PLAN_MAPPING = "train.client_mapping=packed"
 PLAN_FILES = ("run_plan.md", "run_plan.sh", "run_plan.json")
 
 
@@ -47,32 +46,44 @@ def _kept_seeds(kept: dict) -> set[tuple[str, str, int]]:
             for seed in found["seeds"].split(", ") if seed.isdigit()}
 
 
-def cell_inputs(cells: list[Cell], out: Path, rounds: dict, extra: list[str], data_dir: str | None,
-                no_data: dict, kept: dict, one_by_one: bool, kind: dict, record: dict) -> tuple:
-    """(states, rounds left, estimates, together) of ``cells`` for `run_plan.plan_steps`."""
-    runs = round_seconds.run_anchors(out / "runs", kind["machine"])
-    recorded = round_seconds.record_anchors(kind)
+def program_queues(cells: list[Cell], out: Path, rounds: dict, extra: list[str], args, no_data: dict, kept: dict,
+                   kind: dict, record: dict) -> tuple[list[list[Cell]], dict, object]:
+    """(queues, states, step_of) of ``cells`` (in plan order) for `run_plan.pack`: a method's new cells one queue
+    (one program may hold them as rows), each resumable cell, and with --one-by-one every cell, a queue of its own;
+    ``step_of(cells)`` the `run_plan.Step` of a program of them, estimated by `round_seconds.program_seconds`."""
+    law, sizes, work = round_seconds.lane_law(kind), round_seconds.ClientSizes(), record["work"]
+    if law is None:
+        raise UserError(f"benchmarks/seconds_per_round.json gives device kind {args.device_kind!r} no "
+                        "lane_step_seconds; plan for a kind that has them")
+    measured = round_seconds.measured_programs(out / "runs", kind["machine"])
+    factor, source = round_seconds.calibration(measured, law, work, sizes)
     finished_elsewhere = _kept_seeds(kept)
-    states, rounds_left, estimates, together = {}, {}, {}, set()
-    for group in consecutive_groups(cells):
-        used = rounds[group[0].setting.name][0]
-        configs = [build_config(cell_argv(c, out / "runs" / c.folder_name, used, extra, data_dir)) for c in group]
-        for cell, cfg in zip(group, configs):
-            folder = out / "runs" / cell.folder_name
-            state = cell_state(folder, cfg)
-            if (cell.method.name, cell.setting.name, cell.seed) in finished_elsewhere:
-                state = "finished"
-            if cell.setting.name in no_data and state != "finished":
-                state = NO_DATA
-            records = run_folder.read_records(folder) if state == "resume" else []
-            states[cell.folder_name] = state
-            rounds_left[cell.folder_name] = used - (records[-1]["round"] if records else 0)
-        if group[0].group_name not in estimates:
-            estimates[group[0].group_name] = round_seconds.estimate(config_lib.to_dict(configs[0]), runs, recorded,
-                                                                     record["work"])
-        if batchable(configs[0]) and not one_by_one:
-            together.add(group[0].group_name)
-    return states, rounds_left, estimates, together
+    configs, states, rounds_left, queues, of_method = {}, {}, {}, [], {}
+    for cell in cells:
+        used = rounds[cell.setting.name][0]
+        folder = out / "runs" / cell.folder_name
+        cfg = configs[cell.folder_name] = build_config(cell_argv(cell, folder, used, extra, args.data_dir))
+        state = cell_state(folder, cfg)
+        if (cell.method.name, cell.setting.name, cell.seed) in finished_elsewhere:
+            state = "finished"
+        if cell.setting.name in no_data and state != "finished":
+            state = NO_DATA
+        records = run_folder.read_records(folder) if state == "resume" else []
+        states[cell.folder_name], rounds_left[cell.folder_name] = state, used - (records[-1]["round"] if records else 0)
+        if state == "new" and not args.one_by_one:
+            if cell.method.name not in of_method:
+                of_method[cell.method.name] = len(queues)
+                queues.append([])
+            queues[of_method[cell.method.name]].append(cell)
+        elif state in ("new", "resume", "rerun"):
+            queues.append([cell])
+
+    def step_of(program: list[Cell]) -> run_plan.Step:
+        first = program[0].folder_name
+        seconds = factor * round_seconds.program_seconds([configs[c.folder_name] for c in program], law, work, sizes)
+        return run_plan.Step(tuple(program), states[first], rounds_left[first], seconds, source)
+
+    return queues, states, step_of
 
 
 def checked_kind(args) -> tuple[dict, dict, run_plan.Margins, float]:
@@ -90,12 +101,11 @@ def write_plan(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, args
                     no_data: dict, kept: dict, table_args: list[str], made_by: str) -> run_plan.Plan:
     """Plan ``cells`` for ``args.plan_for_seconds`` and write the three plan files into ``out``; returns the plan."""
     record, kind, margins, limit = checked_kind(args)
-    ordered = run_plan.priority(spec, cells)
-    inputs = cell_inputs(ordered, out, rounds, extra, args.data_dir, no_data, kept, args.one_by_one, kind, record)
-    steps = run_plan.plan_steps(ordered, *inputs)
-    plan = run_plan.pack(steps, args.plan_for_seconds, limit, margins)
+    queues, states, step_of = program_queues(run_plan.priority(spec, cells), out, rounds, extra, args, no_data, kept,
+                                             kind, record)
+    plan = run_plan.pack(queues, step_of, args.plan_for_seconds, limit, margins)
     if not plan.planned:  # before any file is written: an empty plan would replace the one there
-        raise UserError(f"nothing to plan for {spec.name}: {why_empty(steps, inputs[0], no_data, margins)}")
+        raise UserError(f"nothing to plan for {spec.name}: {why_empty(queues, states, no_data, step_of, margins)}")
     script_path = f"{display_path(out)}/run_plan.sh"
     run_args = [*(["--rounds", str(args.rounds)] if args.rounds else []), *(["--one-by-one"] if args.one_by_one else []),
                 *extra]
@@ -114,18 +124,16 @@ def write_plan(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, args
     return plan
 
 
-def why_empty(steps: list[run_plan.Step], states: dict, no_data: dict, margins: run_plan.Margins) -> str:
-    """Why a plan holds no step, in words that say what to do."""
+def why_empty(queues: list, states: dict, no_data: dict, step_of, margins: run_plan.Margins) -> str:
+    """Why a plan holds no program, in words that say what to do."""
     if any(state == NO_DATA for state in states.values()):
         reasons = "; ".join(dict.fromkeys(no_data.values()))
         return (f"the dataset files of {len(no_data)} setting(s) are missing ({reasons}); set FEDJAX_PFL_DATA_DIR or "
                 "pass --data-dir, and plan again")
-    if not steps:
+    if not queues:
         return "every chosen cell is finished"
-    known = [s.seconds(margins) for s in steps if s.seconds_per_round is not None]
-    if not known:
-        return f"no cell has an estimate ({steps[0].source}); run one cell on the device first"
-    return f"no step fits the budget (the shortest needs {min(known):.0f} s besides the commands' margins)"
+    shortest = min(step_of(q[:1]).seconds(margins) for q in queues)
+    return f"no program fits the budget (one cell alone needs {shortest:.0f} s besides the commands' margins)"
 
 
 def saved_plan(out: Path) -> dict | None:

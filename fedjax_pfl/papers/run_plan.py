@@ -11,23 +11,26 @@ each, and what runs when it ends is lost. The plan:
    then the rows whose published numbers lie nearest its own (the cells that
    decide its rank), rows without a published number last. Without a
    ``headline``: column by column, settings and rows in table order.
-2. **Steps** (`plan_steps`): one cell each; a cell's further seeds that can
-   share one program (papers/reproduce.py ``batchable``) as one step.
-3. **Packing** (`pack`): the budget's seconds are cut into equal commands, none
-   longer than the limit; each command spends its ``command_start`` margin
-   (Python, JAX, the data), each step its ``cell_start`` (clients, compiling,
-   checkpoints) and its rounds times the estimated seconds per round
-   (papers/round_seconds.py), and ``stop`` + ``pack`` are kept free at the
-   end. A step too long for what a command has left continues in the next
-   command of the same budget (its checkpoint stays in the work folder;
-   --resume), paying its start again;
-   a step that cannot end inside the budget is not planned, and later steps
-   that fit fill the time. Steps without an estimate are never planned.
-4. **Commands** (`script`): every command of the budget runs the same list,
-   the planned steps in plan order and then the steps left over (standby):
-   ``reproduce --cells`` skips the finished cells, resumes a cut one, and is
-   stopped by SIGINT at the command's deadline (after the round in flight,
-   with a checkpoint), so a wrong estimate only moves where a command stops.
+2. **Programs** (`pack`): the cells a program may hold are queued: a method's
+   new cells (papers/reproduce.py: rows of one program, engine/federations.py),
+   in that order, the queues in the order of their first cell (so a method's
+   further seeds go with its first ones), or a cell alone (resumable, or
+   --one-by-one). Each command,
+   queue by queue in order, takes the longest head of the queue whose program
+   fits what the command has left: its ``cell_start`` (clients, compiling,
+   checkpoints) and its rounds times the program's estimated seconds per round
+   (papers/round_seconds.py: for the cells together, not k times one); so the
+   headline method's cells come first and later queues fill the time. Each
+   command spends its ``command_start`` margin (Python, JAX, the data), and
+   ``stop`` + ``pack`` are kept free at its end. What no command holds is left
+   for a later plan, one step a queue. Programs without an estimate are never
+   planned.
+3. **Commands** (`script`): every command of the budget runs the same list,
+   the planned programs in plan order and then those left (standby):
+   ``reproduce --cells`` (``;`` between programs) skips the finished cells,
+   resumes a cut one, and is stopped by SIGINT at the command's deadline
+   (after the round in flight, with a checkpoint), so a wrong estimate only
+   moves where a command stops.
 
 Nothing here runs anything or imports JAX: the states and estimates come in.
 """
@@ -64,25 +67,26 @@ class Margins:
 
 @dataclasses.dataclass(frozen=True, eq=False)  # (eq=False: a step is itself, hashed by identity)
 class Step:
-    """One program to run: a cell, or a cell's seeds as one program."""
+    """One program to run: a cell, or cells of one method as rows of one program."""
 
     cells: tuple[Cell, ...]
     state: str  # 'new', 'resume' (from its checkpoint) or 'rerun' (unfinished, no checkpoint)
     rounds: int  # rounds it has to run
-    seconds_per_round: float | None  # per seed; None: unknown
+    seconds_per_round: float | None  # the program's (all its cells together); None: unknown
     source: str  # where the estimate comes from
 
     @property
     def label(self) -> str:
         first = self.cells[0]
-        seeds = ",".join(str(c.seed) for c in self.cells)
-        return f"{first.group_name} seed{'s' if len(self.cells) > 1 else ''} {seeds}"
+        if len(self.cells) == 1:
+            return first.folder_name
+        return f"{first.method.name}: {len(self.cells)} cells as rows of one program"
 
     def seconds(self, margins: Margins) -> float | None:
-        """Its start plus its rounds (a program of k seeds counted as k times one: not measured batched)."""
+        """Its start plus its rounds."""
         if self.seconds_per_round is None:
             return None
-        return margins.cell_start + self.rounds * self.seconds_per_round * len(self.cells)
+        return margins.cell_start + self.rounds * self.seconds_per_round
 
 
 @dataclasses.dataclass
@@ -138,25 +142,6 @@ def priority(spec: TableSpec, cells: list[Cell]) -> list[Cell]:
     return sorted(cells, key=key)
 
 
-def plan_steps(cells: list[Cell], states: dict, rounds_left: dict, estimates: dict, together: set) -> list[Step]:
-    """Steps of ``cells`` (in order): ``states``/``rounds_left`` per folder name (finished and 'no data' cells
-    give none), ``estimates`` per group name -> round_seconds.Estimate, ``together``: the group names whose
-    new seeds share one program."""
-    steps, i = [], 0
-    while i < len(cells):
-        cell, j = cells[i], i + 1
-        state = states[cell.folder_name]
-        while (state == "new" and cell.group_name in together and j < len(cells)
-               and cells[j].group_name == cell.group_name and states[cells[j].folder_name] == "new"):
-            j += 1
-        if state in ("new", "resume", "rerun"):
-            estimate = estimates[cell.group_name]
-            steps.append(Step(tuple(cells[i:j]), state, rounds_left[cell.folder_name], estimate.seconds_per_round,
-                              estimate.source))
-        i = j
-    return steps
-
-
 def windows(budget_seconds: float, limit: float) -> list[float]:
     """The budget cut into the fewest equal commands of at most ``limit`` seconds each."""
     count = max(1, math.ceil(budget_seconds / limit))
@@ -172,41 +157,24 @@ def check_budget(budget_seconds, margins: Margins) -> None:
                         f"{budget_seconds!r}")
 
 
-def pack(steps: list[Step], budget_seconds: float, limit: float, margins: Margins) -> Plan:
-    """The steps laid into the budget's commands in order (module docstring, 3); commands left empty at the end
-    are dropped."""
+def pack(queues: list[list[Cell]], step_of, budget_seconds: float, limit: float, margins: Margins) -> Plan:
+    """The queues' cells laid into the budget's commands as programs (module docstring, 2): ``step_of(cells)``
+    is the `Step` of a program of those cells; commands left empty at the end are dropped."""
     commands = [Command(w) for w in windows(budget_seconds, limit)]
-    room = [c.seconds - margins.outside for c in commands]
-    at, used, left = 0, 0.0, []
-    for step in steps:
-        need = step.seconds(margins)
-        placed = _place(need, at, used, room, margins) if need is not None else None
-        if placed is None:
-            left.append(step)
-            continue
-        for index, seconds in placed:
-            commands[index].parts.append((step, seconds))
-        last, seconds = placed[-1]
-        used = (used if last == at else 0.0) + seconds
-        at = last
+    queues = [list(q) for q in queues if q]
+    for command in commands:
+        for queue in queues:
+            free = command.seconds - command.estimate(margins)
+            for count in range(len(queue), 0, -1):  # the longest head that fits
+                step = step_of(queue[:count])
+                seconds = step.seconds(margins)
+                if seconds is not None and seconds <= free:
+                    command.parts.append((step, seconds))
+                    del queue[:count]
+                    break
     while len(commands) > 1 and not commands[-1].parts:  # commands the plan does not need
         commands.pop()
-    return Plan(commands, left)
-
-
-def _place(need: float, at: int, used: float, room: list[float], margins: Margins) -> list | None:
-    """[(command index, seconds)] of a step of ``need`` seconds started at ``used`` seconds into command
-    ``at``, continued in the next commands (paying its start again); None when it cannot end in the budget."""
-    parts, rest = [], need
-    while at < len(room):
-        free = room[at] - used
-        if rest <= free:
-            return parts + [(at, rest)]
-        if at + 1 < len(room) and free >= MIN_PART_SECONDS:
-            parts.append((at, free))
-            rest += margins.cell_start - free
-        at, used = at + 1, 0.0
-    return None
+    return Plan(commands, [step_of(q) for q in queues if q])
 
 
 def _step_line(step: Step, seconds: float | None, margins: Margins) -> str:
@@ -220,13 +188,15 @@ def _step_line(step: Step, seconds: float | None, margins: Margins) -> str:
 def markdown(spec: TableSpec, plan: Plan, budget_seconds: float, kind: str, margins: Margins, command: str,
              script_path: str) -> str:
     """The plan for people: what each command is expected to run, what waits, and how to run it."""
-    heads = ["| step | state | rounds | s/round (per seed) | seconds | estimate from |", "|---|---|---|---|---|---|"]
+    heads = ["| step | state | rounds | s/round | seconds | estimate from |", "|---|---|---|---|---|---|"]
     lines = [f"# Run plan: {spec.name} on {kind}", "",
              f"Made by `{command}` from the cells not finished when it ran, in the order of "
              "fedjax_pfl/papers/run_plan.py (the headline setting first, then the rows nearest the headline "
-             "row's published number). Seconds are estimates (papers/round_seconds.py); margins per command: "
+             "row's published number), a method's cells as rows of one program. Seconds are estimates of each "
+             "program, its cells together (papers/round_seconds.py); margins per command: "
              f"start {margins.command_start:.0f}, stop {margins.stop:.0f}, packing {margins.pack:.0f}; per step: "
-             f"start {margins.cell_start:.0f} (benchmarks/seconds_per_round.json says why).", "",
+             f"start {margins.cell_start:.0f} (benchmarks/seconds_per_round.json says why, and what the model's "
+             "step law is fitted to).", "",
              f"{len(plan.commands)} command(s) for {budget_seconds:.0f} s; {len(plan.planned)} step(s) planned "
              f"({sum(len(s.cells) for s in plan.planned)} cells), {len(plan.left)} left for a later plan.", "",
              f"Run: `bash {script_path} [SECONDS [WORK]]` once per command, one right after another, from the "
@@ -238,7 +208,9 @@ def markdown(spec: TableSpec, plan: Plan, budget_seconds: float, kind: str, marg
     for i, command in enumerate(plan.commands, 1):
         lines += [f"## Command {i}: {command.seconds:.0f} s, estimated {command.estimate(margins):.0f} s", "",
                   f"    bash {script_path} {command.seconds - CALL_SLACK:.0f}", "", *heads,
-                  *[_step_line(step, seconds, margins) for step, seconds in command.parts], ""]
+                  *[_step_line(step, seconds, margins) for step, seconds in command.parts], "",
+                  *[f"- {step.label}: {', '.join(c.folder_name for c in step.cells)}" for step, _ in command.parts
+                    if len(step.cells) > 1], ""]
     if plan.left:
         shown = plan.left[:STANDBY_CELLS]
         lines += [f"## Left for a later plan ({len(plan.left)} steps; the first {len(shown)} run as standby when "
@@ -252,7 +224,7 @@ def script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str],
     """The bash script every device command of the plan runs (module docstring, 4): ``table_args`` name the
     table (NAME or --table-file FILE), ``run_args`` the options and overrides of its cells, ``out`` the table's
     folder (the default work folder)."""
-    cells = [c.folder_name for step in plan.run_list() for c in step.cells]
+    programs = ";".join(",".join(c.folder_name for c in step.cells) for step in plan.run_list())
     table = shlex.join(["-m", "fedjax_pfl.reproduce", *table_args])
     run = shlex.join([*run_args, "--no-progress", "--require-data"])
     keep = margins.stop + margins.pack
@@ -275,7 +247,7 @@ def script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str],
         f"(at least {keep + margins.command_start + margins.cell_start + 1:.0f}); usage: {usage}\" >&2; exit 2; }}",
         "export PYTHONUNBUFFERED=1",
         "python=$(command -v python3 || command -v python)",
-        "cells=" + shlex.quote(",".join(cells)),
+        "cells=" + shlex.quote(programs),
         f"timeout -s INT -k {margins.stop:.0f} \"$run_for\" \"$python\" {table} {run} --out \"$work\" --cells \"$cells\"",
         ""])
 

@@ -291,7 +291,8 @@ class FederationProgram:
         mapping = self.engine.mapping
         self.mapping = {"requested": cfgs[0].train.client_mapping, "chosen": mapping, "mapping": mapping,
                         "chunk_size": self.engine.config.chunk_size if mapping == "chunked" else None, "timed": False,
-                        "why": f"one of {len(cfgs)} runs as rows of one program (engine/federations.py)"}
+                        "why": f"one of {len(cfgs)} runs as rows of one program (engine/federations.py)",
+                        "program": [f"{Path(cfg.out).parent.name}/{Path(cfg.out).name}" for cfg in cfgs]}
 
     def training_rows(self) -> int:
         return self.engine.training_rows()
