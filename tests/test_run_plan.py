@@ -170,6 +170,8 @@ def test_bad_plan_for_seconds_is_one_line_exit_2(value, message, tmp_path, capsy
     (["--cells", "fedas-nowhere/seed0"], "is not a cell of fedas_table3"),
     (["--cells", "fedas-beta0.1_P0.6/seed0,fedas-beta0.1_P0.6/seed0"], "distinct cells"),
     (["--plan-for-seconds", "700", "--device-kind", "tpu-v9"], "no measurements for device kind 'tpu-v9'"),
+    (["--plan-for-seconds", "700", "--device-record", "/nowhere/record.json"],
+     "cannot read the seconds-per-round record /nowhere/record.json"),
 ])
 def test_bad_plan_options_are_one_line_exit_2(args, message, tmp_path, capsys):
     assert reproduce.main(["fedas_table3", *args]) == 2

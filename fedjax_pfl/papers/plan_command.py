@@ -89,7 +89,7 @@ def program_queues(cells: list[Cell], out: Path, rounds: dict, extra: list[str],
 def checked_kind(args) -> tuple[dict, dict, run_plan.Margins, float]:
     """(record, kind, margins, command limit) for --device-kind; UserError for an unknown kind or a
     --plan-for-seconds that holds no command (before any cell is looked at)."""
-    record = round_seconds.load_record()
+    record = round_seconds.load_record(args.device_record and Path(args.device_record))
     kind = round_seconds.kind_record(record, args.device_kind)
     margins = run_plan.margins_of(kind)
     limit = float(kind.get("command_limit_seconds", 600))

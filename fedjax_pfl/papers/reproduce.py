@@ -52,7 +52,8 @@ run_plan.md, run_plan.sh and run_plan.json beside the table, and the table
 with the plan in its notes; each command runs ``bash OUT/run_plan.sh
 [SECONDS [WORK]]``, which calls this command with ``--cells``
 (``--device-kind`` names the device whose measured seconds the plan uses,
-default nvidia-h200). ``--require-data`` makes missing dataset files an
+default nvidia-h200, in ``--device-record``). ``--require-data`` makes
+missing dataset files an
 error (one line, exit 2) instead of cells shown as "no data".
 """
 
@@ -108,7 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan the cells not finished, most wanted first, into device commands for S seconds of "
                         "commands; writes OUT/run_plan.md, .sh, .json and the table; runs nothing")
     p.add_argument("--device-kind", default="nvidia-h200",
-                   help="the device the plan is for (its measured seconds: benchmarks/seconds_per_round.json)")
+                   help="the device the plan is for (its measured seconds in --device-record)")
+    p.add_argument("--device-record", metavar="FILE",
+                   help="the measured seconds of device kinds the plan reads (default: this repository's "
+                        "benchmarks/seconds_per_round.json, whose form a record of your own follows)")
     p.add_argument("--require-data", action="store_true",
                    help="a setting whose dataset files are missing is an error (exit 2), not cells shown as no data")
     return p
