@@ -397,39 +397,6 @@ def test_augmentation_quick_reports_both_variants_and_their_ratio():
     assert ratio == records["train.augment=crop_flip"]["rounds_per_s"] / records["train.augment=none"]["rounds_per_s"]
 
 
-def _bash_array(path, name):
-    """The quoted entries of the bash array ``NAME=( ... )`` in ``path``, one per line."""
-    text = path.read_text()
-    body = text[text.index(f"\n{name}=(") + len(name) + 3:]
-    body = body[:body.index("\n)")]
-    return [line.strip().strip('"') for line in body.splitlines() if line.strip().startswith('"')]
-
-
-def test_lease_plan_names_only_cells_the_tables_have_and_still_lack(data_dir, tmp_path):
-    """benchmarks/lease.sh --dry-run: every planned cell exists in its table file and is not finished in
-    reproductions/ (a plan that re-runs committed cells would waste a lent GPU's time)."""
-    env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir), "LEASE_WORK": str(tmp_path / "work")}
-    proc = subprocess.run(["bash", str(BENCH / "lease.sh"), "500", "--dry-run"], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=BENCH.parent)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    plan = [l for l in proc.stdout.splitlines() if l.startswith("[1/1] ")]
-    planned = [line for array in ("CELLS", "PROBES") for line in _bash_array(BENCH / "lease.sh", array)]
-    assert planned and len(plan) == len(planned), (planned, plan)
-    assert all(": new: " in l for l in plan), plan
-
-
-def test_lease_refuses_a_cell_its_table_lacks(data_dir, tmp_path):
-    script = (BENCH / "lease.sh").read_text()
-    assert '"pfakd_table1 fedrep cifar10_E10 0"' in script  # else this test checks nothing: update its cell
-    script = script.replace('"pfakd_table1 fedrep cifar10_E10 0"', '"pfakd_table1 fedrep cifar10_E99 0"')
-    bad = tmp_path / "lease.sh"
-    bad.write_text(script)
-    env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir), "LEASE_WORK": str(tmp_path / "work")}
-    proc = subprocess.run(["bash", str(bad), "500", "--dry-run"], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=BENCH.parent)
-    assert proc.returncode == 2 and "cifar10_E99" in proc.stderr, proc.stderr[-2000:]
-
-
 def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_absent():
     """vs_pfl.py --tiny: pfl-research's CIFAR-10 benchmark counts (1,000 clients of 50 images, 50 a round, 1
     epoch of batches of 10) on random CIFAR-shaped data; the peer's row where pfl is installed, else one line."""

@@ -35,7 +35,7 @@ def test_a_committed_table_re_renders_identically_from_its_records(table, tmp_pa
     committed = REPRODUCTIONS.parent / table
     copy = tmp_path / table
     copy.mkdir(parents=True)
-    for name in ("table.md", "table.csv", "lease_plan.json"):  # a lease plan beside a table is part of its notes
+    for name in ("table.md", "table.csv", "run_plan.json"):  # a run plan beside a table is part of its notes
         if (committed / name).is_file():
             shutil.copy(committed / name, copy / name)
     if (committed / "runs").is_dir():

@@ -143,6 +143,80 @@ def is_eval_round(round_index, total_rounds: int, eval_every: int):
     return ((round_index + 1) % eval_every == 0) | (round_index == total_rounds - 1)
 
 
+def round_plan(key, n, num_clients: int, per_round: int, config: EngineConfig, setup):
+    """(selected, epochs, uploaded, client keys, real steps) of the round with key ``key`` of a federation of
+    ``num_clients`` clients of train sizes ``n``, ``per_round`` of them sampled: the engine's key contract
+    (``split(key, 3)``: selection, stragglers, client keys), each array over the clients that train, in the
+    order they were selected. With ``all_clients_train`` every client trains, the sampled ones first, and only
+    those count as uploaded."""
+    k_sel, k_strag, k_clients = jax.random.split(key, 3)
+    selected = select_clients(k_sel, num_clients, per_round)
+    training = num_clients if config.all_clients_train else per_round
+    if config.all_clients_train:  # the sampled clients, then the others in index order
+        sampled = jnp.zeros(num_clients, bool).at[selected].set(True)
+        others = jnp.argsort(sampled, stable=True)[: num_clients - per_round]
+        selected = jnp.concatenate([selected, others])
+    epochs, uploaded = straggler_plan(k_strag, training, setup.local_epochs, config.straggler_fraction,
+                                      config.drop_fraction)
+    uploaded &= jnp.arange(training) < per_round
+    keys = jax.random.split(k_clients, training)
+    steps = local_training.real_steps(n[selected], setup.batch_size, epochs, setup.drop_last)
+    return selected, epochs, uploaded, keys, steps
+
+
+def method_at(method: Method, schedule: LrSchedule, values: dict, round_index) -> Method:
+    """``method`` of round ``round_index`` with ``values`` (method_values.py) and the lr ``schedule`` applied.
+
+    With no values and a constant schedule this is the method itself, so
+    the compiled round is exactly the one of a plain run.
+    """
+    if not schedule.constant:
+        base = values.get(method_values.LR, method.setup.learning_rate)
+        values = {**values, method_values.LR: base * schedule.factor(round_index), method_values.INITIAL_LR: base}
+    return method_values.with_values(method, values)
+
+
+def client_step_of(method: Method, round_index, report: bool = False):
+    """``step(server, client, data, key, epochs) -> (client, upload)``: the method's client update of round
+    ``round_index`` (``data``: the client's (x, y, n)); ``report``: in-round progress (round_progress.py)."""
+    def client_step(server, client, data_i, key_i, epochs_i):
+        info = ClientRound(round_index, epochs_i)
+        with local_training.reporting_steps(round_progress.report_step if report else None):
+            out = method.client_update(server, client, ClientData(*data_i), key_i, info)
+        return round_progress.report_client(out) if report else out
+
+    return client_step
+
+
+def client_evaluation(method: Method, eval_batch_size: int):
+    """``evaluate(server, client, train, test, key) -> {'correct', 'count', 'loss_sum'}``: one client's
+    personalized model (`Method.eval_variables`) on its test data (``train``, ``test``: (x, y, n))."""
+    normalize = method.setup.normalize
+
+    def one_client(server, client, train_i, test_i, key_i):
+        variables = method.eval_variables(server, client, ClientData(*train_i), key_i)
+
+        def batch_metrics(batch):
+            logits = method.eval_logits(variables, batch.x)
+            correct, count = losses.accuracy_counts(logits, batch.y, batch.mask)
+            nll = losses.cross_entropy(logits, batch.y, batch.mask) * count
+            return correct, count, nll
+
+        correct, count, nll = local_training.sum_batches(batch_metrics, ClientData(*test_i), eval_batch_size, normalize)
+        return {"correct": correct, "count": count, "loss_sum": nll}
+
+    return one_client
+
+
+def per_client_metrics(selected, epochs, uploaded, uploads) -> dict:
+    """The round metrics of each client that trained, in the order given: its index, epochs, whether its
+    upload counts and its loss (``uploads['loss']``, else 0)."""
+    has_loss = isinstance(uploads, dict) and "loss" in uploads
+    client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
+                   else jnp.zeros(selected.shape)).astype(jnp.float32)
+    return {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss}
+
+
 class Engine:
     """Runs a method over stacked client data. Build once; call `round` or `run_rounds`."""
 
@@ -245,16 +319,8 @@ class Engine:
 
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):
-        """The method of round ``round_index`` with ``values`` (method_values.py) and the lr schedule applied.
-
-        With no values and a constant schedule this is the method itself, so
-        the compiled round is exactly the one of a plain run.
-        """
-        schedule = self.config.lr_schedule
-        if not schedule.constant:
-            base = values.get(method_values.LR, self.method.setup.learning_rate)
-            values = {**values, method_values.LR: base * schedule.factor(round_index), method_values.INITIAL_LR: base}
-        return method_values.with_values(self.method, values)
+        """This engine's method of round ``round_index`` with ``values`` (module `method_at`)."""
+        return method_at(self.method, self.config.lr_schedule, values, round_index)
 
     # ------------------------------------------------------------------ round
     def _padded_init(self, key):
@@ -282,19 +348,8 @@ class Engine:
         """(selected, epochs, uploaded, client keys, real steps, order) of the round with key ``key`` over clients
         of train sizes ``n``: the first five in the order the clients train (sorted by steps where the mapping
         wants it; ``order``, else None, is that sort)."""
-        cfg, setup = self.config, self.method.setup
-        k_sel, k_strag, k_clients = jax.random.split(key, 3)
-        selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
-        training = self.num_clients if cfg.all_clients_train else cfg.clients_per_round
-        if cfg.all_clients_train:  # the sampled clients, then the others in index order
-            sampled = jnp.zeros(self.num_clients, bool).at[selected].set(True)
-            others = jnp.argsort(sampled, stable=True)[: self.num_clients - cfg.clients_per_round]
-            selected = jnp.concatenate([selected, others])
-        epochs, uploaded = straggler_plan(k_strag, training, setup.local_epochs, cfg.straggler_fraction,
-                                          cfg.drop_fraction)
-        uploaded &= jnp.arange(training) < cfg.clients_per_round
-        keys = jax.random.split(k_clients, training)
-        steps = local_training.real_steps(n[selected], setup.batch_size, epochs, setup.drop_last)
+        selected, epochs, uploaded, keys, steps = round_plan(key, n, self.num_clients, self.config.clients_per_round,
+                                                             self.config, self.method.setup)
         if not client_mapping.sorts_clients(self.mapping) or self.method.schedule.server_steps_per_client:
             return selected, epochs, uploaded, keys, steps, None
         order = jnp.argsort(-steps, stable=True)  # each chunk runs to its own largest client
@@ -327,12 +382,7 @@ class Engine:
         training = selected.shape[0]
         sequential = method.schedule.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
 
-        def client_step(server, client, data_i, key_i, epochs_i):
-            info = ClientRound(round_index, epochs_i)
-            with local_training.reporting_steps(round_progress.report_step if report else None):
-                out = method.client_update(server, client, ClientData(*data_i), key_i, info)
-            return round_progress.report_client(out) if report else out
-
+        client_step = client_step_of(method, round_index, report)
         info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
         started_from = server  # the round's server state, for the method's diagnostics
         if sequential:  # the server steps after each client
@@ -357,18 +407,15 @@ class Engine:
                 clients = tree_ops.scatter(clients, selected, chosen)
         if method.schedule.updates_every_client:
             clients = self._update_every_client(method, server, clients, train, key, round_index)
-        has_loss = isinstance(uploads, dict) and "loss" in uploads
-        client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
-                       else jnp.zeros(selected.shape)).astype(jnp.float32)
         how = ("map" if sequential else self.mapping, cfg.chunk_size, sharding.mesh_size(self.mesh))  # as round_padding
         diagnostics, client_diagnostics = round_diagnostics(method, started_from, server, uploads, info)
-        per_client = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss,
-                      "client_diagnostics": client_diagnostics}
+        per_client = {**per_client_metrics(selected, epochs, uploaded, uploads), "client_diagnostics": client_diagnostics}
+        train_loss = jnp.mean(per_client["client_loss"])
         if order is not None:  # the metrics list the clients as selected, whatever order they trained in
             per_client = jax.tree.map(lambda a: a[jnp.argsort(order)], per_client)
         metrics = {
             **per_client,
-            "train_loss": jnp.mean(client_loss),
+            "train_loss": train_loss,
             "real_steps": steps.sum(),
             **dict(zip(("sequential_steps", "executed_steps"), client_mapping.step_counts(steps, *how))),
             "diagnostics": diagnostics,
@@ -410,7 +457,7 @@ class Engine:
             jnp.int32(total_rounds if stop is None else min(stop, total_rounds)), values or {}, count, total_rounds,
             eval_every)
         metrics, evals = jax.device_get((metrics, evals))
-        return server, clients, metrics, _evaluations(metrics, evals)
+        return server, clients, metrics, evaluations_of(metrics, evals)
 
     def init_batched(self, keys):
         """`init` of each key of ``keys`` [E], stacked on a leading experiment axis."""
@@ -438,7 +485,7 @@ class Engine:
         metrics, evals = jax.device_get((metrics, evals))
         experiments = len(keys)
         per_metrics = [jax.tree.map(lambda a, e=e: a[e], metrics) for e in range(experiments)]
-        per_evals = [_evaluations(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
+        per_evals = [evaluations_of(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
         return servers, clients, per_metrics, per_evals
 
     def _rounds_impl(self, server, clients, train, eval_data, key, first, stop, values, count, total_rounds, eval_every):
@@ -496,25 +543,9 @@ class Engine:
         return summarize_evaluation(self.evaluate(server, clients, key))
 
     def _evaluate_impl(self, server, clients, train, test, key, values, round_index):
-        method, cfg = self.method_at(values, round_index), self.config
+        method = self.method_at(values, round_index)
         keys = sharding.pad_clients(jax.random.split(key, self.num_clients), self.padded_clients)
-        normalize = method.setup.normalize
-
-        def one_client(server, client, train_i, test_i, key_i):
-            variables = method.eval_variables(server, client, ClientData(*train_i), key_i)
-
-            def batch_metrics(batch):
-                logits = method.eval_logits(variables, batch.x)
-                correct, count = losses.accuracy_counts(logits, batch.y, batch.mask)
-                nll = losses.cross_entropy(logits, batch.y, batch.mask) * count
-                return correct, count, nll
-
-            correct, count, nll = local_training.sum_batches(
-                batch_metrics, ClientData(*test_i), cfg.eval_batch_size, normalize
-            )
-            return {"correct": correct, "count": count, "loss_sum": nll}
-
-        mapped = self._map_clients(one_client, self.eval_mapping)
+        mapped = self._map_clients(client_evaluation(method, self.config.eval_batch_size), self.eval_mapping)
         args = (clients, tuple(train), tuple(test), keys)
         if self.eval_order is None:
             out = jax.tree.map(lambda a: a[:self.num_clients], mapped(server, *args))  # empty clients dropped
@@ -554,7 +585,7 @@ class Engine:
         return mapped if self.mesh is None else sharding.split_over_devices(mapped, self.mesh)
 
 
-def _evaluations(metrics, evals) -> dict:
+def evaluations_of(metrics, evals) -> dict:
     """{evaluated round: per-client arrays} from a fused call's host outputs."""
     return {
         int(t): {k: np.asarray(v[j]) for k, v in evals["per_client"].items()}
