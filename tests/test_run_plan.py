@@ -262,7 +262,7 @@ def test_cells_naming_some_rows_of_a_setting_write_the_table_of_their_rows_and_s
 
 def test_fedas_table3_plans_at_least_thirty_cells_for_540_seconds_and_says_its_seconds_are_modelled(tmp_path,
                                                                                                     data_dir):
-    """The issue's bar for one device command of a 15-minute window: 540 s hold 30 cells or more, as rows of
+    """One device command of a short window: 540 s hold 30 cells or more, as rows of
     programs, from modelled seconds where no program was measured (and the plan says so)."""
     out = tmp_path / "fedas_table3"
     assert reproduce.main(["fedas_table3", "--plan-for-seconds", "540", "--out", str(out), "--data-dir",
