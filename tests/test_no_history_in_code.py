@@ -13,7 +13,6 @@ import ast
 import io
 import re
 import tokenize
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,18 +83,6 @@ def scanned_files() -> list[Path]:
             if p.suffix in (".py", ".yaml", ".yml") and p.is_file() and p.resolve() != THIS_FILE]
 
 
-# TEMPORARY: the history found in files being rewritten now (methods/diversifed.py, fedpac.py, pfakd.py,
-# fedas.py, pfedkd.py, kernels/model_distance.py, kernels/collaboration.py and the DiversiFed, PFAKD and
-# pFedKD configs and table files): exactly those findings, as "path: word" with how often each occurs.
-# Remove an entry when its file no longer has it (the test says which), and this allow-list with the last.
-BEING_REWRITTEN = Counter({
-    "configs/tables/pfakd_table1.yaml: 0cc6d2b": 1,
-    "configs/tables/pfakd_table1.yaml: 5d7760f": 1,
-    "configs/tables/pfakd_table1.yaml: 52 minutes": 1,
-    "configs/tables/pfakd_table1.yaml: 56 minutes": 1,
-    "configs/tables/pfakd_table1.yaml: 75 minutes": 1,
-    "configs/tables/pfakd_table1.yaml: earlier version": 1,
-})
 
 
 def test_the_scanner_finds_hashes_issues_dates_timings_and_narration():
@@ -132,21 +119,7 @@ def test_every_scanned_folder_holds_files():
     assert names == set(SCANNED) and any(p.suffix == ".yaml" for p in scanned_files())
 
 
-def without_line(finding: str) -> str:
-    """'path:12: word' -> 'path: word' (an allow-list entry survives edits above it)."""
-    return re.sub(r":\d+: ", ": ", finding, count=1)
-
-
 def test_no_history_in_code_configs_or_tests():
     found = [f for p in scanned_files() for f in findings(p)]
-    allowed = BEING_REWRITTEN.copy()
-    left = []
-    for f in found:
-        if allowed[without_line(f)] > 0:
-            allowed[without_line(f)] -= 1
-        else:
-            left.append(f)
-    assert not left, ("history in code, configs or tests (move it to reproductions/ notes or "
-                      "benchmarks/RESULTS.md, and state the contract):\n" + "\n".join(left))
-    stale = sorted(+allowed)
-    assert not stale, "allow-list entries no longer found (remove them):\n" + "\n".join(stale)
+    assert not found, ("history in code, configs or tests (move it to reproductions/ notes or "
+                       "benchmarks/RESULTS.md, and state the contract):\n" + "\n".join(found))
