@@ -15,6 +15,8 @@ combines the selected clients' heads: it reads their stacked state), Ditto
 lanes, each lone run one client at a time.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +29,6 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine.federations import Federation, FederationRows, refusal
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
-from fedjax_pfl.methods.fedavg import FedAvg
 from fedjax_pfl.models.networks import build_model
 
 ROUNDS = 2
@@ -126,12 +127,13 @@ def test_a_pool_equals_itself_under_every_client_mapping(float64):
         _assert_equal(got, results[0], "pool against map")
 
 
-class _ServerPerClient(FedAvg):
-    name = "server_per_client"
+def _init_with_a_count_per_client(m, key, num_clients):
+    server, clients = get_method("fedavg").init(m, key, num_clients)
+    return {**server, "seen": jnp.zeros(num_clients)}, clients
 
-    def init(self, key, num_clients):
-        server, clients = super().init(key, num_clients)
-        return {**server, "seen": jnp.zeros(num_clients)}, clients
+
+_ServerPerClient = dataclasses.replace(get_method("fedavg"), name="server_per_client",
+                                       init=_init_with_a_count_per_client)
 
 
 def test_what_cannot_be_rows_exactly_is_refused_in_one_line():
