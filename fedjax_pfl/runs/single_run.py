@@ -76,8 +76,11 @@ def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = 
 def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, stop: StopRequest) -> dict:
     """`run_single` with the run folder ``out`` (checkpoint, resume) and ``files``, where this process writes."""
     saved = resume_lib.saved_run(out) if resume else None
-    if saved is not None:
-        resume_lib.check_same_config(saved, cfg)  # before any data is read
+    if saved is not None:  # before any data is read
+        resume_lib.check_same_config(saved, cfg)
+        saved_round = checkpoint.latest_round(checkpoint.checkpoint_path(out))
+        for warning in resume_lib.check_metrics(out, saved, saved_round) if saved_round is not None else ():
+            print(warning, file=sys.stderr)
     began = time.perf_counter()
     for key, why in resolved_notes(cfg).items():  # what 'auto' became: data.name, model.name
         print(f"{key}: {why}", flush=True)
@@ -95,8 +98,6 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
         done = int(meta["rounds_done"])
         history = resume_lib.check_resume(saved, cfg, done, exp.partition_summary,
                                           run_output.read_json(out / "partition.json"))
-        for warning in resume_lib.check_metrics(out, saved, done):
-            print(warning, file=sys.stderr)
         seconds_done = float(meta["seconds"])
     exp.engine, choice = mapping_choice.choose_or_default(
         exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
