@@ -28,7 +28,7 @@ from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import check_same_method, saved_run
 from fedjax_pfl.runs.single_run import run_single
-from fedjax_pfl.runs.stop_request import StopRequest
+from fedjax_pfl.core.stop_request import StopRequest
 from fedjax_pfl.runs.sweep import run_sweep
 
 DEFAULT_NOTE = ("defaults: the FedAS paper's CIFAR-10 setting (the official files, else the project's JPEG copy "
@@ -147,7 +147,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     """Run one configuration end to end (a sweep when it lists seeds or values); returns the summary.
 
     ``observe(rounds_done)``: called after every compiled call (runs/loop.py); ``stop``: the Ctrl-C and
-    SIGTERM handling (runs/stop_request.py; its ``requested`` says afterwards whether one came);
+    SIGTERM handling (core/stop_request.py; its ``requested`` says afterwards whether one came);
     ``start_over``: replace the run the output folder holds.
     """
     settle(cfg)
@@ -171,7 +171,8 @@ def main(argv=None, observe=None) -> int:
 
     ``observe(rounds_done)`` is called after every compiled call (see `run`).
     """
-    command = Command("interrupted; nothing more was written (a run with checkpoints continues with --resume)")
+    command = Command("interrupted; nothing more was written (a run with checkpoints continues with --resume)",
+                      own_process=argv is None)
 
     def body() -> int:
         args, overrides = parse_args(argv)
@@ -183,6 +184,7 @@ def main(argv=None, observe=None) -> int:
         settle(cfg)
         command.folder = Path(cfg.out)
         stop = StopRequest()
+        command.output.stop = stop
         run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
             start_over=args.start_over)
         return stop.exit_status if stop.requested else 0

@@ -29,7 +29,7 @@ from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
-from fedjax_pfl.runs.stop_request import StopRequest
+from fedjax_pfl.core.stop_request import StopRequest
 
 
 def run_folder_of(cfg: config_lib.RunConfig) -> Path:
@@ -122,7 +122,7 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
         summary = writer.finish()
     if writer.error is not None:
         raise writer.error
-    report_end(out, writer, summary, cfg.eval.model, stop.name if stop.requested else None)
+    report_end(out, writer, summary, cfg.eval.model, (stop.reason or stop.name) if stop.requested else None)
     return summary
 
 
