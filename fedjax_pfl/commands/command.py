@@ -6,6 +6,7 @@
   the signal's number; core/stop_signals.py), within seconds; a closed
   standard output stops a command the same way, exit 141
   (commands/standard_output.py).
+- A full disk: one line naming the folder and how to go on, exit 2.
 - Anything else is a bug: one line ``error: internal error ...`` naming the
   file that holds the traceback (``error.log`` in the command's output
   folder, else a temporary file), exit 1. No traceback on the screen.
@@ -25,6 +26,7 @@ from typing import Callable
 
 from fedjax_pfl.core.errors import UserError, one_line
 from fedjax_pfl.commands.standard_output import GuardedOutput, guarded_stdout
+from fedjax_pfl.core.disk_space import NoSpaceError, is_no_space
 from fedjax_pfl.core.stop_signals import GRACE, NAMES, exit_status, signal_of, terminating
 
 BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, TERMINATED = 2, 1, 130, 143  # (130, 143: exit_status of SIGINT, SIGTERM)
@@ -112,6 +114,10 @@ class Command:
                 _exit_after(GRACE, exit_status(signal_of(e)))
             return exit_status(signal_of(e))
         except Exception as e:  # noqa: BLE001 -- a bug: one line here, the traceback in error.log
+            if is_no_space(e):  # not a bug: the disk is full (a run stops with its own line: runs/run_writer.py)
+                print("error: " + one_line(NoSpaceError(self.folder or Path.cwd(), one_line(e)[:300],
+                                                        then="run the command again")), file=sys.stderr)
+                return BAD_INPUT
             log = write_error_log(self.folder)
             print(f"error: internal error ({one_line(e)}); the traceback is in {log}; please report it",
                   file=sys.stderr)

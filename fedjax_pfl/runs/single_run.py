@@ -116,6 +116,8 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
             run_calls(program, [writer], planner, done, stop, display, observe)
     except BaseException as e:
         writer.crashed(e)
+        if writer.out_of_space is not None:  # one line: what it was writing, what is kept, how to go on
+            raise writer.no_space_error() from None
         raise
     finally:
         display.close()
