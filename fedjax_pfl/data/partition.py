@@ -64,6 +64,18 @@ def _num_classes(*label_arrays: np.ndarray) -> int:
     return int(max(int(a.max()) for a in label_arrays if a.size)) + 1
 
 
+def indices_by_owner(owner, num_clients: int | None = None) -> Partition:
+    """Per-client sorted sample indices from a per-sample client id (-1: unused), for clients 0 .. num_clients-1
+    (default: the largest id + 1); one sort of the pool, whatever the number of clients.
+
+    Examples:
+        >>> [p.tolist() for p in indices_by_owner(np.array([1, 0, 1, -1, 2]))]
+        [[1], [0, 2], [4]]
+    """
+    owner = np.asarray(owner, np.int64)
+    return _from_owner(owner, int(owner.max()) + 1 if num_clients is None else int(num_clients))
+
+
 def _from_owner(owner: np.ndarray, num_clients: int) -> Partition:
     """Turn a per-sample client id (-1 = unused) into sorted per-client index arrays."""
     used = np.flatnonzero(owner >= 0)
