@@ -172,7 +172,7 @@ def round_share(quick: bool, repeats: int):
     from fedjax_pfl.core import tree_ops
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods.base import LocalSetup
-    from fedjax_pfl.methods.diversifed import DiversiFed
+    from fedjax_pfl.methods.diversifed import DIVERSIFED
     from fedjax_pfl.models.networks import build_model
 
     workloads = [("fmnist-mlp64", "mlp", (28, 28, 1), 300, {"hidden": (64,)})]
@@ -188,7 +188,7 @@ def round_share(quick: bool, repeats: int):
         model = build_model(model_name, shape, 10, **kw)
         setup = LocalSetup(model=model, optimizer=optax.adam(1e-3), batch_size=100, local_epochs=10,
                            normalize=lambda a: a.astype(jnp.float32) / 255.0 - 0.5)
-        method = DiversiFed(setup)
+        method = DIVERSIFED(setup)
         eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(clients_per_round=n))
         server, clients = eng.init(jax.random.key(0))
         start = time.perf_counter()

@@ -77,6 +77,12 @@ convolutions, fp32 under XLA's defaults, ``chunked:32`` and ``vmap``
 mappings): what a variant must show before it becomes a default
 (``conv_impl='auto'``, a precision, a flag, a mapping).
 
+``--device-only`` measures step 1 alone into OUT/device.json; ``--device-json
+FILE`` takes step 1 from such a file instead of measuring it again (a visit
+that runs several suites measures the device once). The final server
+parameters each row is compared by are kept in a temporary folder, never in
+--out.
+
 A configuration that fails or runs past ``--child-timeout`` is recorded with
 its error and the suite goes on; the suite then exits with status 1 (the
 report is still written). Records are appended to suite.jsonl as they
@@ -95,6 +101,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -489,6 +496,9 @@ def suite_jobs(args, variants, base: dict, sides: set, report: dict) -> list[tup
     models, clients = args.models.split(","), args.clients.split(",")
     jobs = configurations(base, args.methods.split(","), models, clients, args.mappings.split(","),
                           variants) if "jax" in sides else []
+    for row in [r for r in (args.extra_rows or "").split(",") if r] if "jax" in sides else []:
+        mapping, *variant = row.rsplit(":", 3)  # (a mapping may hold a colon itself: chunked:32)
+        jobs += configurations(base, args.methods.split(","), models, clients, [mapping], [tuple(variant)])
     has_torch = False
     if args.no_torch or "torch" not in sides:
         report["torch_note"] = "--no-torch or --sides jax given: no PyTorch rows"
@@ -521,6 +531,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=None, help="conv:precision:xla triples (comma-separated), e.g. "
                    "direct:fp32:default,pallas:bf16:default: these rows instead of the product of --convs, "
                    "--precisions and --xla-variants (a lent machine's time fits a chosen few)")
+    p.add_argument("--extra-rows", default=None, help="more rows after those, each mapping:conv:precision:xla "
+                   "(comma-separated), e.g. packed:direct:fp32:command_buffer for one row of a variant")
     p.add_argument("--train-samples", type=int, default=45000)
     p.add_argument("--test-samples", type=int, default=15000)
     p.add_argument("--batch", type=int, default=16)
@@ -542,9 +554,12 @@ def main(argv=None) -> int:
                    "instead of rounds (the packed mapping's step: how its cost grows with W)")
     p.add_argument("--widths", default=",".join(map(str, SWEEP_WIDTHS)), help="lanes of --sweep-width")
     p.add_argument("--sweep-steps", type=int, default=50, help="steps per timed scan of --sweep-width")
+    p.add_argument("--device-only", action="store_true", help="measure the device (name, versions, matmul and "
+                   "copy peaks) into OUT/device.json and stop")
+    p.add_argument("--device-json", help="the device.json of an earlier --device-only: its peaks, not measured again")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
+    started = time.monotonic()
     if args.child:
         job = json.loads(args.child)
         print(json.dumps(MEASURES[job["side"]](job["spec"])))
@@ -567,7 +582,26 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(str(e))
     out = Path(args.out)
-    (out / "params").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.device_json:
+        device = json.loads(Path(args.device_json).read_text())
+    else:
+        device = run_child("device", {"matmul_size": args.matmul_size, "copy_mib": args.copy_mib}, args.quick,
+                           args.child_timeout)
+    if args.device_only:
+        (out / "device.json").write_text(json.dumps({**device, "python": platform.python_version()}, indent=1))
+        peaks = ", ".join(f"{p['dtype']} {p['flops_per_s'] / 1e12:.3g} TFLOP/s" for p in device["matmul_peak"])
+        print(f"{device['device']}, jax {device['jax']} ({device['backend']}): matmul {peaks}, copy "
+              f"{device['copy_bandwidth']['bytes_per_s'] / 1e9:.3g} GB/s; wrote {out / 'device.json'}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="gpu_suite-params-") as params_dir:
+        return run_suite(args, variants, sides, out, device, Path(params_dir), started)
+
+
+def run_suite(args, variants, sides: set, out: Path, device: dict, params_dir: Path, started: float) -> int:
+    """The suite's rows after the device's (``device``): records, suite.jsonl as they finish, suite.json and
+    suite.md; the rows' final server parameters in ``params_dir``; --budget-s counted from ``started``."""
+    deadline = None if args.budget_s is None else started + args.budget_s
     jsonl = out / "suite.jsonl"
     jsonl.unlink(missing_ok=True)
     base = dict(batch=args.batch, epochs=args.epochs, lr=args.lr, join_ratio=args.join_ratio, chunk=args.chunk,
@@ -579,8 +613,7 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "gpu_suite", "python": platform.python_version(), "sweep": args.sweep_width,
         "load_avg_1min": round(os.getloadavg()[0], 2), "workload": workload,
-        **run_child("device", {"matmul_size": args.matmul_size, "copy_mib": args.copy_mib}, args.quick,
-                    args.child_timeout), "records": [],
+        **{k: v for k, v in device.items() if k != "python"}, "records": [],
     }
     jobs = sweep_jobs(args, variants) if args.sweep_width else suite_jobs(args, variants, base, sides, report)
     report["not_run"], report["budget_note"] = [], f"--budget-s {args.budget_s:g} reached" if deadline else None
@@ -589,7 +622,7 @@ def main(argv=None) -> int:
         if side != "sweep":
             spec["min_size"] = max(1, min(10, args.train_samples // (4 * spec["clients"])))
         if side == "jax":
-            params[len(report["records"])] = spec["params_out"] = str(out / "params" / f"{len(report['records'])}.npz")
+            params[len(report["records"])] = spec["params_out"] = str(params_dir / f"{len(report['records'])}.npz")
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left < MIN_CONFIG_S:
             report["not_run"].append({"side": side, **{k: spec.get(k, "") for k in LABEL}})

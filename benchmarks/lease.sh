@@ -1,70 +1,134 @@
 #!/usr/bin/env bash
-# One lent GPU's whole visit as one call: the GPU suite first, then the table
-# cells still missing, one at a time, each stopped (SIGINT: it writes its
-# checkpoint) before the deadline, and every record packed under $OUT.
+# One lent GPU's visit as one command: the device and its peaks, the Pallas kernels on it, the GPU suite's
+# FedAvg round in its variants, then as many FedAS Table 3 cells as fit, a method's cells as rows of one program.
 #
-#   bash benchmarks/lease.sh SECONDS            # on the lent machine, repository root
-#   bash benchmarks/lease.sh SECONDS --dry-run  # anywhere: print the plan, check each cell exists
+#   bash benchmarks/lease.sh [SECONDS]                # on the lent machine, repository root; default 560 (a
+#                                                     # 580 s command: 20 s of it left to the device tool)
+#   bash benchmarks/lease.sh SECONDS --cells-only     # a further command of the same window: step (d) alone
+#   LEASE_TINY=1 JAX_PLATFORMS=cpu bash benchmarks/lease.sh 60   # every step on tiny work, on a CPU (its test)
 #
-# SECONDS: the wall time the call may use (a few seconds are kept for packing).
-# The machine goes back about 30 s after a call ends, so nothing may wait for a
-# second call: cells run one at a time (seven at once were 4-5x slower each).
-# Data: $FEDJAX_PFL_DATA_DIR, else .dev/data (carried beside the checkout).
-# Finished cells already under reproductions/ are copied in first, so
-# `reproduce` skips them; a cut cell's checkpoint comes back in cells.tar.gz
-# (WORK/TABLE/runs/CELL/seedN) and resumes when carried into the next visit's .dev/repro.
+# Data: step (d) trains on cifar10_jpeg, which the lent machine has only when it is in the tree it gets. Bring it
+#     mkdir -p .dev/data && cp -r ../shared/data/cifar10_jpeg .dev/data/       # 19 MiB; .dev/ is ignored by git
+# and make the device call with carry: [".dev/data"]. The files are looked for in $FEDJAX_PFL_DATA_DIR, else in
+# .dev/data; without them the script stops in one line (exit 2) before anything touches the GPU.
+#
+# Steps, in order, each under its own timeout; the caps sum under SECONDS (a step whose cap falls under its floor
+# is skipped and says so; time a step leaves goes to the cells). After every step what it made is copied to $OUT:
+#   (a) device.json       the device, versions, matmul and copy peaks, measured once (the suite reuses them)
+#   (b) pallas_tests.txt  tests/test_pallas_conv.py on the device, under the XLA flags this jax accepts
+#   (c) suite.md, suite.json  FedAvg over the suite's 100 clients: packed and chunked:32 x direct and pallas x
+#                         fp32 and bf16, and packed direct fp32 with command buffers (no parameter dumps)
+#   (d) table.md, records.tar.gz  FedAS Table 3 planned for the seconds left (python -m fedjax_pfl.reproduce
+#                         fedas_table3 --plan-for-seconds LEFT) and trained by the plan's script; the records of its
+#                         runs packed (tools/run_records.py). Back here: python tools/run_records.py land
+#                         fedas_table3 FILES_AT/records.tar.gz
+#   summary.md (each step: its status and seconds, or why it did not run) and lease.log (all that was printed).
+# That is 8 files, all in $OUT itself. Tiny mode (LEASE_TINY=1) runs every step on a few clients and seconds:
+# LEASE_TABLE (a table name or YAML file, default fedas_table3) and LEASE_CELLS (--cells of it, instead of a plan).
 set -uo pipefail
 
-budget=${1:?usage: bash benchmarks/lease.sh SECONDS [--dry-run]}
-dry=${2:-}
+budget=${1:-560}
+only=${2:-}
+[[ $budget =~ ^[0-9]+$ ]] && (( budget >= 30 )) || { echo "error: SECONDS must be a whole number >= 30; usage: bash benchmarks/lease.sh [SECONDS] [--cells-only]" >&2; exit 2; }
+[[ -z $only || $only == --cells-only ]] || { echo "error: unknown option $only; usage: bash benchmarks/lease.sh [SECONDS] [--cells-only]" >&2; exit 2; }
 start=$(date +%s)
-deadline=$((start + budget - 20))
+deadline=$((start + budget - 5))  # 5 s for the last packing
 out=${OUT:-/tmp/lease_out}
-work=${LEASE_WORK:-.dev/repro}
-export PYTHONPATH=. XLA_PYTHON_CLIENT_PREALLOCATE=false
+work=${LEASE_WORK:-runs/lease}
+tiny=${LEASE_TINY:-}
+table=${LEASE_TABLE:-fedas_table3}
+export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export FEDJAX_PFL_DATA_DIR=${FEDJAX_PFL_DATA_DIR:-$PWD/.dev/data}
 python=$(command -v python3 || command -v python)
-mkdir -p "$out" "$work/probes"
-touch "$work/.start"  # records newer than this come back; the copied finished ones keep their times
+mkdir -p "$out" "$work"
+log=$out/lease.log
+: > "$log"
+if [[ $table == *.yaml || $table == *.yml ]]; then table_args=(--table-file "$table"); else table_args=("$table"); fi
+name=$(basename "$table" .yaml)
 
 left() { echo $((deadline - $(date +%s))); }
+note() { echo "$*" | tee -a "$log"; }
+summary() { echo "$*" >> "$out/summary.md"; }
 
-# what the next visit should run, most wanted first: TABLE METHOD SETTING SEED [overrides...]
-CELLS=(
-  "pfakd_table1 fedrep cifar10_E10 0"
-  "pfakd_table1 fedpac cifar10_E10 0"
-)
-# probes: their own folder, not table cells (the PFAKD authors' main.py GPFL defaults)
-PROBES=(
-  "pfakd_table1 gpfl cifar10_E5 0 method.mu=1.0 method.lamda=0.0001"
-  "pfakd_table1 gpfl cifar10_E10 0 method.mu=1.0 method.lamda=0.0001"
-)
+# before the GPU: the table's dataset files must be in the tree (a dry run on the CPU, one line if they are not)
+if ! JAX_PLATFORMS=cpu "$python" -m fedjax_pfl.reproduce "${table_args[@]}" --dry-run --require-data \
+     --out "$work/$name" > "$work/data_check.txt" 2>&1; then
+  reason=$(grep -m1 '^error: ' "$work/data_check.txt" | sed 's/^error: //')
+  echo "error: ${reason:-the data check failed (see $work/data_check.txt)}; bring the files into the tree: mkdir -p .dev/data && cp -r ../shared/data/cifar10_jpeg .dev/data/ and carry .dev/data" >&2
+  exit 2
+fi
 
-run_cell() {  # FOLDER TABLE METHOD SETTING SEED [overrides...]: the table's run in FOLDER/TABLE
-  local folder=$1/$2 table=$2 method=$3 setting=$4 seed=$5; shift 5
-  local cmd=("$python" -m fedjax_pfl.reproduce "$table" --seeds "$seed" --methods "$method" --settings "$setting"
-             --out "$folder" --no-progress train.client_mapping=vmap "$@")
-  if [[ $dry == --dry-run ]]; then "${cmd[@]}" --dry-run || exit 2; return; fi
-  local seconds; seconds=$(left)
-  if (( seconds < 60 )); then echo "lease: no time left for $method $setting"; return; fi
-  echo "lease: $table $method $setting seed $seed ($seconds s left) $(date -u +%T)"
-  timeout -s INT -k 15 "$seconds" "${cmd[@]}"
-  echo "lease: $table $method $setting seed $seed rc=$? $(date -u +%T)"
+printf '# Lease: %s seconds%s\n\n| step | status | seconds | note |\n|---|---|---|---|\n' "$budget" "${tiny:+ (tiny mode)}" > "$out/summary.md"
+
+step() {  # LABEL CAP FLOOR OUTPUT CMD...: CMD (its output to OUTPUT, '-': the log) under min(CAP, what is left)
+  local label=$1 cap=$2 floor=$3 output=$4; shift 4
+  local have; have=$(left)
+  (( have < cap )) && cap=$have
+  if (( cap < floor )); then
+    note "lease: $label not run ($cap s left, it needs $floor)"
+    summary "| $label | not run | 0 | $cap s left, it needs at least $floor |"
+    return 1
+  fi
+  note "lease: $label (at most $cap s) $(date -u +%T)"
+  local began rc said; began=$(date +%s)
+  [[ $output == - ]] && output=$work/step.txt
+  timeout -s INT -k 10 "$cap" "$@" > "$output" 2>&1; rc=$?
+  cat "$output" >> "$log"
+  said=$(grep -v '^[[:space:]]*$' "$output" | tail -n 1 | cut -c1-160 | tr '|' '/')
+  local took=$(( $(date +%s) - began )) status=ran
+  (( rc != 0 )) && status="exit $rc"
+  (( rc == 124 || rc == 130 )) && status="stopped at its cap ($cap s), exit $rc"
+  note "lease: $label rc=$rc after $took s"
+  summary "| $label | $status | $took | ${tiny:+tiny mode; }$said |"
+  return $rc
 }
 
-if [[ $dry != --dry-run ]]; then
-  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-  uptime
-  timeout -k 10 170 "$python" benchmarks/gpu_suite.py --methods fedavg --clients 100 --mappings auto \
-    --convs im2col,direct --sides jax --budget-s 150 --child-timeout 140 --out "$out/suite"
-  echo "lease: suite rc=$? $(date -u +%T)"
+if [[ -n $tiny ]]; then
+  caps=(10 15 30 10) floors=(3 3 5 3 5)
+  suite_size=(--quick --clients 4 --mappings packed,chunked:2 --variants direct:fp32:default,direct:bf16:default)
+  pallas_select=(-k float32_with_one_kernel)
+else
+  caps=($((budget * 8 / 100)) $((budget * 11 / 100)) $((budget * 30 / 100)) 60) floors=(20 20 60 20 180)
+  suite_size=(--clients 100 --rounds 2 --mappings packed,chunked:32
+              --variants direct:fp32:default,direct:bf16:default,pallas:fp32:default,pallas:bf16:default
+              --extra-rows packed:direct:fp32:command_buffer)
+  pallas_select=()
 fi
-for table in $(printf '%s\n' "${CELLS[@]%% *}" | sort -u); do  # finished cells: reproduce skips them
-  mkdir -p "$work/$table/runs"
-  [[ -d reproductions/$table/runs ]] && cp -rnp reproductions/"$table"/runs/. "$work/$table/runs/"
-done
-for cell in "${CELLS[@]}"; do run_cell "$work" $cell; done
-for probe in "${PROBES[@]}"; do run_cell "$work/probes" $probe; done
-[[ $dry == --dry-run ]] && exit 0
-(cd "$work" && find . -type f -newer .start -print0 | tar -czf "$out/cells.tar.gz" --null -T -)
-echo "lease: packed $(du -h "$out/cells.tar.gz" | cut -f1) $(date -u +%T)"
+
+if [[ $only != --cells-only ]]; then
+  step "(a) device and peaks" "${caps[0]}" "${floors[0]}" - \
+    "$python" benchmarks/gpu_suite.py --device-only ${tiny:+--quick} --out "$work/device"
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true; uptime; } >> "$log"
+  cp "$work/device/device.json" "$out/" 2>/dev/null
+
+  step "(b) Pallas tests" "${caps[1]}" "${floors[1]}" "$work/pallas_tests.txt" \
+    "$python" -m pytest -q -p no:cacheprovider tests/test_pallas_conv.py "${pallas_select[@]}"
+  cp "$work/pallas_tests.txt" "$out/" 2>/dev/null
+
+  device=()
+  [[ -f $work/device/device.json ]] && device=(--device-json "$work/device/device.json")
+  have=$(left); cap=${caps[2]}; (( have < cap )) && cap=$have
+  step "(c) GPU suite" "$cap" "${floors[2]}" - \
+    "$python" benchmarks/gpu_suite.py --methods fedavg --sides jax "${suite_size[@]}" "${device[@]}" \
+    --budget-s $((cap - 2)) --child-timeout $((cap - 2)) --out "$work/suite"
+  cp "$work/suite/suite.md" "$work/suite/suite.json" "$out/" 2>/dev/null
+fi
+
+# (d) the table's cells: LEASE_CELLS as given, else planned on the CPU for the seconds left and trained by the
+# plan's script (which stops its cells, with their checkpoints, before this step's cap)
+dir=$work/$name
+extra=(${LEASE_TABLE_ARGS:-})
+if [[ -n ${LEASE_CELLS:-} ]]; then
+  step "(d) $name cells" "$(left)" "${floors[4]}" - \
+    "$python" -m fedjax_pfl.reproduce "${table_args[@]}" --out "$dir" --cells "$LEASE_CELLS" --no-progress \
+    --require-data train.client_mapping=packed "${extra[@]}"
+elif step "(d) $name plan" "${caps[3]}" "${floors[3]}" "$work/plan.txt" \
+     env JAX_PLATFORMS=cpu "$python" -m fedjax_pfl.reproduce "${table_args[@]}" --out "$dir" \
+     --plan-for-seconds $(( $(left) - ${caps[3]} )) "${extra[@]}"; then
+  step "(d) $name cells" "$(left)" "${floors[4]}" - bash "$dir/run_plan.sh" $(( $(left) - 5 )) "$dir"
+fi
+if [[ -d $dir/runs ]]; then
+  "$python" tools/run_records.py pack "$dir" "$out/records.tar.gz" >> "$log" 2>&1
+  cp "$dir/table.md" "$out/" 2>/dev/null
+fi
+note "lease: done after $(( $(date +%s) - start )) s of $budget; $out holds: $(cd "$out" && ls | tr '\n' ' ')"

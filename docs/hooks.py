@@ -3,10 +3,11 @@
 Generated (nothing is written into docs/; the pages exist only in the build):
 
 - ``methods/index.md`` and ``methods/<name>.md``: one page per registered
-  method (`fedjax_pfl.methods.registry`): its paper (docs/methods/papers.yaml),
-  algorithm and notes (the method module's docstring), options
-  (`fedjax_pfl.methods.options.describe`), evaluation protocols
-  (``eval_models``) and the committed reproduction tables that list it;
+  method (`fedjax_pfl.methods.registry`), all from its declaration
+  (``Algorithm`` in its file): its paper (``paper``), algorithm and notes (the
+  declaring module's docstring), options (`fedjax_pfl.methods.options.describe`),
+  evaluation protocols (``eval_models``) and the committed reproduction tables
+  that list it;
 - ``reference/cli.md`` from the commands' argument parsers and
   ``reference/config.md`` from the run configuration dataclasses;
 - ``reference/kernels/<module>.md``: one mkdocstrings page per kernel module;
@@ -21,7 +22,10 @@ Generated (nothing is written into docs/; the pages exist only in the build):
 The page builders are plain functions of the code (tests/test_docs.py calls
 them); `on_config` adds the generated pages to the navigation and `on_files`
 hands them to MkDocs. This file must not import MkDocs at module level (the
-test imports it without building) nor write into the source tree.
+test imports it without building) nor write into the source tree while
+building. Run as a script, ``python docs/hooks.py readme`` rewrites the
+README's methods table from the declarations (`readme_methods_table`; the test
+fails while the committed table differs).
 """
 
 from __future__ import annotations
@@ -52,7 +56,10 @@ CLI_PARSERS = (
     ("fedjax_pfl.commands.report", "build_parser", "python -m fedjax_pfl.report"),
 )
 RUN_CONFIG = "fedjax_pfl.runs.config"
-PAPERS = ROOT / "docs" / "methods" / "papers.yaml"
+README = ROOT / "README.md"
+# The README's methods table stands between these lines (`readme_with_methods_table`).
+README_TABLE_START = "<!-- methods table: generated from the declarations by `python docs/hooks.py readme` -->"
+README_TABLE_END = "<!-- end of methods table -->"
 REPRODUCTIONS = ROOT / "reproductions"
 TABLE_SPECS = ROOT / "configs" / "tables"
 BENCHMARK_RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -71,11 +78,6 @@ EVAL_MODELS = {
 
 
 # ---- small helpers ---------------------------------------------------------------
-
-
-def load_papers() -> dict:
-    with open(PAPERS, encoding="utf-8") as f:
-        return yaml.safe_load(f)
 
 
 def methods() -> dict:
@@ -168,16 +170,23 @@ def conventions_links(markdown: str, page: str) -> str:
     return re.sub(r"docs/methods/conventions\.md", f"[the method conventions]({target})", markdown)
 
 
-def citation(paper: dict) -> str:
-    if "title" not in paper:
-        return paper.get("note", "")
-    year = (", " if " " in str(paper["venue"]) else " ") + str(paper["year"]) if paper.get("year") else ""
-    text = f"{paper['authors']}. **[{paper['title']}]({paper['url']})**. {paper['venue']}{year}."
-    if paper.get("code"):
-        text += f"  \nThe authors' code: `{paper['code']}` (GitHub)."
-    if paper.get("note"):
-        text += f"\n\n{paper['note']}"
+def citation(paper) -> str:
+    """A method's `Paper` as the page cites it (its note alone for a method without a paper)."""
+    if not paper.title:
+        return paper.note
+    year = (", " if " " in paper.venue else " ") + str(paper.year) if paper.year else ""
+    text = f"{paper.authors}. **[{paper.title}]({paper.url})**. {paper.venue}{year}."
+    if paper.code:
+        text += f"  \nThe authors' code: `{paper.code}` (GitHub)."
+    if paper.note:
+        text += f"\n\n{paper.note}"
     return text
+
+
+def source_path(algorithm) -> str:
+    """The file that declares ``algorithm``, relative to the checkout when it is inside it."""
+    path = Path(sys.modules[algorithm.module].__file__).resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
 
 
 # ---- reproduction tables ---------------------------------------------------------
@@ -273,10 +282,10 @@ def reproduction_section(name: str, tables: list[ReproductionTable], names, alia
 # ---- pages -----------------------------------------------------------------------
 
 
-def options_table(cls) -> str:
+def options_table(algorithm) -> str:
     from fedjax_pfl.methods.options import describe
 
-    infos = describe(cls.hparams_type)
+    infos = describe(algorithm.hparams_type)
     if not infos:
         return "This method has no options of its own; the run settings (`train.*`, `eval.model`) apply."
     lines = ["| option | type | default | allowed | help |", "|---|---|---|---|---|"]
@@ -284,15 +293,15 @@ def options_table(cls) -> str:
         lines.append(f"| `method.{o.name}` | {cell(o.type)} | `{cell(show_value(o.default))}` | "
                      f"{cell(o.allowed) or 'any'} | {cell(o.help)} |")
     example = f"{infos[0].name}={show_value(infos[0].default)}"
-    lines += ["", f"Set on the command line as `--method {cls.name} method.{example}` or under `method:` in a "
-              "YAML preset; `--method " + cls.name + " --help` prints the same list."]
+    lines += ["", f"Set on the command line as `--method {algorithm.name} method.{example}` or under `method:` in a "
+              "YAML preset; `--method " + algorithm.name + " --help` prints the same list."]
     return "\n".join(lines)
 
 
-def evaluation_section(cls, notes: list[str]) -> str:
+def evaluation_section(algorithm, notes: list[str]) -> str:
     """The protocols the method offers; described generically only where it offers several (its
     docstring's evaluation note says what a single protocol evaluates)."""
-    default, *others = cls.eval_models
+    default, *others = algorithm.eval_models
     if others:
         lines = [f"Default `eval.model`: `{default}`, {EVAL_MODELS.get(default, default)}.",
                  "Also offered: " + "; ".join(f"`{m}`, {EVAL_MODELS.get(m, m)}" for m in others) + "."]
@@ -302,30 +311,27 @@ def evaluation_section(cls, notes: list[str]) -> str:
     return "\n\n".join([" ".join(lines), *map(docstring_markdown, notes)])
 
 
-def method_page(name: str, cls, paper: dict, tables: list[ReproductionTable], names, aliases) -> str:
-    module = sys.modules[cls.__module__]
-    parts = split_docstring(module.__doc__ or "")
-    if cls.__doc__ and cls.__doc__ != module.__doc__:
-        parts["algorithm"].append(cls.__doc__)
-    algorithm = "\n\n".join(docstring_markdown(b) for b in parts["algorithm"])
+def method_page(name: str, algorithm, tables: list[ReproductionTable], names, aliases) -> str:
+    """The page of the method ``algorithm`` declares, from its declaration alone."""
+    parts = split_docstring(algorithm.doc)
+    steps = "\n\n".join(docstring_markdown(b) for b in parts["algorithm"])
     differences = "\n\n".join(docstring_markdown(b) for b in parts["differences"]) or (
         "The docstring records no difference from the paper or the authors' code.")
-    options = options_table(cls)
+    options = options_table(algorithm)
     if parts["options"]:
         options += "\n\n" + "\n\n".join(docstring_markdown(b) for b in parts["options"])
-    source = module.__name__.replace(".", "/") + ".py"
     text = "\n".join([
-        f"# {paper['name']}",
+        f"# {algorithm.paper.name}",
         "",
-        f"`--method {name}` · class `{cls.__name__}` in `{source}`",
+        f"`--method {name}` · declared in `{source_path(algorithm)}`",
         "",
         "## Paper",
         "",
-        citation(paper),
+        citation(algorithm.paper),
         "",
         "## Algorithm",
         "",
-        algorithm,
+        steps,
         "",
         "## Options",
         "",
@@ -333,7 +339,7 @@ def method_page(name: str, cls, paper: dict, tables: list[ReproductionTable], na
         "",
         "## Evaluation protocol",
         "",
-        evaluation_section(cls, parts["evaluation"]),
+        evaluation_section(algorithm, parts["evaluation"]),
         "",
         "## Differences from the paper and the authors' code",
         "",
@@ -347,21 +353,38 @@ def method_page(name: str, cls, paper: dict, tables: list[ReproductionTable], na
     return conventions_links(text, f"methods/{name}.md")
 
 
-def methods_index(registry: dict, papers: dict) -> str:
+def methods_index(registry: dict) -> str:
     lines = ["# Methods", "",
-             f"{len(registry)} methods, one module each under `fedjax_pfl/methods/`. Each page is generated from "
-             "the code: the module's docstring, the options it declares and the evaluation protocols it offers. "
-             "The shared conventions (body/head split, sampling, stragglers, evaluation) are on "
-             "[method conventions](conventions.md).", "",
+             f"{len(registry)} methods, one file each under `fedjax_pfl/methods/`. Each page is generated from "
+             "the method's declaration: its paper, its module's docstring, the options it declares and the "
+             "evaluation protocols it offers. The shared conventions (body/head split, sampling, stragglers, "
+             "evaluation) are on [method conventions](conventions.md); how a method is written: "
+             "[architecture](../architecture.md#the-method-contract).", "",
              "| method | `--method` | paper | options | default `eval.model` |", "|---|---|---|---|---|"]
     from fedjax_pfl.methods.options import describe
 
-    for name, cls in registry.items():
-        p = papers[name]
-        where = f"{p['venue']} {p.get('year', '')}".strip() if "title" in p else "baseline"
-        lines.append(f"| [{cell(p['name'])}]({name}.md) | `{name}` | {cell(where)} | "
-                     f"{len(describe(cls.hparams_type))} | `{cls.eval_models[0]}` |")
+    for name, algorithm in registry.items():
+        lines.append(f"| [{cell(algorithm.paper.name)}]({name}.md) | `{name}` | {cell(algorithm.paper.where)} | "
+                     f"{len(describe(algorithm.hparams_type))} | `{algorithm.eval_models[0]}` |")
     return "\n".join(lines) + "\n"
+
+
+def readme_methods_table(registry: dict) -> str:
+    """The README's methods table: each method's name linked to its file, its ``--method`` and its venue."""
+    lines = ["| method | `--method` | paper |", "|---|---|---|"]
+    for name, algorithm in registry.items():
+        lines.append(f"| [{cell(algorithm.paper.name)}]({source_path(algorithm)}) | `{name}` | "
+                     f"{cell(algorithm.paper.where)} |")
+    return "\n".join(lines)
+
+
+def readme_with_methods_table(text: str, registry: dict) -> str:
+    """``text`` (the README) with the table between `README_TABLE_START` and `README_TABLE_END` regenerated."""
+    if README_TABLE_START not in text or README_TABLE_END not in text:
+        raise ValueError(f"the README lacks the lines {README_TABLE_START!r} and {README_TABLE_END!r}")
+    head, rest = text.split(README_TABLE_START, 1)
+    _, tail = rest.split(README_TABLE_END, 1)
+    return f"{head}{README_TABLE_START}\n{readme_methods_table(registry)}\n{README_TABLE_END}{tail}"
 
 
 def eval_models_table(registry: dict) -> str:
@@ -492,15 +515,12 @@ def benchmark_results() -> str:
 
 def generated_pages() -> dict[str, str]:
     """Every generated page: path under docs/ -> Markdown."""
-    registry, papers = methods(), load_papers()
-    missing = sorted(set(registry) - set(papers))
-    if missing:
-        raise KeyError(f"no entry in {PAPERS.relative_to(ROOT)} for method(s): {', '.join(missing)}")
+    registry = methods()
     tables = reproduction_tables()
     aliases = row_methods(registry)
-    pages = {"methods/index.md": methods_index(registry, papers)}
-    for name, cls in registry.items():
-        pages[f"methods/{name}.md"] = method_page(name, cls, papers[name], tables, registry, aliases)
+    pages = {"methods/index.md": methods_index(registry)}
+    for name, algorithm in registry.items():
+        pages[f"methods/{name}.md"] = method_page(name, algorithm, tables, registry, aliases)
     pages["reference/cli.md"] = cli_page()
     pages["reference/config.md"] = config_page()
     for module in kernel_modules():
@@ -514,9 +534,9 @@ def generated_pages() -> dict[str, str]:
 
 def generated_nav() -> dict[str, list]:
     """Navigation entries of the generated pages, by the nav section they go in."""
-    registry, papers = methods(), load_papers()
+    registry = methods()
     return {
-        "Methods": [{papers[n]["name"]: f"methods/{n}.md"} for n in registry],
+        "Methods": [{a.paper.name: f"methods/{n}.md"} for n, a in registry.items()],
         "Kernels": [{m: f"reference/kernels/{m}.md"} for m in kernel_modules()],
         "Reproductions": [{t.title: t.page} for t in reproduction_tables()],
     }
@@ -580,3 +600,9 @@ def on_files(files, config):
 def on_post_build(config):
     index = Path(config["site_dir"]) / "search" / "search_index.json"
     index.with_suffix(".js").write_text(search_script(index.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["readme"]:
+        raise SystemExit("usage: python docs/hooks.py readme   (rewrites README.md's methods table)")
+    README.write_text(readme_with_methods_table(README.read_text(encoding="utf-8"), methods()), encoding="utf-8")

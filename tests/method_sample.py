@@ -1,7 +1,7 @@
 """Which methods a test parametrized over many methods covers: a fixed sample, or all of them.
 
 Each case of such a test builds and compiles its method's round, so over 28 methods one test costs
-minutes, and CI's whole suite has 20 minutes on 2 cores. `sample` keeps the listed methods, chosen
+minutes, more than CI's time limit for the whole suite allows. `sample` keeps the listed methods, chosen
 per test so that every distinct code path the test checks (a kind of state, an evaluation protocol, an
 optimizer layout) is one of them; ``FEDJAX_PFL_EVERY_METHOD=1`` runs every method, as before a
 release: ``FEDJAX_PFL_EVERY_METHOD=1 python -m pytest -q -n 2 tests/test_eval_protocols.py``.

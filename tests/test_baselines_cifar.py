@@ -29,8 +29,8 @@ FedAvg model under its defaults and its threshold schedule spans 100 rounds
 after 16 rounds with beta = 16), so here it gets 8 rounds, its schedule
 spans the run (beta = rounds) and 80% of each tensor is critical (0.66-0.75).
 
-These runs are part of the default test command (about 4 min of the suite's
-CPU time on 2 cores); ``-m 'not cifar_learning'`` leaves them out.
+These runs are part of the default test command (among its longest);
+``-m 'not cifar_learning'`` leaves them out.
 """
 
 import json

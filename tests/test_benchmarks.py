@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rounds_per_second.py"
@@ -50,7 +51,9 @@ def test_vs_pytorch_tiny_reports_both_sides_or_says_why_not():
                             "samples_per_s", "padding_efficiency", "peak_memory_bytes", "flops_per_sample",
                             "train_gflops", "matmul_peak_gflops", "mapping_choice_s"])
     assert ours["train_s_per_round"] > 0 and 0 < ours["padding_efficiency"] <= 1
-    assert ours["train_samples_per_round"] == 2 * 20 and 0 <= ours["accuracy"] <= 1  # join ratio 0.5: 2 of 4
+    assert ours["train_samples_per_round"] == 2 * 20  # join ratio 0.5: 2 of 4
+    tested = 4 * 10  # the mean over 4 clients of correct predictions among each one's 10 test samples
+    assert 0 <= ours["accuracy"] <= 1 and ours["accuracy"] * tested == pytest.approx(round(ours["accuracy"] * tested))
     assert ours["flops_per_sample"] > 2 * 784 * 100  # the MLP 784-100-10's forward alone
     choice = ours["mapping_choice"]  # the engine's auto choice, timed
     assert choice["timed"] and ours["client_mapping"] == choice["mapping"] and ours["conv_impl"]
@@ -67,6 +70,24 @@ def test_vs_pytorch_tiny_reports_both_sides_or_says_why_not():
         assert theirs["client_steps_per_round"] == ours["real_client_steps"]  # same steps on both sides
         assert record["ratio_train"] == theirs["train_s_per_round"] / ours["train_s_per_round"]
         assert record["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
+
+
+def test_vs_pytorch_reports_the_accuracy_of_the_trained_model(monkeypatch, data_dir):
+    """On a workload that learns (4 IID Fashion-MNIST clients, 3 rounds) the accuracy a record reports clears
+    the partition's majority-class baseline by far: it is the trained model's, evaluated on the real test
+    samples (a model left at its initial parameters or a broken evaluation stays near the baseline)."""
+    import majority_baseline
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(data_dir))
+    import vs_pytorch
+
+    workload = dict(method="fedavg", model="mlp", batch=10, join_ratio=1.0, partition="iid", clients=4, epochs=2,
+                    lr=0.05, train_per_client=100, test_per_client=50, mapping="map")
+    record = vs_pytorch.measure_jax(workload, 2, 64, 10 ** 6)
+    exp = vs_pytorch.build(workload)
+    baseline = majority_baseline.from_client_data(exp.data.train, exp.data.test, exp.dataset.num_classes)
+    assert record["accuracy"] > baseline + 0.3, (record["accuracy"], baseline)
 
 
 BLOCKER = """
@@ -376,34 +397,69 @@ def test_augmentation_quick_reports_both_variants_and_their_ratio():
     assert ratio == records["train.augment=crop_flip"]["rounds_per_s"] / records["train.augment=none"]["rounds_per_s"]
 
 
-def _bash_array(path, name):
-    """The quoted entries of the bash array ``NAME=( ... )`` in ``path``, one per line."""
-    text = path.read_text()
-    body = text[text.index(f"\n{name}=(") + len(name) + 3:]
-    body = body[:body.index("\n)")]
-    return [line.strip().strip('"') for line in body.splitlines() if line.strip().startswith('"')]
+def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_absent():
+    """vs_pfl.py --tiny: pfl-research's CIFAR-10 benchmark counts (1,000 clients of 50 images, 50 a round, 1
+    epoch of batches of 10) on random CIFAR-shaped data; the peer's row where pfl is installed, else one line."""
+    proc = subprocess.run([sys.executable, str(BENCH / "vs_pfl.py"), "--tiny"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    *sides, comparison = rows
+    ours = sides[-1]
+    assert ours["side"] == "fedjax_pfl" and ours["workload"]["clients"] == 1000
+    assert ours["clients_per_round"] == 50 and ours["train_images_per_client"] == [50]
+    assert ours["client_steps_per_round"] == 50 * 5  # 50 clients x ceil(50 / 10) steps x 1 epoch
+    assert ours["test_images"] == 1000 and ours["rounds"] == 3  # block 0 (rounds 0, 1) and one timed block
+    _finite_positive(ours, ["e2e_s_per_round", "train_s_per_round", "eval_s", "warmup_block_s", "peak_memory_bytes"])
+    assert ours["e2e_s_per_round"] > ours["train_s_per_round"] > 0 and 0 <= ours["accuracy"] <= 1
+    assert len(ours["accuracy_per_block"]) == 2 and comparison["accuracy_fedjax_pfl"] == ours["accuracy"]
+    if len(sides) == 1:  # pfl-research not installed: fedjax_pfl's side stands, and the comparison says why
+        assert "pfl" in comparison["peer_note"] and "\n" not in comparison["peer_note"]
+        assert comparison["ratio_e2e"] is None and "vs_pfl: pfl-research is not installed" in proc.stderr
+    else:
+        theirs = sides[0]
+        assert theirs["side"] == "pfl" and theirs["rounds"] == ours["rounds"]
+        assert theirs["client_steps_per_round"] == ours["client_steps_per_round"]
+        assert comparison["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
 
 
-def test_lease_plan_names_only_cells_the_tables_have_and_still_lack(data_dir, tmp_path):
-    """benchmarks/lease.sh --dry-run: every planned cell exists in its table file and is not finished in
-    reproductions/ (a plan that re-runs committed cells would waste a lent GPU's 15 minutes)."""
-    env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir), "LEASE_WORK": str(tmp_path / "work")}
-    proc = subprocess.run(["bash", str(BENCH / "lease.sh"), "500", "--dry-run"], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=BENCH.parent)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    plan = [l for l in proc.stdout.splitlines() if l.startswith("[1/1] ")]
-    planned = [line for array in ("CELLS", "PROBES") for line in _bash_array(BENCH / "lease.sh", array)]
-    assert planned and len(plan) == len(planned), (planned, plan)
-    assert all(": new: " in l for l in plan), plan
+@pytest.fixture
+def x64():
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
 
 
-def test_lease_refuses_a_cell_its_table_lacks(data_dir, tmp_path):
-    script = (BENCH / "lease.sh").read_text()
-    assert '"pfakd_table1 fedrep cifar10_E10 0"' in script  # else this test checks nothing: update its cell
-    script = script.replace('"pfakd_table1 fedrep cifar10_E10 0"', '"pfakd_table1 fedrep cifar10_E99 0"')
-    bad = tmp_path / "lease.sh"
-    bad.write_text(script)
-    env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir), "LEASE_WORK": str(tmp_path / "work")}
-    proc = subprocess.run(["bash", str(bad), "500", "--dry-run"], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=BENCH.parent)
-    assert proc.returncode == 2 and "cifar10_E99" in proc.stderr, proc.stderr[-2000:]
+def test_vs_pfl_starts_both_sides_from_the_same_model(x64):
+    """pfl_cnn with the parameters vs_pfl.py gives it computes pfl-research's simple_cnn (PyTorch's layout,
+    NCHW flattening) on the same images: a float64 NumPy reference of the PyTorch model."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import vs_pfl
+    finally:
+        sys.path.remove(str(BENCH))
+    import jax
+
+    from fedjax_pfl.models.networks import build_model
+
+    torch_params = {k: v.astype(np.float64) for k, v in vs_pfl.initial_parameters(3).items()}
+    x = np.random.default_rng(0).normal(size=(2, 32, 32, 3))
+
+    def conv(x_nchw, w, b):  # VALID cross-correlation, PyTorch's Conv2d
+        k = w.shape[-1]
+        ho, wo = x_nchw.shape[2] - k + 1, x_nchw.shape[3] - k + 1
+        out = sum(np.einsum("nchw,oc->nohw", x_nchw[:, :, i:i + ho, j:j + wo], w[:, :, i, j])
+                  for i in range(k) for j in range(k))
+        return out + b[None, :, None, None]
+
+    h = np.maximum(conv(x.transpose(0, 3, 1, 2), torch_params["conv0.weight"], torch_params["conv0.bias"]), 0)
+    h = np.maximum(conv(h, torch_params["conv1.weight"], torch_params["conv1.bias"]), 0)
+    h = h.reshape(2, 64, 14, 2, 14, 2).max(axis=(3, 5)).reshape(2, -1)  # 2x2 max-pool, flatten (C, H, W)
+    h = np.maximum(h @ torch_params["dense0.weight"].T + torch_params["dense0.bias"], 0)
+    expected = h @ torch_params["logits.weight"].T + torch_params["logits.bias"]
+    model = build_model("pfl_cnn", (32, 32, 3), 10, conv_impl="native")
+    params = jax.tree.map(np.asarray, vs_pfl.as_flax_params(torch_params))
+    logits = model.apply({"params": params}, x).logits
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-10, atol=1e-10)

@@ -3,15 +3,18 @@ float64 NumPy, the channel from a method's hook to the round metrics and metrics
 folder's files: tests/test_results.py). That each method that weights other clients' models mixes them
 under its defaults is checked in its learning test on real data (tests/mixing_check.py)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import plain_sgd_federation as plain_fed
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import collaboration
 from fedjax_pfl.methods import get_method, method_names
-from fedjax_pfl.methods.base import Method, ServerRound
+from fedjax_pfl.methods.base import ServerRound, no_diagnostics
 from fedjax_pfl.runs import records
 
 # The methods whose clients' models are built from other clients' models, one weight per client (or
@@ -45,26 +48,24 @@ def test_summaries_equal_float64_reference():
 
 def test_every_method_with_diagnostics_is_checked_here():
     reporting = {name for name in method_names()
-                 if get_method(name).round_diagnostics is not Method.round_diagnostics}
+                 if get_method(name).round_diagnostics is not no_diagnostics}
     assert reporting == set(COLLABORATING) | set(OTHER_REPORTING)
 
 
 def test_round_diagnostics_are_scalars_or_one_value_per_selected_client():
-    class Reporting(Method):
-        name = "reporting"
-        shape = ()
+    def reporting(shape):
+        """A method whose diagnostics are ``self_weight`` of ``shape`` and a scalar ``mean``."""
+        def round_diagnostics(m, server, new_server, uploads, info):
+            return {"self_weight": jnp.ones(shape), "mean": 0.5}
 
-        def round_diagnostics(self, server, new_server, uploads, info):
-            return {"self_weight": jnp.ones(self.shape), "mean": 0.5}
+        algorithm = dataclasses.replace(get_method("local"), name="reporting", round_diagnostics=round_diagnostics)
+        return algorithm(plain_fed.setup())
 
     info = ServerRound(jnp.int32(0), jnp.array([4, 0, 2]), jnp.ones(3), jnp.ones(3, bool))
-    method = Reporting.__new__(Reporting)
-    method.shape = (3,)
-    scalars, per_client = engine_lib.round_diagnostics(method, {}, {}, {}, info)
+    scalars, per_client = engine_lib.round_diagnostics(reporting((3,)), {}, {}, {}, info)
     assert set(scalars) == {"mean"} and per_client["self_weight"].shape == (3,)
-    method.shape = (2,)
     with pytest.raises(ValueError, match="self_weight"):
-        engine_lib.round_diagnostics(method, {}, {}, {}, info)
+        engine_lib.round_diagnostics(reporting((2,)), {}, {}, {}, info)
 
 
 def test_records_carry_the_diagnostics_of_their_round():

@@ -52,12 +52,12 @@ def site(tmp_path_factory):
     return out
 
 
-def test_every_method_has_a_paper_entry_and_a_page(hooks, pages):
-    papers = hooks.load_papers()
-    assert set(papers) == set(registry()), "docs/methods/papers.yaml and the registry list different methods"
-    for name in registry():
+def test_every_method_declares_its_paper_and_has_a_page(hooks, pages):
+    for name, algorithm in registry().items():
+        assert algorithm.paper.name and (algorithm.paper.title or algorithm.paper.note), name
         page = pages[f"methods/{name}.md"]
-        assert page.startswith(f"# {papers[name]['name']}\n"), name
+        assert page.startswith(f"# {algorithm.paper.name}\n"), name
+        assert hooks.citation(algorithm.paper) in page, name
         for section in ("## Paper", "## Algorithm", "## Options", "## Evaluation protocol",
                         "## Differences from the paper and the authors' code", "## Reproduction results"):
             assert section in page, (name, section)
@@ -189,10 +189,14 @@ def test_losses_face_reexports_only_functions_with_examples():
         assert ">>>" in (getattr(losses, n).__doc__ or ""), n
 
 
-def test_readme_lists_every_method_with_its_module():
+def test_readme_lists_every_method_with_its_module(hooks):
+    """README's methods table is the one the declarations generate (`python docs/hooks.py readme` rewrites it):
+    a row per method, linked to the file that declares it."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name, cls in registry().items():
-        module = cls.__module__.replace(".", "/") + ".py"
+    assert hooks.readme_with_methods_table(readme, registry()) == readme, \
+        "README's methods table differs from the declarations: run python docs/hooks.py readme"
+    for name, algorithm in registry().items():
+        module = algorithm.module.replace(".", "/") + ".py"
         assert f"]({module}) | `{name}` |" in readme, f"README's methods table has no row for {name}"
         assert (ROOT / module).is_file(), module
 
@@ -202,8 +206,8 @@ def test_method_docstrings_leave_the_option_list_to_the_declarations():
     would drift from it."""
     from fedjax_pfl.methods import registry
 
-    by_hand = sorted({cls.__module__ for cls in registry().values()
-                      if "Options (``method.<name>=value``)" in (sys.modules[cls.__module__].__doc__ or "")})
+    by_hand = sorted({algorithm.module for algorithm in registry().values()
+                      if "Options (``method.<name>=value``)" in algorithm.doc})
     assert not by_hand, f"option lists written by hand in: {by_hand}"
 
 

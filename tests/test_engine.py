@@ -22,7 +22,7 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.engine import client_mapping
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import stack_clients
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import get_method, training
 from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
 
@@ -176,7 +176,8 @@ def test_masked_steps_leave_params_unchanged():
     from fedjax_pfl.data.client_data import ClientData
     method = get_method("local")(setup)
     for n, epochs in [(0, E), (10, 0)]:
-        out, loss = method.train(method.supervised_objective(), v, ClientData(x, y, jnp.int32(n)), jax.random.key(1), epochs)
+        out, loss = training.train(method, training.supervised_objective(method), v, ClientData(x, y, jnp.int32(n)),
+                                   jax.random.key(1), epochs)
         _assert_close(out, v, tol=0)
         assert float(loss) == 0.0
 
@@ -325,11 +326,12 @@ def test_streamed_chunks_equal_the_whole_gather_and_vmap(method_name, chunk_size
 def test_methods_that_need_the_selected_state_say_so():
     """A method with its own `prepare` gathers all selected clients (the streamed round skips it)."""
     from fedjax_pfl.methods import registry
-    from fedjax_pfl.methods.base import Method
-    for name, cls in registry().items():
-        assert cls.needs_selected_state or cls.prepare is Method.prepare, name
-    assert get_method("diversifed").needs_selected_state and get_method("fedpac").needs_selected_state
-    assert not get_method("fedas").needs_selected_state
+    from fedjax_pfl.methods.base import no_preparation
+    for name, algorithm in registry().items():
+        assert algorithm.schedule_of().needs_selected_state or algorithm.prepare is no_preparation, name
+    assert get_method("diversifed").schedule_of().needs_selected_state
+    assert get_method("fedpac").schedule_of().needs_selected_state
+    assert not get_method("fedas").schedule_of().needs_selected_state
 
 
 def test_scan_chunks_visits_chunks_in_order_and_stacks_outputs():

@@ -1,4 +1,4 @@
-"""The engine's every-client step (`Method.updates_every_client`, FedALA's): after each round's
+"""The engine's every-client step (`Schedule.updates_every_client`, FedALA's): after each round's
 server step it runs on all clients, selected or not, with `every_client_keys`, and fused rounds,
 every client mapping and the experiment axis give the same as single rounds.
 
@@ -13,38 +13,43 @@ import pytest
 
 import plain_sgd_federation as plain_fed
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 
 
-class _Counting(Method):
-    """A method whose every-client step counts, per client, the steps it took and records what it saw."""
+# A method whose every-client step counts, per client, the steps it took and records what it saw.
 
-    name = "counting"
-    updates_every_client = True
 
-    def init(self, key, num_clients):
-        clients = {"steps": jnp.zeros(num_clients, jnp.int32), "version": jnp.zeros(num_clients, jnp.int32),
-                   "n": jnp.zeros(num_clients, jnp.int32), "draw": jnp.zeros(num_clients)}
-        return {"variables": self.init_variables(key), "version": jnp.zeros((), jnp.int32)}, clients
+def _init(m, key, num_clients):
+    clients = {"steps": jnp.zeros(num_clients, jnp.int32), "version": jnp.zeros(num_clients, jnp.int32),
+               "n": jnp.zeros(num_clients, jnp.int32), "draw": jnp.zeros(num_clients)}
+    return {"variables": m.model.init(key), "version": jnp.zeros((), jnp.int32)}, clients
 
-    def client_update(self, server, client, data, key, info):
-        return client, {"loss": jnp.zeros(())}
 
-    def server_update(self, server, clients, uploads, info):
-        return {**server, "version": server["version"] + 1}, clients
+def _client_update(m, server, client, data, key, info):
+    return client, {"loss": jnp.zeros(())}
 
-    def update_every_client(self, server, client, data, key, round_index):
-        return {"steps": client["steps"] + 1, "version": server["version"], "n": data.n,
-                "draw": jax.random.uniform(key)}
 
-    def eval_variables(self, server, client, data, key):
-        return server["variables"]
+def _server_update(m, server, clients, uploads, info):
+    return {**server, "version": server["version"] + 1}, clients
+
+
+def _update_every_client(m, server, client, data, key, round_index):
+    return {"steps": client["steps"] + 1, "version": server["version"], "n": data.n, "draw": jax.random.uniform(key)}
+
+
+def _eval_variables(m, server, client, data, key):
+    return server["variables"]
+
+
+_COUNTING = Algorithm(name="counting", paper=Paper("Counting"), schedule=Schedule(updates_every_client=True),
+                      init=_init, client_update=_client_update, server_update=_server_update,
+                      update_every_client=_update_every_client, eval_variables=_eval_variables)
 
 
 def _counting_engine(mapping="vmap"):
     train = plain_fed.train_data()
     config = engine_lib.EngineConfig(2, client_mapping=mapping)
-    return engine_lib.Engine(_Counting(plain_fed.setup()), train, train, config), train
+    return engine_lib.Engine(_COUNTING(plain_fed.setup()), train, train, config), train
 
 
 def test_every_client_step_runs_on_all_clients_after_the_server_step():

@@ -8,6 +8,8 @@ against a per-client loop: tests/test_engine_equals_loop_split_models.py; learni
 Fashion-MNIST: tests/test_learning_fmnist_four_clients.py.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,14 +24,14 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import adaptive_aggregation as ala
 from fedjax_pfl.kernels.adaptive_aggregation import layer_paths
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedala, get_method
 from fedjax_pfl.methods.fedala import FedALAConfig
 from fedjax_pfl.runs import config as config_lib
 
 
 def _ala(method, local, glob, weights, started, data, key):
     client = {"variables": local, "weights": weights, "started": jnp.asarray(started)}
-    return jax.jit(method.adaptive_local_aggregation)(glob, client, data, key)
+    return jax.jit(functools.partial(fedala.adaptive_local_aggregation, method))(glob, client, data, key)
 
 
 def _ala_case(hparams):
@@ -53,7 +55,7 @@ def test_fedala_weights_at_one_take_the_global_model_and_lower_layers_always_do(
     variables, w, _ = _ala(method, local, glob, weights, False, data, jax.random.key(1))
     w = np.concatenate([np.ravel(a) for a in jax.tree.leaves(w)])
     assert w.min() >= 0 and w.max() <= 1 and (w == 0).any() and (w < 1).mean() > 0.1  # learned and clipped
-    assert set(method.top_layers) == {("body", "mlp", "dense0"), ("head", "logits")}
+    assert set(method.static) == {("body", "mlp", "dense0"), ("head", "logits")}
     # no lower layer here; with layers=1 the body takes the global values exactly
     method, local, glob, weights, data = _ala_case(FedALAConfig(eta=1e4))
     variables, w, _ = _ala(method, local, glob, weights, False, data, jax.random.key(1))
@@ -115,7 +117,7 @@ def test_fedala_weight_learning_loss_ignores_padding_rows():
     method = plain_fed.method("fedala", padding.bn_setup())
     server, clients = method.init(jax.random.key(0), 1)
     base = server["variables"]
-    local_top = ala.top_of(base["params"], method.top_layers)
+    local_top = ala.top_of(base["params"], method.static)
     global_top = jax.tree.map(lambda a: a + 0.1, local_top)
     weights = {"params": jax.tree.map(lambda a: 0.5 * a[0], clients["weights"])}
-    padding.assert_same_over_padding(method.ala_objective(base, local_top, global_top), weights)
+    padding.assert_same_over_padding(fedala.ala_objective(method, base, local_top, global_top), weights)

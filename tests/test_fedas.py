@@ -1,6 +1,7 @@
 """FedAS (methods/fedas.py): options, alignment, Fisher weights, ablation
 switches, stragglers, the published mechanism, and learning on real data."""
 
+import functools
 from pathlib import Path
 
 import jax
@@ -18,9 +19,9 @@ from fedjax_pfl.runs import config
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedas, get_method, shared_body, training
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
-from fedjax_pfl.methods.fedas import FedAS, FedASConfig
+from fedjax_pfl.methods.fedas import FEDAS, FedASConfig
 from fedjax_pfl.models.networks import build_model
 
 C = 4
@@ -71,7 +72,7 @@ def _init(method, seed=0):
 
 def test_registered_with_defaults_from_the_spec():
     cls = get_method("fedas")
-    assert cls is FedAS
+    assert cls is FEDAS
     hp = config.method_options(cls.hparams_type, {})
     assert hp == FedASConfig(align=True, fisher_weights=True, fisher="batch", alignment="class_mean",
                              align_epochs=1, align_batch_size=16, align_lr=0.01)
@@ -104,9 +105,10 @@ def test_bad_option_fails_before_data_loads():
 
 def _mean_alignment_loss(method, old, variables, data):
     """The alignment objective averaged over the client's batches (inference mode)."""
-    means = method.class_means(old, data)
-    per_batch = method.map_batches(
-        lambda b: losses.class_mean_alignment(method.features(variables, b.x), b.y, means, b.mask), data)
+    means = fedas.class_means(method, old, data)
+    per_batch = training.map_batches(
+        method, lambda b: losses.class_mean_alignment(fedas.features(method, variables, b.x), b.y, means, b.mask),
+        data)
     return float(jnp.mean(per_batch))
 
 
@@ -129,10 +131,10 @@ def test_class_mean_alignment_loss_matches_numpy_with_padding():
 
 def test_class_means_match_numpy():
     model = _model()
-    method = FedAS(_setup(model))
+    method = FEDAS(_setup(model))
     data = _client(_data(), 1)
     variables = jax.jit(model.init)(jax.random.key(3))
-    got = np.asarray(method.class_means(variables, data))
+    got = np.asarray(fedas.class_means(method, variables, data))
     n = int(data.n)
     feats = np.asarray(model.apply(variables, data.x[:n]).features, np.float64)
     labels = np.asarray(data.y[:n])
@@ -144,23 +146,24 @@ def test_class_means_match_numpy():
 @pytest.mark.parametrize("alignment", ["class_mean", "per_sample"])
 def test_alignment_reduces_its_loss_and_leaves_the_head_unchanged(alignment):
     model = _model()
-    method = FedAS(_setup(model), FedASConfig(alignment=alignment, align_epochs=3, align_batch_size=4,
+    method = FEDAS(_setup(model), FedASConfig(alignment=alignment, align_epochs=3, align_batch_size=4,
                                               align_lr=0.05))
     data = _client(_data(), 0)
     # old = the client's previous local model; start = global body + the client's head.
     old = jax.jit(model.init)(jax.random.key(1))
-    old, _ = jax.jit(lambda v: method.train(method.supervised_objective(), v, data, jax.random.key(2), 3))(old)
+    old, _ = jax.jit(lambda v: training.train(method, training.supervised_objective(method), v, data,
+                                              jax.random.key(2), 3))(old)
     glob = jax.jit(model.init)(jax.random.key(5))
     start = tree_ops.with_part(old, "body", tree_ops.part_of(glob, "body"))
-    aligned, align_loss = jax.jit(method.align)(old, start, data, jax.random.key(4))
+    aligned, align_loss = jax.jit(functools.partial(fedas.align, method))(old, start, data, jax.random.key(4))
 
     if alignment == "class_mean":
         before = _mean_alignment_loss(method, old, start, data)
         after = _mean_alignment_loss(method, old, aligned, data)
     else:
         def sample_loss(v):
-            per = method.map_batches(lambda b: losses.sample_alignment(
-                method.features(v, b.x), method.features(old, b.x), b.mask), data)
+            per = training.map_batches(method, lambda b: losses.sample_alignment(
+                fedas.features(method, v, b.x), fedas.features(method, old, b.x), b.mask), data)
             return float(jnp.mean(per))
         before, after = sample_loss(start), sample_loss(aligned)
     assert after < 0.7 * before, (before, after)
@@ -186,7 +189,7 @@ def _trees_equal(a, b):
 def test_alignment_is_skipped_in_round_zero_and_runs_later():
     model = _model()
     data = _data()
-    on, off = FedAS(_setup(model)), FedAS(_setup(model), FedASConfig(align=False))
+    on, off = FEDAS(_setup(model)), FEDAS(_setup(model), FedASConfig(align=False))
     server, clients = _init(on)
     # Give client 0 a previous local model different from the global one.
     clients = jax.tree.map(lambda a: a + 0.3 * jnp.sign(a), clients)
@@ -246,8 +249,8 @@ def test_server_weights_fisher_or_sample_counts_and_dropped_uploads_weigh_zero()
     server = {"body": tree_ops.part_of(variables, "body")}
     for fisher_weights, expect in [(True, np.array([0.1, 0.3, 0.6, 0.0])),
                                    (False, np.array([1 / 6, 2 / 6, 3 / 6, 0.0]))]:
-        method = FedAS(_setup(model), FedASConfig(fisher_weights=fisher_weights))
-        w = aggregation.normalize_weights(method.aggregation_weights(uploads, info))
+        method = FEDAS(_setup(model), FedASConfig(fisher_weights=fisher_weights))
+        w = aggregation.normalize_weights(fedas.aggregation_weights(method, uploads, info))
         np.testing.assert_allclose(np.asarray(w), expect, rtol=1e-6, atol=1e-7)
         new, _ = method.server_update(server, None, uploads, info)
         # Body i = global + (i+1): the weighted average is global + sum_i w_i (i+1).
@@ -317,8 +320,8 @@ def test_method_fisher_trace_is_the_kernel_on_the_clients_batches():
     xb, yb, mb = fisher.as_batches(_normalize(data.x), data.y, data.n, B)
     logits_fn = lambda p, x: model.apply({**variables, "params": p}, x).logits
     for form in ("batch", "per_sample"):
-        method = FedAS(_setup(model), FedASConfig(fisher=form))
-        got = jax.jit(method.fisher_trace)(variables, data)
+        method = FEDAS(_setup(model), FedASConfig(fisher=form))
+        got = jax.jit(functools.partial(fedas.fisher_trace, method))(variables, data)
         expect = fisher.fisher_trace(logits_fn, variables["params"], xb, yb, mb, form)
         np.testing.assert_allclose(float(got), float(expect), rtol=1e-5)
 
@@ -357,10 +360,10 @@ def _traces_after_training(ds, normalize, clients, epochs, lr, init_scale, form)
     model = build_model("mlp", ds.input_shape, ds.num_classes, hidden=(64,))
     setup = LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=16, local_epochs=max(epochs),
                        normalize=normalize)
-    method = FedAS(setup, FedASConfig(fisher=form))
+    method = FEDAS(setup, FedASConfig(fisher=form))
     v0 = jax.jit(model.init)(jax.random.key(0))
     v0 = {**v0, "params": jax.tree.map(lambda a: a * init_scale, v0["params"])}
-    server, client = {"body": method.shared_body(v0)}, {"variables": v0}
+    server, client = {"body": shared_body.shared_part(method, v0)}, {"variables": v0}
 
     @jax.jit
     def fisher_of(data, key, e):
@@ -399,7 +402,7 @@ def test_less_trained_client_gets_lower_fisher_weight_early_in_training(data_dir
     method, traces = _traces_after_training(ds, normalize, clients, (2, 4, 4), lr=0.002, init_scale=0.1, form=form)
     uploaded = jnp.ones(3, bool)
     info = ServerRound(jnp.int32(0), jnp.arange(3), jnp.full(3, 480.0), uploaded)
-    weights = np.asarray(aggregation.normalize_weights(method.aggregation_weights({"fisher": jnp.asarray(traces)},
+    weights = np.asarray(aggregation.normalize_weights(fedas.aggregation_weights(method, {"fisher": jnp.asarray(traces)},
                                                                                   info)))
     assert weights[0] < 0.6 * weights[1] and weights[0] < 0.6 * weights[2], (traces, weights)
     np.testing.assert_allclose(weights.sum(), 1.0, rtol=1e-6)

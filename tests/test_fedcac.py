@@ -15,7 +15,7 @@ from jax.flatten_util import ravel_pytree
 import shifted_pixel_federation as fed
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedcac, get_method
 from fedjax_pfl.runs import config as config_lib
 
 
@@ -87,7 +87,7 @@ def test_fedcac_gradient_sensitivity_is_theta_times_the_mean_train_gradient():
     client = ClientData(data.x[c], data.y[c], data.n[c])
     grad = jax.grad(lambda p: fed.nll(model.apply({"params": p}, fed.normalize(x[idx[c]])).logits, y[idx[c]]))(
         variables["params"])
-    mean_gradient, mask = jax.jit(lambda v, d: (method.mean_gradient(v, d), method.critical(None, v, d)))(
+    mean_gradient, mask = jax.jit(lambda v, d: (fedcac.mean_gradient(method, v, d), fedcac.critical(method, None, v, d)))(
         variables, client)
     fed.close(mean_gradient, grad)
     want = jax.tree.map(lambda p, g: _np_mask(np.abs(np.asarray(p, np.float64) * np.asarray(g)), tau),

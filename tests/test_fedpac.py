@@ -3,6 +3,7 @@ loops written after the authors' code, the mechanism (clients with the same
 label mix combine each other's heads), the client step's alignment schedule,
 learning on real Fashion-MNIST, and option errors."""
 
+import functools
 import math
 from pathlib import Path
 
@@ -21,10 +22,10 @@ from fedjax_pfl.kernels import prototypes
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedpac, get_method
 from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
 from fedjax_pfl.kernels.classifier_combination import prototype_losses, qp_matrices
-from fedjax_pfl.methods.fedpac import FedPAC, FedPACConfig, FedPACProto
+from fedjax_pfl.methods.fedpac import FEDPAC, FEDPAC_PROTO, FedPACConfig
 from fedjax_pfl.models.networks import build_model
 
 
@@ -164,8 +165,8 @@ def test_mechanism_same_label_mix_means_larger_combination_weights():
     uploads, means = _two_group_uploads(rng)
     S, per = 6, 3
     model = build_model("mlr", (6,), 4)
-    method = FedPAC(_setup(model), FedPACConfig())
-    A = np.asarray(jax.jit(method.head_weights)(uploads, _info([True] * S)))
+    method = FEDPAC(_setup(model), FedPACConfig())
+    A = np.asarray(jax.jit(functools.partial(fedpac.head_weights, method))(uploads, _info([True] * S)))
     for i in range(S):
         same = [j for j in range(S) if (j < per) == (i < per)]
         other = [j for j in range(S) if j not in same]
@@ -181,17 +182,18 @@ def test_mechanism_same_label_mix_means_larger_combination_weights():
     kernel = 2.0 * protos.transpose(0, 2, 1)  # [S, d, C]
     bias = -np.sum(protos ** 2, axis=-1) - 5.0 * (counts == 0)
     heads = {"params": {"logits": {"kernel": jnp.asarray(kernel, jnp.float32), "bias": jnp.asarray(bias, jnp.float32)}}}
-    proto_method = FedPACProto(_setup(model), get_method("fedpac_proto").hparams_type())
+    proto_method = FEDPAC_PROTO(_setup(model), get_method("fedpac_proto").hparams_type())
     up = {**uploads, "head": heads}
-    A = np.asarray(jax.jit(proto_method.head_weights)(up, _info([True] * S)))
+    A = np.asarray(jax.jit(functools.partial(fedpac.head_weights, proto_method))(up, _info([True] * S)))
     for i in range(S):
         same = [j for j in range(S) if (j < per) == (i < per)]
         other = [j for j in range(S) if j not in same]
         np.testing.assert_allclose(A[i].sum(), 1.0, atol=1e-5)
         assert A[i, same].min() > A[i, other].max(), A[i]
-    reverse = FedPACProto(_setup(model), config_lib.method_options(FedPACProto.hparams_type, {"direction": "reverse"}))
+    reverse = FEDPAC_PROTO(_setup(model),
+                           config_lib.method_options(FEDPAC_PROTO.hparams_type, {"direction": "reverse"}))
     f = np.asarray(prototype_losses(model, heads, uploads["prototypes"], uploads["counts"]))
-    A_rev = np.asarray(reverse.head_weights(up, _info([True] * S)))
+    A_rev = np.asarray(fedpac.head_weights(reverse, up, _info([True] * S)))
     e = np.exp(-(f.T - f.T.min(axis=1, keepdims=True)))
     np.testing.assert_allclose(A_rev, e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-6)
 
@@ -212,7 +214,7 @@ def test_server_update_uses_only_arrived_uploads():
     uploads, _ = _two_group_uploads(rng, per_group=2)
     S, d, C = 4, 6, 4
     model = build_model("mlp", (5,), C, hidden=(d,))  # feature dim d, as the uploads' prototypes
-    method = FedPAC(_setup(model), FedPACConfig())
+    method = FEDPAC(_setup(model), FedPACConfig())
     server, clients = method.init(jax.random.key(0), S)
     rand = lambda a: jnp.asarray(rng.normal(size=(S,) + a.shape), jnp.float32)  # noqa: E731
     bodies = jax.tree.map(rand, server["body"])
@@ -238,7 +240,7 @@ def test_server_update_uses_only_arrived_uploads():
             ref = (counts[:, k, None] * protos[:, k]).sum(0) / total
             np.testing.assert_allclose(np.asarray(new_server["prototypes"][k]), ref, rtol=1e-5, atol=1e-6)
     # proto_weights=clients (PFLlib): the plain mean over the arrived uploads that hold the class
-    plain = FedPAC(_setup(model), FedPACConfig(proto_weights="clients"))
+    plain = FEDPAC(_setup(model), FedPACConfig(proto_weights="clients"))
     plain_server, _ = jax.jit(plain.server_update)(server, clients, uploads, info)
     holds = counts > 0
     for k in range(C):
@@ -270,7 +272,7 @@ def test_client_update_alignment_schedule_and_fallback():
     model = build_model("mlp", (d,), C, hidden=(5,))
     data = _vector_client(rng, 17, 20, d, C)
 
-    methods = {lam: FedPAC(_setup(model), FedPACConfig(lam=lam)) for lam in (0.0, 1.0)}
+    methods = {lam: FEDPAC(_setup(model), FedPACConfig(lam=lam)) for lam in (0.0, 1.0)}
     updates = {lam: jax.jit(m.client_update) for lam, m in methods.items()}  # one compilation each
 
     def run(lam, rnd, protos, present):
@@ -313,7 +315,7 @@ def test_relative_alignment_is_the_term_in_units_of_the_targets_mean_square():
     configs = {"relative": FedPACConfig(alignment="relative"), "scaled": FedPACConfig(lam=1.0 / 7.0)}
     out = {}
     for name, config in configs.items():
-        method = FedPAC(_setup(model), config)
+        method = FEDPAC(_setup(model), config)
         server, clients = method.init(jax.random.key(0), 1)
         server = {**server, "prototypes": jnp.asarray(protos, jnp.float32), "present": jnp.ones(C, bool)}
         new, _ = jax.jit(method.client_update)(server, jax.tree.map(lambda a: a[0], clients), data,
@@ -351,7 +353,7 @@ def test_head_optimizer_run_is_the_runs_optimizer_in_the_head_epoch():
                "as_run": FedPACConfig(head_lr=0.05, head_momentum=0.5, head_weight_decay=0.0)}
     out = {}
     for name, config in configs.items():
-        method = FedPAC(_setup(model), config)
+        method = FEDPAC(_setup(model), config)
         server, clients = method.init(jax.random.key(0), 1)
         client = jax.tree.map(lambda a: a[0], clients)
         new, _ = jax.jit(method.client_update)(server, client, data, jax.random.key(7),
@@ -363,7 +365,7 @@ def test_head_optimizer_run_is_the_runs_optimizer_in_the_head_epoch():
 
 
 def test_bad_options_are_user_errors():
-    for cls in (FedPAC, FedPACProto):
+    for cls in (FEDPAC, FEDPAC_PROTO):
         for bad in ({"lam": -1.0}, {"head_epochs": 0}, {"head_lr": 0.0}, {"head_momentum": 1.0},
                     {"variance": "exact"}, {"not_an_option": 1}, {"head_optimizer": "adam"},
                     {"proto_weights": "equal"}, {"head_optimizer": "run", "head_lr": 0.01},
@@ -372,14 +374,14 @@ def test_bad_options_are_user_errors():
                 config_lib.method_options(cls.hparams_type, bad)
     for bad in ({"psd_repair": "shift"}, {"psd_floor": -0.1}, {"min_weight": 1.0}, {"qp_iters": 0}):
         with pytest.raises(UserError):
-            config_lib.method_options(FedPAC.hparams_type, bad)
+            config_lib.method_options(FEDPAC.hparams_type, bad)
     for bad in ({"direction": "sideways"}, {"temperature": 0.0}, {"psd_floor": 0.1}):
         with pytest.raises(UserError):
-            config_lib.method_options(FedPACProto.hparams_type, bad)
+            config_lib.method_options(FEDPAC_PROTO.hparams_type, bad)
     with pytest.raises(UserError, match="method.head_momentum applies to method.head_optimizer=authors"):
-        config_lib.method_options(FedPAC.hparams_type, {"head_optimizer": "run", "head_momentum": 0.9})
-    assert config_lib.method_options(FedPAC.hparams_type, {"head_optimizer": "run", "head_lr": 0.1}).head_lr == 0.1
-    assert get_method("fedpac") is FedPAC and get_method("fedpac_proto") is FedPACProto
+        config_lib.method_options(FEDPAC.hparams_type, {"head_optimizer": "run", "head_momentum": 0.9})
+    assert config_lib.method_options(FEDPAC.hparams_type, {"head_optimizer": "run", "head_lr": 0.1}).head_lr == 0.1
+    assert get_method("fedpac") is FEDPAC and get_method("fedpac_proto") is FEDPAC_PROTO
 
 
 def fmnist_config(data_dir, method, rounds):

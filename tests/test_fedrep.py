@@ -10,6 +10,7 @@ import numpy as np
 
 import plain_sgd_federation as plain_fed
 from fedjax_pfl.core import tree_ops
+from fedjax_pfl.methods import shared_body
 from fedjax_pfl.methods.base import ClientRound
 
 
@@ -17,10 +18,11 @@ def _fedrep_steps(epochs=2, client_epochs=None, **options):
     method = plain_fed.method("fedrep", plain_fed.setup(epochs=epochs), **options)
     server, clients = method.init(jax.random.key(0), 1)
     client = tree_ops.gather(clients, 0)
-    variables = method.receive(server, client)
+    variables = shared_body.receive(method, server, client)
     info = ClientRound(jnp.int32(0), jnp.int32(client_epochs or epochs))
-    (trained, _, _), heard = plain_fed.steps_heard(method.local_phase, server, client, variables,
-                                                   plain_fed.client_data(2), jax.random.key(1), info)
+    (new_client, _), heard = plain_fed.steps_heard(method.client_update, server, client, plain_fed.client_data(2),
+                                                   jax.random.key(1), info)
+    trained = new_client["variables"]
     for part in ("body", "head"):  # both phases trained
         assert not np.allclose(*(np.concatenate([np.ravel(a) for a in jax.tree.leaves(v["params"][part])])
                                  for v in (trained, variables)))

@@ -19,7 +19,7 @@ from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import local_training
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedrod, get_method
 from fedjax_pfl.methods.fedrod import PERSONAL
 from fedjax_pfl.models.networks import build_model
 
@@ -56,7 +56,7 @@ def test_fedrod_loss_matches_float64_reference_and_personal_loss_stops_at_featur
     counts = jnp.asarray([5.0, 9.0, 0.0, 2.0])
     batch = local_training.Batch(x, y, mask)
     v = {"params": {**server["variables"]["params"], "personal": personal}}
-    loss, _ = method.objective(counts)(v, batch, None)
+    loss, _ = fedrod.objective(method, counts)(v, batch, None)
 
     out = model.apply(server["variables"], x)
     g = np.asarray(out.logits, np.float64)
@@ -72,7 +72,7 @@ def test_fedrod_loss_matches_float64_reference_and_personal_loss_stops_at_featur
         expect = ce(g + np.log(np.asarray(counts, np.float64))) + ce(g + p)
     np.testing.assert_allclose(float(loss), expect, rtol=1e-5)
     # gradients: body and generic head only from the balanced softmax
-    grads = jax.grad(lambda q: method.objective(counts)({"params": q}, batch, None)[0])(v["params"])
+    grads = jax.grad(lambda q: fedrod.objective(method, counts)({"params": q}, batch, None)[0])(v["params"])
     generic = jax.grad(lambda q: losses.balanced_softmax_cross_entropy(
         model.apply({"params": q}, x).logits, y, counts, mask))(server["variables"]["params"])
     fed.close({k: grads[k] for k in ("body", "head")}, generic, tol=1e-6)
@@ -92,4 +92,4 @@ def test_fedrod_batchnorm_statistics_ignore_padding_rows():
     server, clients = method.init(jax.random.key(0), 1)
     generic = server["variables"]
     variables = {**generic, "params": {**generic["params"], PERSONAL: tree_ops.gather(clients["head"], 0)}}
-    padding.assert_same_over_padding(method.objective(jnp.asarray([3.0, 1.0, 2.0])), variables)  # loss and batch_stats
+    padding.assert_same_over_padding(fedrod.objective(method, jnp.asarray([3.0, 1.0, 2.0])), variables)  # loss and batch_stats

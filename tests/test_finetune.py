@@ -13,7 +13,8 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.finetune import FineTuneConfig
+from fedjax_pfl.methods import training
+from fedjax_pfl.methods.fedavg import FedAvgConfig
 from fedjax_pfl.runs import config as config_lib
 
 
@@ -27,18 +28,18 @@ def test_bad_finetune_option_is_a_user_error(options, match):
 
 def test_fedavg_finetune_is_the_global_model_trained_on_the_clients_data():
     """finetune_epochs=0: the global model; k: k epochs of CE on part P from it; state unchanged."""
-    eng = fed.engine("fedavg", FineTuneConfig(finetune_epochs=0))
+    eng = fed.engine("fedavg", FedAvgConfig(finetune_epochs=0))
     server, clients = fed.run(eng, 1, jax.random.key(0))
     data = ClientData(*tree_ops.gather(tuple(eng.train), 1))
     key = jax.random.key(7)
     plain = eng.method.eval_variables(server, clients, data, key)
     fed.close(plain, server["variables"], tol=0)
-    method = get_method("fedavg")(eng.method.setup, FineTuneConfig(finetune_epochs=3, finetune_part="head"))
+    method = get_method("fedavg")(eng.method.setup, FedAvgConfig(finetune_epochs=3, finetune_part="head"))
 
     @jax.jit
     def tuned_and_expected(server, data, key):
-        expect, _ = method.train(method.supervised_objective(), server["variables"], data, key, 3, part="head",
-                                 max_epochs=3)
+        expect, _ = training.train(method, training.supervised_objective(method), server["variables"], data, key, 3,
+                                   part="head", max_epochs=3)
         return method.eval_variables(server, None, data, key), expect
 
     tuned, expect = tuned_and_expected(server, data, key)

@@ -25,7 +25,7 @@ def test_gpfl_engine_equals_per_client_loop_and_predicts_through_the_valve():
     method = eng.method
     metrics = []
     (server0, clients0), server, clients, key = fed.run(eng, rounds, jax.random.key(6), metrics)
-    model, valve, (x, y, idx) = fed.model(), method.valve, fed.data()
+    model, valve, (x, y, idx) = fed.model(), method.static, fed.data()  # its conditional valve
     n = len(fed.SIZES)
     body, gce, cov = server0["body"]["params"], server0["gce"], server0["cov"]
     gce_before = gce

@@ -20,7 +20,7 @@ CASES = [  # (name, input shape, feature dim)
     ("mlr", (60,), 60), ("mlp", (28, 28, 1), 200), ("fedavgcnn", (28, 28, 1), 512),
     ("fedavgcnn", (32, 32, 3), 512), ("lenet", (32, 32, 3), 84), ("pfakd_cnn", (32, 32, 3), 256),
     ("fedpac_cnn", (32, 32, 3), 128), ("fedpac_cnn", (28, 28, 1), 128), ("pfakd_cnn_fmnist", (28, 28, 1), 128),
-    ("resnet8", (32, 32, 3), 64),
+    ("resnet8", (32, 32, 3), 64), ("pfl_cnn", (32, 32, 3), 128),
 ]
 BN_MODELS = {"resnet8", "resnet18"}
 
@@ -61,7 +61,7 @@ def _close(a, b, rtol=1e-4):
 
 
 def test_model_names_cover_registry():
-    assert set(model_names()) == {"mlr", "mlp", "fedavgcnn", "lenet", "pfakd_cnn", "pfakd_cnn_fmnist",
+    assert set(model_names()) == {"mlr", "mlp", "fedavgcnn", "lenet", "pfakd_cnn", "pfakd_cnn_fmnist", "pfl_cnn",
                                   "fedpac_cnn", "resnet8", "resnet18"}
 
 
@@ -267,7 +267,7 @@ def test_user_errors(args, kwargs, match):
 
 def test_batchnorm_mask_makes_a_padded_batch_equal_the_unpadded_one():
     """resnet8, 3 real rows + 3 zero rows with a mask == the 3 real rows alone:
-    features, loss, gradients and running statistics (issue 12)."""
+    features, loss, gradients and running statistics."""
     model = build_model("resnet8", (16, 16, 3), C)
     variables = _init_fn("resnet8", (16, 16, 3))(KEY)
     x = jax.random.normal(jax.random.PRNGKey(1), (3, 16, 16, 3))

@@ -12,6 +12,7 @@ not S x (largest count). Several devices equal one; a method that cannot
 pack says so and runs chunked; bad ``packed:W`` values are one-line errors.
 """
 
+import dataclasses
 import warnings
 
 import jax
@@ -26,9 +27,9 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.engine import client_mapping, mapping_choice
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import packed_loops
-from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
-from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods import get_method, training
+from fedjax_pfl.methods.base import ClientRound, LocalSetup, Schedule, ServerRound
+from fedjax_pfl.methods.fedavg import FEDAVG
 from fedjax_pfl.models.networks import build_model
 from test_sharding import run_script
 
@@ -123,8 +124,8 @@ def _loop_evaluation(method, server, clients, data, key):
     @jax.jit
     def correct(client, data, key):
         variables = method.eval_variables(server, client, data, key)
-        return method.sum_batches(lambda b: (jnp.argmax(method.eval_logits(variables, b.x), -1) == b.y)
-                                  @ b.mask.astype(jnp.int32), data)
+        return training.sum_batches(method, lambda b: (jnp.argmax(method.eval_logits(variables, b.x), -1) == b.y)
+                                    @ b.mask.astype(jnp.int32), data)
 
     keys = jax.random.split(key, len(SIZES))
     return np.asarray([correct(tree_ops.gather(clients, c), ClientData(*tree_ops.gather(tuple(data), c)), keys[c])
@@ -261,14 +262,13 @@ def test_width_from_the_data_and_the_auto_candidates():
     assert client_mapping.default_mapping("cpu") == "map"  # auto on a CPU still runs map untimed
 
 
-class _Unpackable(FedAvg):
-    name = "unpackable"
-    cannot_pack = "its client update waits on a host callback"
+_UNPACKABLE = dataclasses.replace(FEDAVG, name="unpackable",
+                                  schedule=Schedule(cannot_pack="its client update waits on a host callback"))
 
 
 def test_a_method_that_cannot_pack_says_why_in_one_line_and_runs_chunked():
     train = _train()
-    method = _Unpackable(_method("fedavg").setup)
+    method = _UNPACKABLE(_method("fedavg").setup)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(S, client_mapping="packed:2",

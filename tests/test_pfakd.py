@@ -22,9 +22,9 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs.experiment import build_experiment
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import get_method, pfakd
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
-from fedjax_pfl.methods.pfakd import PFAKD, PFAKDAT, PFAKDATConfig, PFAKDConfig, pfakd_objective
+from fedjax_pfl.methods.pfakd import PFAKD, PFAKD_AT, PFAKDATConfig, PFAKDConfig, pfakd_objective
 from fedjax_pfl.models.networks import build_model
 
 LR, B, E = 0.05, 5, 2
@@ -234,27 +234,24 @@ def test_client_update_equals_loop_with_fixed_teacher():
     assert float(tree_ops.squared_norm(delta)) > 1e-8
 
 
-class _RecordingPFAKD(PFAKD):
-    """PFAKD that reports, at every local step, the teacher variables its loss uses."""
+def test_teacher_is_the_received_body_at_every_step(monkeypatch):
+    """PFAKD's objective reports, at every local step, the teacher variables its loss uses."""
+    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
+    data = _random_clients((6, 6, 1), [17])
+    seen = []
+    plain_objective = pfakd.local_objective
 
-    name = ""  # not registered
-    seen: list = []
-
-    def local_objective(self, teacher):
-        inner = super().local_objective(teacher)
+    def recording_objective(m, teacher):
+        inner = plain_objective(m, teacher)
 
         def objective(variables, batch, key):
-            jax.debug.callback(lambda t: self.seen.append(jax.tree.map(np.asarray, t)), teacher)
+            jax.debug.callback(lambda t: seen.append(jax.tree.map(np.asarray, t)), teacher)
             return inner(variables, batch, key)
 
         return objective
 
-
-def test_teacher_is_the_received_body_at_every_step():
-    model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
-    data = _random_clients((6, 6, 1), [17])
-    method = _RecordingPFAKD(_setup(model), PFAKDConfig())
-    method.seen = []
+    monkeypatch.setattr(pfakd, "local_objective", recording_objective)
+    method = PFAKD(_setup(model), PFAKDConfig())
     server, clients = _init(method, jax.random.key(0), 1)
     server = {"body": _perturbed(server["body"], jax.random.key(3))}
     client = tree_ops.gather(clients, 0)
@@ -262,8 +259,8 @@ def test_teacher_is_the_received_body_at_every_step():
     new_client, _ = jax.jit(method.client_update)(server, client, data0, jax.random.key(2),
                                                   ClientRound(jnp.int32(0), jnp.int32(E)))
     steps = E * math.ceil(17 / B)
-    assert len(method.seen) == steps
-    for teacher in method.seen:
+    assert len(seen) == steps
+    for teacher in seen:
         _assert_trees_equal(tree_ops.part_of(teacher, "body"), server["body"])
     # ...while the student's body moved away from it.
     moved = tree_ops.sub(new_client["variables"]["params"]["body"], server["body"]["params"])
@@ -306,23 +303,23 @@ def test_pfakd_at_gamma_zero_is_pfakd():
         return jax.jit(method.client_update)(server, client, data0, jax.random.key(6), info)
 
     base = run(PFAKD(setup, PFAKDConfig(beta=0.5)))
-    _assert_trees_equal(base, run(PFAKDAT(setup, PFAKDATConfig(beta=0.5, gamma=0.0))))
+    _assert_trees_equal(base, run(PFAKD_AT(setup, PFAKDATConfig(beta=0.5, gamma=0.0))))
 
 
 def test_pfakd_at_uses_the_chosen_layers():
     model = build_model("pfakd_cnn", (28, 28, 1), 4, conv_impl="native")
-    assert PFAKDAT(_setup(model))._layers == (0, 1, 2)
-    assert PFAKD(_setup(model)).at_terms() == (0.0, ())
-    method = PFAKDAT(_setup(model), PFAKDATConfig(beta=0.5, gamma=0.7, at_layers=(-1, 0, 2)))
-    assert method._layers == (0, 2)
+    assert PFAKD_AT(_setup(model)).static == (0, 1, 2)  # every conv map
+    assert PFAKD(_setup(model)).static is None  # no attention term
+    method = PFAKD_AT(_setup(model), PFAKDATConfig(beta=0.5, gamma=0.7, at_layers=(-1, 0, 2)))
+    assert method.static == (0, 2)
     k1, k2 = jax.random.split(jax.random.key(2))
     student = _init(model, k1)
     teacher = _perturbed(student, k2, 0.05)
     batch = _batch((28, 28, 1))
     loss = lambda objective: jax.jit(objective)(student, batch, None)[0]
-    with_at = loss(method.local_objective(teacher))
+    with_at = loss(pfakd.local_objective(method, teacher))
     np.testing.assert_array_equal(with_at, loss(pfakd_objective(model, teacher, 0.5, 0.7, (0, 2))))
-    assert float(with_at) > float(loss(PFAKD(_setup(model), PFAKDConfig(beta=0.5)).local_objective(teacher)))
+    assert float(with_at) > float(loss(pfakd.local_objective(PFAKD(_setup(model), PFAKDConfig(beta=0.5)), teacher)))
 
 
 # -------------------------------------------------------------- errors ------
@@ -370,9 +367,9 @@ def test_fmnist_preset_runs_the_authors_fmnist_network():
 
 def test_pfakd_at_checks_the_model():
     with pytest.raises(UserError, match="conv maps"):
-        PFAKDAT(_setup(build_model("mlp", (28, 28, 1), 10)))
+        PFAKD_AT(_setup(build_model("mlp", (28, 28, 1), 10)))
     with pytest.raises(UserError, match="out of range"):
-        PFAKDAT(_setup(build_model("pfakd_cnn", (28, 28, 1), 10)), PFAKDATConfig(at_layers=(3,)))
+        PFAKD_AT(_setup(build_model("pfakd_cnn", (28, 28, 1), 10)), PFAKDATConfig(at_layers=(3,)))
 
 
 def test_cli_rejects_bad_option_before_loading_data(tmp_path):

@@ -24,7 +24,8 @@ from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.base import LocalSetup, ServerRound
-from fedjax_pfl.methods.pfedhn import PFedHN, PFedHNConfig
+from fedjax_pfl.methods import pfedhn
+from fedjax_pfl.methods.pfedhn import PFEDHN, PFedHNConfig
 from fedjax_pfl.models.networks import build_model
 
 
@@ -67,11 +68,11 @@ def test_update_equals_finite_difference_of_the_objective():
 
 
 def test_server_step_is_clipped_sgd_on_the_vjp_and_generates_the_client_model():
-    method = PFedHN(_setup(), PFedHNConfig(server_lr=0.5, server_momentum=0.0, server_wd=0.0, hidden=6,
+    method = PFEDHN(_setup(), PFedHNConfig(server_lr=0.5, server_momentum=0.0, server_wd=0.0, hidden=6,
                                            n_hidden=1))
     server, clients = method.init(jax.random.key(0), 5)
     selected = jnp.array([3, 1])
-    target = method.target
+    target = pfedhn.target(method)
 
     @jax.jit
     def step_and_gradient(server, deltas, arrived):
@@ -129,7 +130,7 @@ def _reference(method, rounds, key):
     """phi after ``rounds`` rounds as a per-client loop: a server step after each client (sequential,
     the authors' trainer.py) or one per round on the summed / averaged products (sum, mean)."""
     import functools
-    hp, target = method.hparams, method.target
+    hp, target = method.hparams, pfedhn.target(method)
     xs, ys = ref.client_arrays(method.model.input_shape)
     init_key, key = jax.random.split(key)
     phi = hn.init_hypernetwork(init_key, len(ref.SIZES), target, 2, hp.hidden, hp.n_hidden)
@@ -161,7 +162,7 @@ def _engine(method, clients_per_round=ref.S, mapping="vmap"):
 
 
 def _method(aggregate, local_steps=3):
-    return PFedHN(_setup(), PFedHNConfig(local_steps=local_steps, hidden=6, n_hidden=1, aggregate=aggregate))
+    return PFEDHN(_setup(), PFedHNConfig(local_steps=local_steps, hidden=6, n_hidden=1, aggregate=aggregate))
 
 
 @pytest.mark.parametrize("aggregate, mapping, fused", [("sequential", "chunked", True), ("mean", "vmap", False),
@@ -170,7 +171,7 @@ def test_engine_equals_per_client_loop(aggregate, mapping, fused):
     """Each aggregate (sequential: the default) equals its per-client loop, under any client mapping
     (sequential ignores it: no sorting of clients by cost) and in fused rounds."""
     method = _method(aggregate)
-    assert method.server_steps_per_client == (aggregate == "sequential")
+    assert method.schedule.server_steps_per_client == (aggregate == "sequential")
     key = jax.random.key(6)
     ref_phi = _reference(method, 2, key)
     eng = _engine(method, mapping=mapping)

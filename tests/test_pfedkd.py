@@ -15,7 +15,7 @@ from fedjax_pfl import losses
 from fedjax_pfl.kernels import kd_server
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import get_method, step_counted
 from fedjax_pfl.methods.base import ClientRound, LocalSetup
 from fedjax_pfl.methods.pfedkd import PFedKDConfig
 from fedjax_pfl.methods.step_counted import random_batch, random_batch_index
@@ -178,12 +178,13 @@ def test_random_batch_draws_distinct_valid_rows():
 
 def _reference_local_ce(method, params, data, key, steps):
     """R plain SGD steps on CE, each on the batch the method draws from the same key."""
-    keys = jax.random.split(key, method.local_steps())
+    keys = jax.random.split(key, step_counted.local_steps(method))
 
     @jax.jit
     def sgd(params, k):
         batch = random_batch(k, data, method.setup.batch_size, method.setup.normalize)
-        g = jax.grad(lambda p: losses.cross_entropy(method.logits(p, batch.x), batch.y, batch.mask))(params)
+        ce = lambda p: losses.cross_entropy(step_counted.logits(method, p, batch.x), batch.y, batch.mask)  # noqa: E731
+        g = jax.grad(ce)(params)
         return jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
 
     for r in range(steps):
@@ -202,7 +203,7 @@ def test_alpha_zero_is_pure_local_training_of_the_personal_model():
     info = ClientRound(jnp.int32(0), jnp.int32(method.setup.local_epochs))
     update = jax.jit(method.client_update)
     out, upload = update(server, client, data, key, info)
-    want = _reference_local_ce(method, client["variables"]["params"], data, key, method.local_steps())
+    want = _reference_local_ce(method, client["variables"]["params"], data, key, step_counted.local_steps(method))
     for a, b in zip(jax.tree.leaves(out["variables"]["params"]), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # the global model does not touch the personal model at alpha = 0, but does at alpha > 0
@@ -224,8 +225,8 @@ def test_stragglers_take_fewer_steps_and_masked_steps_change_nothing():
     client = jax.tree.map(lambda a: a[2], clients)
     data = ClientData(train.x[2], train.y[2], train.n[2])
     # E = 4 epochs -> R = 8 steps; a straggler with 2 epochs takes 4 steps
-    assert int(method.steps_this_round(ClientRound(0, jnp.int32(2)))) == 4
-    assert int(method.steps_this_round(ClientRound(0, jnp.int32(1)))) == 2
+    assert int(step_counted.steps_this_round(method, ClientRound(0, jnp.int32(2)))) == 4
+    assert int(step_counted.steps_this_round(method, ClientRound(0, jnp.int32(1)))) == 2
     empty = ClientData(train.x[2], train.y[2], jnp.int32(0))
     out, upload = jax.jit(method.client_update)(server, client, empty, jax.random.key(1), ClientRound(0, jnp.int32(4)))
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(client)):

@@ -8,6 +8,7 @@ read, and a change to the table code or to the records that moves any committed 
 
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def test_a_committed_table_re_renders_identically_from_its_records(table, tmp_pa
     committed = REPRODUCTIONS.parent / table
     copy = tmp_path / table
     copy.mkdir(parents=True)
-    for name in ("table.md", "table.csv", "lease_plan.json"):  # a lease plan beside a table is part of its notes
+    for name in ("table.md", "table.csv", "run_plan.json"):  # a run plan beside a table is part of its notes
         if (committed / name).is_file():
             shutil.copy(committed / name, copy / name)
     if (committed / "runs").is_dir():
@@ -67,3 +68,14 @@ def test_the_overview_counts_cells_run_seeds_and_flags(tmp_path):
     assert overview.table_counts(table) == (4, 3, 1, 2, 1)
     with pytest.raises(ValueError, match="no"):
         overview.with_overview("no block here", "x")
+
+
+def test_the_committed_records_stay_under_5_mb():
+    """reproductions/ holds the compact records that re-render the tables, not every probe ever run:
+    the files git tracks there (their bytes, as a clone holds them) stay under 5 MB."""
+    listed = subprocess.run(["git", "ls-files", "-z", "reproductions"], cwd=REPRODUCTIONS.parent,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    files = [REPRODUCTIONS.parent / name.decode() for name in listed if name]
+    assert len(files) > 100, "git lists no records: run the tests from a clone"
+    total = sum(f.stat().st_size for f in files)
+    assert total < 5_000_000, f"reproductions/ tracks {total / 1e6:.2f} MB"

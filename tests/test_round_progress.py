@@ -30,8 +30,10 @@ from fedjax_pfl.runs import progress as progress_lib
 from fedjax_pfl.runs.experiment import build_experiment
 from signal_after_round import signal_after
 
+EPOCHS, BATCH = 2, 8
 SYNTHETIC = ["data.name=synthetic", "model.name=mlp", "model.hidden=[16]", "partition.scheme=natural",
-             "partition.num_clients=6", "train.local_epochs=2", "train.batch_size=8", "train.join_ratio=0.5"]
+             "partition.num_clients=6", f"train.local_epochs={EPOCHS}", f"train.batch_size={BATCH}",
+             "train.join_ratio=0.5"]
 
 
 @pytest.fixture(autouse=True)
@@ -60,17 +62,34 @@ def _same(a, b):
     return all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)))
 
 
+def _client_events(total: int, width: int) -> list:
+    """What a client (or ``width`` clients side by side) of ``total`` local steps reports: every STEP_STRIDE-th
+    step in order, then the finished client(s)."""
+    stride = round_progress.STEP_STRIDE
+    return ([round_progress.Event("step", done, total, width) for done in range(stride, total + 1, stride)]
+            + [round_progress.Event("client", 0, 0, width)])
+
+
 @pytest.mark.parametrize("mapping", ["map", "vmap", "chunked"])
-def test_progress_changes_no_number_and_reports_every_client(mapping):
-    plain, none = _one_call(_experiment(mapping=mapping, progress=False))
-    reported, events = _one_call(_experiment(mapping=mapping))
+def test_progress_changes_no_number_and_reports_every_client_and_step_in_order(mapping):
+    """Every client trains (join ratio 1): under ``map`` each reports its own steps (EPOCHS x ceil(n / B))
+    and then itself, one client after another; side by side (``vmap``, one ``chunked`` chunk) the six report
+    as one, up to the largest client's steps."""
+    every = ["train.join_ratio=1.0"]
+    plain, none = _one_call(_experiment(mapping=mapping, progress=False, extra=every))
+    exp = _experiment(mapping=mapping, extra=every)
+    reported, events = _one_call(exp)
     assert not none and _same(plain, reported)
-    selected = 3  # round(6 * 0.5)
-    assert sum(e.width for e in events if e.kind == "client") == selected
-    steps = [e for e in events if e.kind == "step"]
-    assert steps and all(e.done % round_progress.STEP_STRIDE == 0 and 0 < e.done <= e.total for e in steps)
-    if mapping != "map":  # clients trained side by side report together, not once each
-        assert {e.width for e in events} == {selected}
+    steps = [EPOCHS * -(-int(n) // BATCH) for n in np.asarray(exp.engine.train.n)]  # each client's local steps
+    assert len(steps) == 6 and min(steps) >= round_progress.STEP_STRIDE
+    if mapping == "map":  # one client at a time, in the round's order of clients: split at each "client" event
+        ends = [i + 1 for i, e in enumerate(events) if e.kind == "client"]
+        blocks = [events[a:b] for a, b in zip([0, *ends], ends)]
+        assert len(blocks) == 6 and ends[-1] == len(events)
+        assert sorted(block[0].total for block in blocks) == sorted(steps)
+        assert all(block == _client_events(block[0].total, 1) for block in blocks)
+    else:  # clients trained side by side report together, not once each
+        assert events == _client_events(max(steps), 6)
 
 
 def test_fedas_round_with_progress_equals_the_round_without():
@@ -95,10 +114,16 @@ def test_the_experiment_axis_reports_its_points_as_one_batch():
     assert {e.width for e in events} == {6} and sum(e.width for e in events if e.kind == "client") == 6
 
 
+# Methods whose local update runs its own step loop instead of local_training's (their progress shows the
+# finished clients only); a method that gains step reports leaves this set.
+NO_STEP_REPORTS = {"perfedavg", "pfedhn", "pfedkd", "pfedme"}
+
+
 @pytest.mark.parametrize("method", method_names())
-def test_every_methods_local_update_traces_with_progress(method):
+def test_every_methods_local_update_traces_with_progress_and_reports_its_steps(method):
     """Each method's client update, vmapped over two clients as the engine maps them, traces with the
-    step and client reports in place (their custom batching and conditionals)."""
+    step and client reports in place (their custom batching and conditionals), and its local training
+    reports its steps (every method outside `NO_STEP_REPORTS`), as the engine's round does."""
     extra = {"pfakd_at": ["data.name=fmnist", "model.name=pfakd_cnn", "model.hidden=", "partition.scheme=iid",
                           "partition.train_per_client=8", "partition.test_per_client=4"]}.get(method, [])
     try:
@@ -111,13 +136,21 @@ def test_every_methods_local_update_traces_with_progress(method):
     chosen = engine.method.prepare(server, tree_ops.gather(clients, selected), selected)
     data = tuple(tree_ops.gather(engine.train, selected))
 
+    traced = []  # the kinds of the reports the update's loops place, while tracing
+
+    def report_step(kind, done, total, value):
+        traced.append(kind)
+        round_progress.report_step(kind, done, total, value)
+
     def one_client(client, data_i, key_i):
         info = ClientRound(jnp.int32(0), jnp.int32(engine.method.setup.local_epochs))
-        with local_training.reporting_steps(round_progress.report_step):
+        with local_training.reporting_steps(report_step):
             out = engine.method.client_update(server, client, ClientData(*data_i), key_i, info)
         return round_progress.report_client(out)
 
     jax.eval_shape(jax.vmap(one_client), chosen, data, jax.random.split(key, 2))
+    assert set(traced) <= {"step", "pass"}
+    assert ("step" in traced) == (method not in NO_STEP_REPORTS), (method, traced)
 
 
 # ------------------------------------------------------------------ the display

@@ -107,7 +107,7 @@ TWO_DEVICES = textwrap.dedent("""
         return jax.device_get((server, jax.tree.map(lambda a: np.asarray(a)[:7], clients), metrics, evals))
 
     # a CNN under map (the CPU default: per-client direct convolutions), and a method that needs the selected
-    # clients' state before training (Method.needs_selected_state) under chunked
+    # clients' state before training (Schedule.needs_selected_state) under chunked
     for method, mapping in (("fedavg", "map"), ("fedpac", "chunked")):
         assert_same(run(method, mapping, True), run(method, mapping, False), f"{method} on 2 devices")
     print("TWO_DEVICES_OK")

@@ -371,6 +371,19 @@ def test_a_run_saved_before_a_key_existed_resumes_with_the_keys_default():
     assert config_lib.resume_differences(saved, torch) == ["model.init: 'flax' -> 'torch'"]
 
 
+def test_a_run_saved_before_a_method_option_existed_counts_it_at_its_default():
+    """A method option added later (FedAvg's local_steps) is absent from an older run's config.json: it ran
+    with the option's default; a value other than the default is a difference."""
+    saved = config_lib.to_dict(config_lib.build(overrides=["method_name=fedavg"]))
+    saved["method"] = {"finetune_epochs": 0, "finetune_part": "all"}
+    resolved = {**saved["method"], "local_steps": None}
+    assert config_lib.resume_differences(saved, {**saved, "method": resolved}) == []
+    stepped = {**saved, "method": {**resolved, "local_steps": 20}}
+    assert config_lib.resume_differences(saved, stepped) == [
+        "method: {'finetune_epochs': 0, 'finetune_part': 'all', 'local_steps': None} -> "
+        "{'finetune_epochs': 0, 'finetune_part': 'all', 'local_steps': 20}"]
+
+
 def test_data_files_read_are_recorded(data_dir):
     from fedjax_pfl.data import files, idx
 
@@ -453,7 +466,7 @@ def test_eval_model_global_is_the_global_body_with_the_own_head(uninterrupted):
     local = method.eval_variables(server, client, None, key)
     same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
     same(local, client["variables"])
-    global_method = type(method)(dataclasses.replace(method.setup, eval_model="global"), method.hparams)
+    global_method = method.rebuilt(dataclasses.replace(method.setup, eval_model="global"), method.hparams)
     glob = global_method.eval_variables(server, client, None, key)
     same(glob["params"]["body"], server["body"]["params"])
     same(glob["params"]["head"], client["variables"]["params"]["head"])

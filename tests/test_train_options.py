@@ -19,8 +19,8 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method, method_names
-from fedjax_pfl.methods.base import ClientRound
+from fedjax_pfl.methods import get_method, method_names, training
+from fedjax_pfl.methods.base import ClientRound, Schedule
 from fedjax_pfl.models.networks import build_model
 from test_engine import _OPT, _assert_close, _data, _setup, _sgd_step, _weighted_mean64
 
@@ -59,7 +59,8 @@ def test_drop_last_takes_floor_n_over_b_steps_and_never_sees_the_leftover():
     data, x, y = _client(25, 30)
     v0 = MODEL.init(jax.random.key(0))
     key = jax.random.key(3)
-    out, _ = jax.jit(lambda v, d, k: method.train(method.supervised_objective(), v, d, k, 2))(v0, data, key)
+    out, _ = jax.jit(lambda v, d, k: training.train(method, training.supervised_objective(method), v, d, k, 2))(
+        v0, data, key)
     ref, _ = _reference_train(v0, x, y, key, 2, 10, 30, drop_last=True)
     _assert_close(out, ref)
     assert int(local_training.real_steps(25, 10, 2, drop_last=True)) == 4
@@ -70,7 +71,7 @@ def test_drop_last_client_smaller_than_a_batch_takes_no_step():
     method = _local_method(batch_size=10, drop_last=True)
     data, _, _ = _client(7, 12)
     v0 = MODEL.init(jax.random.key(0))
-    out, loss = method.train(method.supervised_objective(), v0, data, jax.random.key(1), 2)
+    out, loss = training.train(method, training.supervised_objective(method), v0, data, jax.random.key(1), 2)
     _assert_close(out, v0, tol=0)
     assert float(loss) == 0.0
 
@@ -276,14 +277,12 @@ def test_all_clients_train_every_client_trains_and_only_the_sampled_aggregate():
 
 
 def test_all_clients_train_refused_by_a_method_whose_server_step_ignores_uploaded():
-    class IgnoresUploaded(type(get_method("fedavg")(_setup(MODEL)))):
-        name = "ignores_uploaded"
-        aggregates_uploaded_only = False
-
+    ignores_uploaded = dataclasses.replace(get_method("fedavg"), name="ignores_uploaded",
+                                           schedule=Schedule(aggregates_uploaded_only=False))
     x, y, idx = _data(MODEL.input_shape)
     train = stack_clients(x, y, idx)
     with pytest.raises(UserError, match="'ignores_uploaded' does not support train.all_clients_train"):
-        engine_lib.Engine(IgnoresUploaded(_setup(MODEL)), train, train,
+        engine_lib.Engine(ignores_uploaded(_setup(MODEL)), train, train,
                           engine_lib.EngineConfig(2, all_clients_train=True))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from fedjax_pfl.core import declared
@@ -103,7 +102,7 @@ def method_help(name: str) -> str:
     from fedjax_pfl.methods.options import describe
 
     method = get_method(name)
-    summary = " ".join((sys.modules[method.__module__].__doc__ or "").strip().split("\n\n")[0].split())
+    summary = " ".join(method.doc.strip().split("\n\n")[0].split())
     options = describe(method.hparams_type)
     lines = [f"method {name}: {summary}".rstrip()]
     if not options:

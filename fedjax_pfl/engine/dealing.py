@@ -23,9 +23,8 @@ def balanced_slots(costs, size: int, per: int | None = None):
     results are dropped. ``slot_of[r]`` is row r's slot. Traced: ``costs`` are
     the round's step counts, known only inside the program. Dealing sorted rows
     round-robin or in a snake instead leaves the device with the largest client
-    up to that client's cost behind (FedAvgCNN, FMNIST Dirichlet 0.1, 20 clients
-    of 18 to 318 steps on 2 devices: 918 against 731 steps, 2.1 s of a 13 s
-    round spent waiting).
+    up to that client's cost behind (benchmarks/RESULTS.md, "Clients dealt
+    longest first").
 
     Examples:
         >>> slots, slot_of = balanced_slots(jnp.array([9, 1, 5, 4, 3]), 2)  # 3 slots each, one a repeat

@@ -5,7 +5,7 @@ gather their state and data; (3) let the method prepare them (batched server
 -> client step); (4) map the method's single-client update over them (vmap,
 lax.map, chunked vmap or packed lanes: client_mapping.py); (5) the method's server step on
 the stacked uploads; (6) scatter client state back; (7) for a method that
-asks (``Method.updates_every_client``: FedALA), a per-client step on ALL N
+asks (``Schedule.updates_every_client``: FedALA), a per-client step on ALL N
 clients with the new server state, mapped like evaluation; (8) the method's
 `round_diagnostics` (scalars, e.g. how much clients learn from each other)
 join the round metrics. Under ``chunked`` (and
@@ -61,7 +61,7 @@ class EngineConfig:
     shard: bool = True  # split the client axis over all devices when there are several
     lr_schedule: LrSchedule = LrSchedule()  # train.lr by round index (constant by default)
     # chunked: gather, train and scatter the selected clients chunk by chunk where the method allows it
-    # (Method.needs_selected_state); False: gather all S first (the same numbers; more memory)
+    # (Schedule.needs_selected_state); False: gather all S first (the same numbers; more memory)
     stream_chunks: bool = True
     # single-round calls report local steps and finished clients to the host (round_progress.py; on several
     # devices each reports its own clients)
@@ -143,6 +143,80 @@ def is_eval_round(round_index, total_rounds: int, eval_every: int):
     return ((round_index + 1) % eval_every == 0) | (round_index == total_rounds - 1)
 
 
+def round_plan(key, n, num_clients: int, per_round: int, config: EngineConfig, setup):
+    """(selected, epochs, uploaded, client keys, real steps) of the round with key ``key`` of a federation of
+    ``num_clients`` clients of train sizes ``n``, ``per_round`` of them sampled: the engine's key contract
+    (``split(key, 3)``: selection, stragglers, client keys), each array over the clients that train, in the
+    order they were selected. With ``all_clients_train`` every client trains, the sampled ones first, and only
+    those count as uploaded."""
+    k_sel, k_strag, k_clients = jax.random.split(key, 3)
+    selected = select_clients(k_sel, num_clients, per_round)
+    training = num_clients if config.all_clients_train else per_round
+    if config.all_clients_train:  # the sampled clients, then the others in index order
+        sampled = jnp.zeros(num_clients, bool).at[selected].set(True)
+        others = jnp.argsort(sampled, stable=True)[: num_clients - per_round]
+        selected = jnp.concatenate([selected, others])
+    epochs, uploaded = straggler_plan(k_strag, training, setup.local_epochs, config.straggler_fraction,
+                                      config.drop_fraction)
+    uploaded &= jnp.arange(training) < per_round
+    keys = jax.random.split(k_clients, training)
+    steps = local_training.real_steps(n[selected], setup.batch_size, epochs, setup.drop_last)
+    return selected, epochs, uploaded, keys, steps
+
+
+def method_at(method: Method, schedule: LrSchedule, values: dict, round_index) -> Method:
+    """``method`` of round ``round_index`` with ``values`` (method_values.py) and the lr ``schedule`` applied.
+
+    With no values and a constant schedule this is the method itself, so
+    the compiled round is exactly the one of a plain run.
+    """
+    if not schedule.constant:
+        base = values.get(method_values.LR, method.setup.learning_rate)
+        values = {**values, method_values.LR: base * schedule.factor(round_index), method_values.INITIAL_LR: base}
+    return method_values.with_values(method, values)
+
+
+def client_step_of(method: Method, round_index, report: bool = False):
+    """``step(server, client, data, key, epochs) -> (client, upload)``: the method's client update of round
+    ``round_index`` (``data``: the client's (x, y, n)); ``report``: in-round progress (round_progress.py)."""
+    def client_step(server, client, data_i, key_i, epochs_i):
+        info = ClientRound(round_index, epochs_i)
+        with local_training.reporting_steps(round_progress.report_step if report else None):
+            out = method.client_update(server, client, ClientData(*data_i), key_i, info)
+        return round_progress.report_client(out) if report else out
+
+    return client_step
+
+
+def client_evaluation(method: Method, eval_batch_size: int):
+    """``evaluate(server, client, train, test, key) -> {'correct', 'count', 'loss_sum'}``: one client's
+    personalized model (`Method.eval_variables`) on its test data (``train``, ``test``: (x, y, n))."""
+    normalize = method.setup.normalize
+
+    def one_client(server, client, train_i, test_i, key_i):
+        variables = method.eval_variables(server, client, ClientData(*train_i), key_i)
+
+        def batch_metrics(batch):
+            logits = method.eval_logits(variables, batch.x)
+            correct, count = losses.accuracy_counts(logits, batch.y, batch.mask)
+            nll = losses.cross_entropy(logits, batch.y, batch.mask) * count
+            return correct, count, nll
+
+        correct, count, nll = local_training.sum_batches(batch_metrics, ClientData(*test_i), eval_batch_size, normalize)
+        return {"correct": correct, "count": count, "loss_sum": nll}
+
+    return one_client
+
+
+def per_client_metrics(selected, epochs, uploaded, uploads) -> dict:
+    """The round metrics of each client that trained, in the order given: its index, epochs, whether its
+    upload counts and its loss (``uploads['loss']``, else 0)."""
+    has_loss = isinstance(uploads, dict) and "loss" in uploads
+    client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
+                   else jnp.zeros(selected.shape)).astype(jnp.float32)
+    return {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss}
+
+
 class Engine:
     """Runs a method over stacked client data. Build once; call `round` or `run_rounds`."""
 
@@ -158,7 +232,7 @@ class Engine:
         self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), config.eval_batch_size, 1)
         self.every_client_mapping = self._all_clients_mapping(np.asarray(train.n), method.setup.batch_size,
                                                               method.setup.local_epochs, method.setup.drop_last)
-        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.needs_selected_state
+        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state
         self.padded_clients = sharding.padded_count(self.num_clients, self.mesh)  # array rows (empty ones appended)
         # Evaluation visits clients largest test set first so that chunks are even (host-known sizes);
         # on a mesh each device keeps its own block of clients instead (no reordering across devices).
@@ -175,7 +249,7 @@ class Engine:
         self.eval_data = (test, val)
         if config.clients_per_round > self.num_clients:
             raise ValueError("clients_per_round exceeds the number of clients")
-        if config.all_clients_train and not method.aggregates_uploaded_only:
+        if config.all_clients_train and not method.schedule.aggregates_uploaded_only:
             raise UserError(f"method {method.name!r} does not support train.all_clients_train; leave it false")
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_with_val)
@@ -190,11 +264,11 @@ class Engine:
 
     def _packed_or_fallback(self, mapping: str) -> tuple[str, str | None]:
         """(the mapping to run, a note on why it is not the one asked for, or None): 'packed' gets its width
-        from the data (`packed_width`); a method that cannot pack (`Method.cannot_pack`) runs 'chunked'."""
+        from the data (`packed_width`); a method that cannot pack (`Schedule.cannot_pack`) runs 'chunked'."""
         if not client_mapping.is_packed(mapping):
             return mapping, None
-        if self.method.cannot_pack:
-            note = (f"method {self.method.name!r} cannot run {mapping} ({self.method.cannot_pack}): "
+        if self.method.schedule.cannot_pack:
+            note = (f"method {self.method.name!r} cannot run {mapping} ({self.method.schedule.cannot_pack}): "
                     f"chunked:{self.config.chunk_size} instead")
             warnings.warn(note, stacklevel=3)
             return "chunked", note
@@ -245,16 +319,8 @@ class Engine:
 
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):
-        """The method of round ``round_index`` with ``values`` (method_values.py) and the lr schedule applied.
-
-        With no values and a constant schedule this is the method itself, so
-        the compiled round is exactly the one of a plain run.
-        """
-        schedule = self.config.lr_schedule
-        if not schedule.constant:
-            base = values.get(method_values.LR, self.method.setup.learning_rate)
-            values = {**values, method_values.LR: base * schedule.factor(round_index), method_values.INITIAL_LR: base}
-        return method_values.with_values(self.method, values)
+        """This engine's method of round ``round_index`` with ``values`` (module `method_at`)."""
+        return method_at(self.method, self.config.lr_schedule, values, round_index)
 
     # ------------------------------------------------------------------ round
     def _padded_init(self, key):
@@ -282,20 +348,9 @@ class Engine:
         """(selected, epochs, uploaded, client keys, real steps, order) of the round with key ``key`` over clients
         of train sizes ``n``: the first five in the order the clients train (sorted by steps where the mapping
         wants it; ``order``, else None, is that sort)."""
-        cfg, setup = self.config, self.method.setup
-        k_sel, k_strag, k_clients = jax.random.split(key, 3)
-        selected = select_clients(k_sel, self.num_clients, cfg.clients_per_round)
-        training = self.num_clients if cfg.all_clients_train else cfg.clients_per_round
-        if cfg.all_clients_train:  # the sampled clients, then the others in index order
-            sampled = jnp.zeros(self.num_clients, bool).at[selected].set(True)
-            others = jnp.argsort(sampled, stable=True)[: self.num_clients - cfg.clients_per_round]
-            selected = jnp.concatenate([selected, others])
-        epochs, uploaded = straggler_plan(k_strag, training, setup.local_epochs, cfg.straggler_fraction,
-                                          cfg.drop_fraction)
-        uploaded &= jnp.arange(training) < cfg.clients_per_round
-        keys = jax.random.split(k_clients, training)
-        steps = local_training.real_steps(n[selected], setup.batch_size, epochs, setup.drop_last)
-        if not client_mapping.sorts_clients(self.mapping) or self.method.server_steps_per_client:
+        selected, epochs, uploaded, keys, steps = round_plan(key, n, self.num_clients, self.config.clients_per_round,
+                                                             self.config, self.method.setup)
+        if not client_mapping.sorts_clients(self.mapping) or self.method.schedule.server_steps_per_client:
             return selected, epochs, uploaded, keys, steps, None
         order = jnp.argsort(-steps, stable=True)  # each chunk runs to its own largest client
         return (*(a[order] for a in (selected, epochs, uploaded, keys, steps)), order)
@@ -304,7 +359,7 @@ class Engine:
         """The round ``round_index`` with round key ``key`` in client-steps, as its metrics will count them, without
         training: real, executed and sequential steps under this engine's mapping and the padding efficiency
         (real / executed). Under ``map`` (or one client after another) only the efficiency, 1 by construction."""
-        how = ("map" if self.method.server_steps_per_client else self.mapping, self.config.chunk_size,
+        how = ("map" if self.method.schedule.server_steps_per_client else self.mapping, self.config.chunk_size,
                sharding.mesh_size(self.mesh))
         if how[0] == "map":  # nothing to count: each client runs its own steps (no compile for the record)
             return {"round": int(round_index) + 1, "padding_efficiency": 1.0}
@@ -325,14 +380,9 @@ class Engine:
         cfg, method = self.config, self.method_at(values, round_index)
         selected, epochs, uploaded, keys, steps, order = self._round_plan(train.n, key)
         training = selected.shape[0]
-        sequential = method.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
+        sequential = method.schedule.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
 
-        def client_step(server, client, data_i, key_i, epochs_i):
-            info = ClientRound(round_index, epochs_i)
-            with local_training.reporting_steps(round_progress.report_step if report else None):
-                out = method.client_update(server, client, ClientData(*data_i), key_i, info)
-            return round_progress.report_client(out) if report else out
-
+        client_step = client_step_of(method, round_index, report)
         info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
         started_from = server  # the round's server state, for the method's diagnostics
         if sequential:  # the server steps after each client
@@ -355,20 +405,17 @@ class Engine:
             server, chosen = method.server_update(server, chosen, uploads, info)
             if not self.streams:
                 clients = tree_ops.scatter(clients, selected, chosen)
-        if method.updates_every_client:
+        if method.schedule.updates_every_client:
             clients = self._update_every_client(method, server, clients, train, key, round_index)
-        has_loss = isinstance(uploads, dict) and "loss" in uploads
-        client_loss = (jnp.broadcast_to(uploads["loss"], selected.shape) if has_loss
-                       else jnp.zeros(selected.shape)).astype(jnp.float32)
         how = ("map" if sequential else self.mapping, cfg.chunk_size, sharding.mesh_size(self.mesh))  # as round_padding
         diagnostics, client_diagnostics = round_diagnostics(method, started_from, server, uploads, info)
-        per_client = {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss,
-                      "client_diagnostics": client_diagnostics}
+        per_client = {**per_client_metrics(selected, epochs, uploaded, uploads), "client_diagnostics": client_diagnostics}
+        train_loss = jnp.mean(per_client["client_loss"])
         if order is not None:  # the metrics list the clients as selected, whatever order they trained in
             per_client = jax.tree.map(lambda a: a[jnp.argsort(order)], per_client)
         metrics = {
             **per_client,
-            "train_loss": jnp.mean(client_loss),
+            "train_loss": train_loss,
             "real_steps": steps.sum(),
             **dict(zip(("sequential_steps", "executed_steps"), client_mapping.step_counts(steps, *how))),
             "diagnostics": diagnostics,
@@ -410,7 +457,7 @@ class Engine:
             jnp.int32(total_rounds if stop is None else min(stop, total_rounds)), values or {}, count, total_rounds,
             eval_every)
         metrics, evals = jax.device_get((metrics, evals))
-        return server, clients, metrics, _evaluations(metrics, evals)
+        return server, clients, metrics, evaluations_of(metrics, evals)
 
     def init_batched(self, keys):
         """`init` of each key of ``keys`` [E], stacked on a leading experiment axis."""
@@ -438,7 +485,7 @@ class Engine:
         metrics, evals = jax.device_get((metrics, evals))
         experiments = len(keys)
         per_metrics = [jax.tree.map(lambda a, e=e: a[e], metrics) for e in range(experiments)]
-        per_evals = [_evaluations(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
+        per_evals = [evaluations_of(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
         return servers, clients, per_metrics, per_evals
 
     def _rounds_impl(self, server, clients, train, eval_data, key, first, stop, values, count, total_rounds, eval_every):
@@ -496,25 +543,9 @@ class Engine:
         return summarize_evaluation(self.evaluate(server, clients, key))
 
     def _evaluate_impl(self, server, clients, train, test, key, values, round_index):
-        method, cfg = self.method_at(values, round_index), self.config
+        method = self.method_at(values, round_index)
         keys = sharding.pad_clients(jax.random.split(key, self.num_clients), self.padded_clients)
-        normalize = method.setup.normalize
-
-        def one_client(server, client, train_i, test_i, key_i):
-            variables = method.eval_variables(server, client, ClientData(*train_i), key_i)
-
-            def batch_metrics(batch):
-                logits = method.eval_logits(variables, batch.x)
-                correct, count = losses.accuracy_counts(logits, batch.y, batch.mask)
-                nll = losses.cross_entropy(logits, batch.y, batch.mask) * count
-                return correct, count, nll
-
-            correct, count, nll = local_training.sum_batches(
-                batch_metrics, ClientData(*test_i), cfg.eval_batch_size, normalize
-            )
-            return {"correct": correct, "count": count, "loss_sum": nll}
-
-        mapped = self._map_clients(one_client, self.eval_mapping)
+        mapped = self._map_clients(client_evaluation(method, self.config.eval_batch_size), self.eval_mapping)
         args = (clients, tuple(train), tuple(test), keys)
         if self.eval_order is None:
             out = jax.tree.map(lambda a: a[:self.num_clients], mapped(server, *args))  # empty clients dropped
@@ -554,7 +585,7 @@ class Engine:
         return mapped if self.mesh is None else sharding.split_over_devices(mapped, self.mesh)
 
 
-def _evaluations(metrics, evals) -> dict:
+def evaluations_of(metrics, evals) -> dict:
     """{evaluated round: per-client arrays} from a fused call's host outputs."""
     return {
         int(t): {k: np.asarray(v[j]) for k, v in evals["per_client"].items()}

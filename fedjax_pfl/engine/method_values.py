@@ -26,9 +26,9 @@ LR = "lr"
 INITIAL_LR = "initial_lr"  # train.lr before the schedule's factor (set with LR by `Engine.method_at`)
 
 
-def traceable_names(method_cls) -> tuple[str, ...]:
-    """``lr`` and the float options of ``method_cls`` (the scalars a grid may vary in one program)."""
-    options = method_cls.hparams_type
+def traceable_names(algorithm) -> tuple[str, ...]:
+    """``lr`` and the float options of ``algorithm`` (the scalars a grid may vary in one program)."""
+    options = algorithm.hparams_type
     if options is None:
         return (LR,)
     hints = typing.get_type_hints(options)
@@ -48,10 +48,10 @@ def with_values(method, values: dict):
     """``method`` rebuilt with ``values`` (name -> scalar, traced or not) in place of its own."""
     if not values:
         return method
-    unknown = set(values) - set(traceable_names(type(method))) - {INITIAL_LR}
+    unknown = set(values) - set(traceable_names(method.algorithm)) - {INITIAL_LR}
     if unknown:
         raise UserError(f"method {method.name!r} cannot vary {', '.join(sorted(unknown))} in one program; "
-                        f"it can vary: {', '.join(traceable_names(type(method)))}")
+                        f"it can vary: {', '.join(traceable_names(method.algorithm))}")
     setup = method.setup
     if LR in values:
         lr = values[LR]
@@ -60,7 +60,7 @@ def with_values(method, values: dict):
     options = {k: v for k, v in values.items() if k not in (LR, INITIAL_LR)}
     hparams = _replace_unchecked(method.hparams, options) if options else method.hparams
     try:
-        return type(method)(setup, hparams)
+        return method.rebuilt(setup, hparams)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError) as e:
         raise UserError(f"method {method.name!r} uses {', '.join(values)} as a Python number when it is built; "
                         "run those values one by one instead of as a list") from e

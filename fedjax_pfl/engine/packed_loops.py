@@ -11,9 +11,13 @@ the rule `engine/dealing.balanced_slots` uses across devices), and each lane
 trains its queue back to back. A lane that finishes a client writes that
 client's carry out and, in the same compiled step, starts its next client
 from that client's own initial carry and its own loop inputs (data rows,
-key schedule, closed-over per-client values). The loop runs max over lanes
-of the lane's summed counts, close to max(largest count, total / W): the
-lane-steps past a lane's own load (W x that - total) are the only padding.
+key schedule, closed-over per-client values). Every step is the same
+branch-free code (a masked write-out and a select, no ``lax.cond``: a
+conditional's pass-through branch copied every lane's state at every step),
+and the loop runs exactly max over lanes of the lane's summed counts, close
+to max(largest count, total / W), as fixed-length inner loops (`run_steps`:
+on XLA:GPU no host read of a predicate per step): the lane-steps past a
+lane's own load (W x that - total) are the only padding.
 
 The mechanism is general: whatever a loop's body closes over is traced once
 (`jax.make_jaxpr`) and the per-client values among it are handed to the
@@ -45,6 +49,7 @@ from fedjax_pfl.engine.dealing import balanced_slots
 from fedjax_pfl.kernels import counted_loop as counted_loop_lib
 from fedjax_pfl.kernels.counted_loop import counted_loop
 
+CHUNK_STEPS = 16  # steps of one fixed-length inner loop of a packed loop (`run_steps`)
 
 
 @contextlib.contextmanager
@@ -116,19 +121,47 @@ def _rows(a, rows):
     return a.at[rows.astype(jnp.uint32)].get(mode="promise_in_bounds")
 
 
-def _lane_select(mask, new, old):
-    """Per lane (mask [W]), ``new`` where ``mask`` else ``old``, leaf by leaf."""
-    return jax.tree.map(lambda a, b: jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b), new, old)
+def _set_rows(tree, rows, values):
+    """``tree`` with row ``rows[l]`` of each leaf set to ``values``' row l, the out-of-bounds rows' writes dropped
+    (a scatter: in place, only the rows written are touched)."""
+    rows = rows.astype(jnp.uint32)
+    return jax.tree.map(lambda a, v: a.at[rows].set(v, mode="drop"), tree, values)
+
+
+def run_steps(one_step: Callable, total, state, chunk: int = CHUNK_STEPS):
+    """``one_step`` applied ``total`` (traced) times to ``state``: ``total // chunk`` loops of ``chunk`` steps,
+    then the ``total % chunk`` left. Each inner loop has a fixed trip count, so XLA:GPU runs it without reading
+    a predicate on the host at every step; the host reads one per ``chunk`` steps and per step of the rest.
+
+    Examples:
+        >>> int(run_steps(lambda s: s + 1, jnp.int32(37), jnp.int32(0), chunk=8))
+        37
+    """
+    total = jnp.asarray(total, jnp.int32)
+
+    def steps(state, count):
+        return jax.lax.fori_loop(0, count, lambda _, s: one_step(s), state)
+
+    state = jax.lax.fori_loop(0, total // chunk, lambda _, s: steps(s, chunk), state)
+    return steps(state, total % chunk)
 
 
 def _run_lanes(step, lanes: int, clients: int, in_batched, count, init, consts):
-    """The packed loop of `counted_loop` over ``clients`` stacked rows -> (outputs [S, ...], all batched)."""
+    """The packed loop of `counted_loop` over ``clients`` stacked rows -> (outputs [S, ...], all batched).
+
+    Every step is the same straight-line code (no branch): the lanes whose client took its last step in the
+    step before take their next client's initial carry (a select); every lane takes a step of its client,
+    reading that client's loop inputs by its row; the lanes whose client has just taken its last step write the
+    carry to the client's row of the outputs (a scatter whose other lanes' writes are dropped). In that order
+    the carry is read for the outputs only after it is written, so XLA updates it in place (no copy of any
+    lane's state). The loop runs exactly the longest lane's load (`lane_queues`), in fixed-length inner loops
+    (`run_steps`)."""
     count_batched, init_batched, consts_batched = in_batched
     counts = count if count_batched else jnp.broadcast_to(count, (clients,))
-    queue, lengths, _ = lane_queues(counts, lanes)
+    queue, lengths, loads = lane_queues(counts, lanes)
     last = queue.shape[1] - 1
     lane = jnp.arange(lanes, dtype=jnp.uint32)
-    own = [j for j, b in enumerate(consts_batched) if b]  # per-client inputs: each lane holds its client's
+    own = [j for j, b in enumerate(consts_batched) if b]  # per-client inputs: read by each lane's client row
 
     def client_at(position):
         return queue.at[lane, jnp.minimum(position, last).astype(jnp.uint32)].get(mode="promise_in_bounds")
@@ -137,39 +170,27 @@ def _run_lanes(step, lanes: int, clients: int, in_batched, count, init, consts):
         return jax.tree.map(lambda a, b: _rows(a, rows) if b else jnp.broadcast_to(a, (lanes,) + jnp.shape(a)),
                             init, init_batched)
 
-    def inputs(rows):
-        return [_rows(consts[j], rows) for j in own]
-
-    def lane_step(i, carry, held):
+    def lane_step(i, carry, client):
         merged = list(consts)
-        for j, value in zip(own, held):
-            merged[j] = value
+        for j in own:
+            merged[j] = _rows(consts[j], client)
         return step(i, carry, merged)
 
-    def next_clients(state, finished, client):
-        position, within, carry, held, out = state
-        written = jnp.where(finished, client, clients).astype(jnp.uint32)  # row S: dropped
-        out = jax.tree.map(lambda o, c: o.at[written].set(c, mode="drop"), out, carry)
-        position = position + finished
-        following = client_at(position)
-        starts = finished & (position < lengths)
-        carry = _lane_select(starts, initial(following), carry)
-        held = _lane_select(starts, inputs(following), held)
-        return position, jnp.where(finished, 0, within), carry, held, out
-
     def one_step(state):
-        position, within, carry, held, out = state
-        active = position < lengths
+        position, within, carry, out = state
+        done = (position < lengths) & (within == _rows(counts, client_at(position)))  # in the step before
+        position = position + done
         client = client_at(position)
-        carry = jax.vmap(lane_step)(within, carry, held)  # an idle lane's carry is never written out again
+        carry = _set_rows(carry, jnp.where(done, lane, lanes), initial(client))  # row W: dropped
+        within = jnp.where(done, 0, within)
+        active = position < lengths
+        carry = jax.vmap(lane_step)(within, carry, client)  # an idle lane's carry is never written out
         within = within + active
         finished = active & (within == _rows(counts, client))
-        state = (position, within, carry, held, out)
-        return jax.lax.cond(finished.any(), lambda s: next_clients(s, finished, client), lambda s: s, state)
+        out = _set_rows(out, jnp.where(finished, client, clients), carry)  # row S: dropped
+        return position, within, carry, out
 
     out = jax.tree.map(lambda a, b: a if b else jnp.broadcast_to(a, (clients,) + jnp.shape(a)), init, init_batched)
-    first = queue[:, 0]
     zeros = jnp.zeros(lanes, jnp.int32)
-    state = (zeros, zeros, initial(first), inputs(first), out)
-    out = jax.lax.while_loop(lambda s: (s[0] < lengths).any(), one_step, state)[-1]
+    out = run_steps(one_step, loads.max(), (zeros, zeros, initial(queue[:, 0]), out))[-1]
     return out, jax.tree.map(lambda _: True, init)

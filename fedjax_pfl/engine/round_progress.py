@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import custom_batching
 
-# A step event every 64 local steps of a client: a host callback costs about 0.1 ms on a CPU, so a step
-# of 1 ms pays 0.15%; a CIFAR-10 CNN step on a 2-core CPU (~40 ms) reports every ~3 s.
+# A client reports every STEP_STRIDE-th local step: each report is a host callback, whose cost is then a
+# small share of that many steps (benchmarks/RESULTS.md, "In-round progress on and off").
 STEP_STRIDE = 64
 
 _listener: Callable | None = None

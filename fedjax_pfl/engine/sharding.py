@@ -110,8 +110,8 @@ def place_client_data(tree, mesh: Mesh):
     device holds all of it, so that gathering a round's clients, dealt to
     devices in another order than the blocks they hold, moves no data between
     devices. Split, that gather is a masked gather plus an all-reduce of the
-    selected rows: for the MLP on FMNIST Dirichlet 0.1 (20 clients, 2 host
-    devices) 0.47 s a round against 0.36 replicated. The cost is one copy of
+    selected rows, slower than reading them where they lie (benchmarks/RESULTS.md,
+    "Client data held whole by each host device"). The cost is one copy of
     the padded data per device.
     """
     return replicate(tree, mesh) if shares_host_memory(mesh) else shard_clients(tree, mesh)

@@ -54,9 +54,8 @@ def weighted_rows(weights, stacked):
     only the weights' gradient is computed as the product ``stacked [N, P] @ g [P]``,
     which reads the rows as they lie. Autodiff's form, ``g @ stacked^T``,
     made XLA:CPU copy the [N, P] stack into its transpose at every local step
-    (the stack is fixed over the steps, but the copy stayed in the loop):
-    5.8 ms a step against 1.1 ms for APPLE's MLP on 40 clients
-    (benchmarks/RESULTS.md, "APPLE's mix").
+    (the stack is fixed over the steps, but the copy stayed in the loop;
+    benchmarks/RESULTS.md, "APPLE's core mix").
 
     Examples:
         >>> w, rows = jnp.array([0.5, 0.25]), jnp.array([[2.0, 4.0], [4.0, 8.0]])

@@ -12,8 +12,8 @@ become one batched LAPACK call, and on a CPU split into several host devices
 (runs/host_devices.py) the FedPAC round holding it hung for good after the
 devices' vmapped client updates (FMNIST preset, 16+ clients, jax 0.10.2: no
 thread busy, both devices waiting; tests/test_sharding.py). One problem at a
-time costs the same at the sizes FedPAC meets (20 problems of 20 x 20: 51 vs
-32 ms per round; 100 of 100 x 100: 1.27 vs 1.43 s).
+time costs about what the batched form does at the sizes FedPAC meets
+(benchmarks/RESULTS.md, "FedPAC's simplex QPs").
 
 Algorithm (`solve_simplex_qp`): accelerated projected gradient (FISTA) with
 the exact sort-based Euclidean projection onto the simplex (`project_simplex`),

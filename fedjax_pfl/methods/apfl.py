@@ -45,8 +45,8 @@ import optax
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import optim
-from fedjax_pfl.methods.base import shared_init
-from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods import fedavg, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
 
 MIXES = ("output", "params")
@@ -65,97 +65,124 @@ class APFLConfig(Options):
                       choices=MIXES)
 
 
-class APFL(FedAvg):
-    name = "apfl"
-    eval_models = ("local",)  # each client's mixture of its v_i and its own copy of w (not FedAvg's global model)
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
-    hparams_type = APFLConfig
+def alpha_step_size(m):
+    """When bound: the step size of alpha (``alpha_lr``, else train.lr, which must then be known)."""
+    hp = m.hparams
+    lr = hp.alpha_lr if hp.alpha_lr is not None else m.setup.learning_rate
+    if hp.adapt_alpha and lr is None:
+        raise ValueError("apfl adapts alpha with train.lr: set LocalSetup.learning_rate or method.alpha_lr")
+    return lr
 
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        hp = self.hparams
-        lr = hp.alpha_lr if hp.alpha_lr is not None else setup.learning_rate
-        if hp.adapt_alpha and lr is None:
-            raise ValueError("apfl adapts alpha with train.lr: set LocalSetup.learning_rate or method.alpha_lr")
-        self.alpha_lr = lr
 
-    # ---- state -------------------------------------------------------------
-    def init(self, key, num_clients):
-        variables, personal = shared_init(self, key, num_clients)
-        _, local = shared_init(self, key, num_clients)
-        alpha = jnp.full((num_clients,), self.hparams.alpha, jnp.float32)
-        return {"variables": variables}, {"variables": personal, "local": local, "alpha": alpha}
+# ---- state -------------------------------------------------------------------------------
 
-    # ---- the mixed model -----------------------------------------------------
-    def mixed_logits(self, personal, local, alpha, x, train: bool, mask=None):
-        """(logits of the mixed model, v's new batch stats); ``local`` (w) enters as given."""
-        if self.hparams.mix == "output":
-            out_v = self.model.apply(personal, x, train=train, mask=mask)
-            out_w = self.model.apply(local, x, train=False)
-            return alpha * out_v.logits + (1.0 - alpha) * out_w.logits, out_v.batch_stats
-        mixed = {**personal, "params": tree_ops.interpolate(personal["params"], local["params"], alpha)}
-        out = self.model.apply(mixed, x, train=train, mask=mask)
-        return out.logits, out.batch_stats
 
-    def joint_objective(self):
-        """CE(w) + the mixed model's loss with w fixed, over the joint tree {w, v, alpha}."""
+def init(m, key, num_clients):
+    """The global model w; per client its personal model v_i, its own copy of w and its alpha_i."""
+    variables, personal = training.shared_init(m, key, num_clients)
+    _, local = training.shared_init(m, key, num_clients)
+    alpha = jnp.full((num_clients,), m.hparams.alpha, jnp.float32)
+    return {"variables": variables}, {"variables": personal, "local": local, "alpha": alpha}
 
-        def split(joint):
-            p, stats = joint["params"], joint.get("batch_stats")
-            part = lambda k: {"params": p[k], **({"batch_stats": stats[k]} if stats is not None else {})}
-            return part("w"), part("v"), p["alpha"]
 
-        def objective(joint, batch, key):
-            w, v, alpha = split(joint)
-            out_w = self.model.apply(w, batch.x, train=True, mask=batch.mask)
-            loss_w = losses.cross_entropy(out_w.logits, batch.y, batch.mask)
-            fixed_w = jax.lax.stop_gradient(w)
-            if self.hparams.mix == "output":
-                out_v = self.model.apply(v, batch.x, train=True, mask=batch.mask)
-                loss_mix = losses.output_mixture_cross_entropy(
-                    out_v.logits, jax.lax.stop_gradient(out_w.logits), alpha, batch.y, batch.mask)
-                stats_v = out_v.batch_stats
-            else:
-                logits, stats_v = self.mixed_logits(v, fixed_w, alpha, batch.x, train=True, mask=batch.mask)
-                loss_mix = losses.cross_entropy(logits, batch.y, batch.mask)
-            stats = {"w": out_w.batch_stats, "v": stats_v} if "batch_stats" in joint else {}
-            return loss_w + loss_mix, stats
+# ---- the mixed model -----------------------------------------------------------------------
 
-        return objective
 
-    def joint_optimizer(self):
-        hp = self.hparams
-        if hp.adapt_alpha:
-            alpha_tx = optim.projected_sgd(self.alpha_lr, hp.alpha_decay, hp.alpha_schedule == "every_step")
+def mixed_logits(m, personal, local, alpha, x, train: bool, mask=None):
+    """(logits of the mixed model, v's new batch stats); ``local`` (w) enters as given."""
+    if m.hparams.mix == "output":
+        out_v = m.model.apply(personal, x, train=train, mask=mask)
+        out_w = m.model.apply(local, x, train=False)
+        return alpha * out_v.logits + (1.0 - alpha) * out_w.logits, out_v.batch_stats
+    mixed = {**personal, "params": tree_ops.interpolate(personal["params"], local["params"], alpha)}
+    out = m.model.apply(mixed, x, train=train, mask=mask)
+    return out.logits, out.batch_stats
+
+
+def joint_objective(m):
+    """CE(w) + the mixed model's loss with w fixed, over the joint tree {w, v, alpha}."""
+
+    def split(joint):
+        p, stats = joint["params"], joint.get("batch_stats")
+        part = lambda k: {"params": p[k], **({"batch_stats": stats[k]} if stats is not None else {})}  # noqa: E731
+        return part("w"), part("v"), p["alpha"]
+
+    def objective(joint, batch, key):
+        w, v, alpha = split(joint)
+        out_w = m.model.apply(w, batch.x, train=True, mask=batch.mask)
+        loss_w = losses.cross_entropy(out_w.logits, batch.y, batch.mask)
+        fixed_w = jax.lax.stop_gradient(w)
+        if m.hparams.mix == "output":
+            out_v = m.model.apply(v, batch.x, train=True, mask=batch.mask)
+            loss_mix = losses.output_mixture_cross_entropy(
+                out_v.logits, jax.lax.stop_gradient(out_w.logits), alpha, batch.y, batch.mask)
+            stats_v = out_v.batch_stats
         else:
-            alpha_tx = optax.set_to_zero()
+            logits, stats_v = mixed_logits(m, v, fixed_w, alpha, batch.x, train=True, mask=batch.mask)
+            loss_mix = losses.cross_entropy(logits, batch.y, batch.mask)
+        stats = {"w": out_w.batch_stats, "v": stats_v} if "batch_stats" in joint else {}
+        return loss_w + loss_mix, stats
 
-        def labels(params):
-            model_labels = lambda tree: jax.tree.map(lambda _: "model", tree)
-            return {"w": model_labels(params["w"]), "v": model_labels(params["v"]), "alpha": "alpha"}
+    return objective
 
-        return optax.multi_transform({"model": self.setup.optimizer, "alpha": alpha_tx}, labels)
 
-    # ---- round ---------------------------------------------------------------
-    def client_update(self, server, client, data, key, info):
-        w, v = server["variables"], client["variables"]
-        joint = {"params": {"w": w["params"], "v": v["params"], "alpha": client["alpha"]}}
-        if "batch_stats" in w:
-            joint["batch_stats"] = {"w": w["batch_stats"], "v": v["batch_stats"]}
-        joint, loss = self.train(self.joint_objective(), joint, data, key, info.epochs,
-                                 optimizer=self.joint_optimizer())
+def joint_optimizer(m):
+    """The run's optimizer for w and v; projected SGD for alpha (or none when it is fixed)."""
+    hp = m.hparams
+    if hp.adapt_alpha:
+        alpha_tx = optim.projected_sgd(m.static, hp.alpha_decay, hp.alpha_schedule == "every_step")
+    else:
+        alpha_tx = optax.set_to_zero()
 
-        def part(k):
-            stats = joint.get("batch_stats")
-            return {"params": joint["params"][k], **({"batch_stats": stats[k]} if stats is not None else {})}
+    def labels(params):
+        model_labels = lambda tree: jax.tree.map(lambda _: "model", tree)  # noqa: E731
+        return {"w": model_labels(params["w"]), "v": model_labels(params["v"]), "alpha": "alpha"}
 
-        local = part("w")
-        client = {"variables": part("v"), "local": local, "alpha": joint["params"]["alpha"]}
-        return client, {"variables": local, "loss": loss}
+    return optax.multi_transform({"model": m.setup.optimizer, "alpha": alpha_tx}, labels)
 
-    def eval_variables(self, server, client, data, key):
-        return client
 
-    def eval_logits(self, variables, x):
-        logits, _ = self.mixed_logits(variables["variables"], variables["local"], variables["alpha"], x, train=False)
-        return logits
+# ---- round ---------------------------------------------------------------------------------
+
+
+def client_update(m, server, client, data, key, info):
+    """E epochs on {w from the server, v_i, alpha_i} together; upload w."""
+    w, v = server["variables"], client["variables"]
+    joint = {"params": {"w": w["params"], "v": v["params"], "alpha": client["alpha"]}}
+    if "batch_stats" in w:
+        joint["batch_stats"] = {"w": w["batch_stats"], "v": v["batch_stats"]}
+    joint, loss = training.train(m, joint_objective(m), joint, data, key, info.epochs, optimizer=joint_optimizer(m))
+
+    def part(k):
+        stats = joint.get("batch_stats")
+        return {"params": joint["params"][k], **({"batch_stats": stats[k]} if stats is not None else {})}
+
+    local = part("w")
+    client = {"variables": part("v"), "local": local, "alpha": joint["params"]["alpha"]}
+    return client, {"variables": local, "loss": loss}
+
+
+def eval_variables(m, server, client, data, key):
+    """The client's v_i, its copy of w and alpha_i."""
+    return client
+
+
+def eval_logits(m, variables, x):
+    """The mixed model's logits."""
+    logits, _ = mixed_logits(m, variables["variables"], variables["local"], variables["alpha"], x, train=False)
+    return logits
+
+
+APFL = Algorithm(
+    name="apfl",
+    paper=Paper("APFL", authors="Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi",
+                title="Adaptive Personalized Federated Learning", venue="arXiv 2003.13461", year=2020,
+                url="https://arxiv.org/abs/2003.13461", code="MLOPTPSU/FedTorch"),
+    hparams_type=APFLConfig,
+    eval_models=("local",),  # each client's mixture of its v_i and its own copy of w (not FedAvg's global model)
+    static=alpha_step_size,
+    init=init,
+    client_update=client_update,
+    server_update=fedavg.server_update,
+    eval_variables=eval_variables,
+    eval_logits=eval_logits,
+)

@@ -89,7 +89,8 @@ import optax
 from fedjax_pfl import losses
 from fedjax_pfl.kernels import collaboration, core_mixing, model_store
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.methods import training
+from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -119,96 +120,119 @@ class APPLEConfig(Options):
                             choices=CORE_STEPS)
 
 
-class APPLE(Method):
-    name = "apple"
-    hparams_type = APPLEConfig
+def init_variables(m, key):
+    """A client's initial core; a model with BatchNorm is refused."""
+    variables = m.model.init(key)
+    if "batch_stats" in variables:
+        raise UserError("method 'apple' supports models without BatchNorm (e.g. --model mlp, lenet, fedavgcnn)")
+    return variables
 
-    def init_variables(self, key):
-        variables = self.model.init(key)
-        if "batch_stats" in variables:
-            raise UserError("method 'apple' supports models without BatchNorm (e.g. --model mlp, lenet, fedavgcnn)")
-        return variables
 
-    @property
-    def server_steps_per_client(self):
-        """sequential: the engine visits the clients one after another, the server storing each one's cores."""
-        return self.hparams.sequential
+def schedule(hparams) -> Schedule:
+    """sequential: the engine visits the clients one after another, the server storing each one's cores."""
+    return Schedule(server_steps_per_client=hparams.sequential)
 
-    def init(self, key, num_clients):
-        keys = jax.random.split(key, num_clients)
-        if self.hparams.same_init:
-            keys = jnp.broadcast_to(keys[:1], keys.shape)
-        cores = jax.lax.map(self.init_variables, keys)
-        p0 = core_mixing.initial_relationships(num_clients)
-        personal = jax.tree.map(lambda c: jnp.tensordot(p0, c, axes=1), cores)
-        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  distinct buffers: the engine donates state
-        clients = {"core": copy(cores), "p": jnp.tile(p0, (num_clients, 1)),
-                   "variables": jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape), personal),
-                   "index": jnp.arange(num_clients, dtype=jnp.int32)}
-        server = {"cores": cores}
-        if self.hparams.sequential:  # this round's trained cores, and the round each was trained in
-            server.update(trained=copy(cores), trained_round=jnp.full((num_clients,), -1, jnp.int32))
-        return server, clients
 
-    def cores_seen(self, server, round_index):
-        """The cores a client mixes: as sent at the round's start, or (sequential) the cores the clients
-        before it trained this round where they have."""
-        if not self.hparams.sequential:
-            return server["cores"]["params"]
-        fresh = server["trained_round"] == round_index
-        return jax.tree.map(lambda t, c: jnp.where(fresh.reshape((-1,) + (1,) * (c.ndim - 1)), t, c),
-                            server["trained"]["params"], server["cores"]["params"])
+def init(m, key, num_clients):
+    """Every client's core (its own initialization unless ``same_init``), p_i = p^0 and its mixed model."""
+    keys = jax.random.split(key, num_clients)
+    if m.hparams.same_init:
+        keys = jnp.broadcast_to(keys[:1], keys.shape)
+    cores = jax.lax.map(lambda k: init_variables(m, k), keys)
+    p0 = core_mixing.initial_relationships(num_clients)
+    personal = jax.tree.map(lambda c: jnp.tensordot(p0, c, axes=1), cores)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  distinct buffers: the engine donates state
+    clients = {"core": copy(cores), "p": jnp.tile(p0, (num_clients, 1)),
+               "variables": jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape), personal),
+               "index": jnp.arange(num_clients, dtype=jnp.int32)}
+    server = {"cores": cores}
+    if m.hparams.sequential:  # this round's trained cores, and the round each was trained in
+        server.update(trained=copy(cores), trained_round=jnp.full((num_clients,), -1, jnp.int32))
+    return server, clients
 
-    def relationship_optimizer(self):
-        hp = self.hparams
-        sgd = optax.sgd(hp.p_lr, momentum=hp.p_momentum or None)
-        return optax.chain(sgd, core_mixing.onto_simplex()) if hp.simplex else sgd
 
-    def core_optimizer(self, num_clients: int):
-        """The run's optimizer, or PFLlib's hand-written core step: core -= N lr p_ii grad (clientapple.py; the
-        gradient through the mix already carries the p_ii)."""
-        if self.hparams.core_step == "run":
-            return self.setup.optimizer
-        if self.setup.learning_rate is None:
-            raise ValueError("apple's core_step='pfllib' steps the core at N x train.lr: set LocalSetup.learning_rate")
-        return optax.sgd(num_clients * self.setup.learning_rate)
+def cores_seen(m, server, round_index):
+    """The cores a client mixes: as sent at the round's start, or (sequential) the cores the clients
+    before it trained this round where they have."""
+    if not m.hparams.sequential:
+        return server["cores"]["params"]
+    fresh = server["trained_round"] == round_index
+    return jax.tree.map(lambda t, c: jnp.where(fresh.reshape((-1,) + (1,) * (c.ndim - 1)), t, c),
+                        server["trained"]["params"], server["cores"]["params"])
 
-    def client_update(self, server, client, data, key, info):
-        hp, index = self.hparams, client["index"]
-        cores = self.cores_seen(server, info.round)
-        p0 = core_mixing.initial_relationships(client["p"].shape[0])
-        coef = core_mixing.proximal_coefficient(info.round, hp.mu, hp.reg_rounds, hp.schedule)
 
-        def objective(v, batch, _key):
-            own, p = v["params"]["core"], v["params"]["p"]
-            q = core_mixing.layer_mean_relationships(p, cores) if hp.p_gradient == "layer_mean" else p
-            mixed = core_mixing.mix_cores(q, cores, index, own)
-            logits = self.model.apply({"params": mixed}, batch.x, train=True).logits
-            loss = losses.cross_entropy(logits, batch.y, batch.mask)
-            return loss + core_mixing.relationship_penalty(p, p0, coef), None
+def relationship_optimizer(m):
+    """SGD of p_i (projected onto the simplex with ``simplex``)."""
+    hp = m.hparams
+    sgd = optax.sgd(hp.p_lr, momentum=hp.p_momentum or None)
+    return optax.chain(sgd, core_mixing.onto_simplex()) if hp.simplex else sgd
 
-        optimizer = optax.multi_transform({"core": self.core_optimizer(client["p"].shape[0]),
-                                           "p": self.relationship_optimizer()}, {"core": "core", "p": "p"})
-        start = {"params": {"core": client["core"]["params"], "p": client["p"]}}
-        trained, loss = self.train(objective, start, data, key, info.epochs, optimizer=optimizer)
-        own, p = trained["params"]["core"], trained["params"]["p"]
-        personal = {"params": core_mixing.mix_cores(p, cores, index, own)}
-        core = personal if hp.core_after_round == "mix" else {"params": own}
-        client = {**client, "core": core, "p": p, "variables": personal}
-        shares = collaboration.own_and_others(p, jnp.arange(p.shape[0]) == index)
-        upload = {"core": core, "loss": loss, "collaboration": shares}
-        if hp.sequential:  # what the clients after it see this round
-            upload["trained"] = {"params": own}
-        return client, upload
 
-    def round_diagnostics(self, server, new_server, uploads, info):
-        return {**collaboration.client_means(uploads["collaboration"]),
-                **collaboration.distance_summary(server["cores"]["params"])}
+def core_optimizer(m, num_clients: int):
+    """The run's optimizer, or PFLlib's hand-written core step: core -= N lr p_ii grad (clientapple.py; the
+    gradient through the mix already carries the p_ii)."""
+    if m.hparams.core_step == "run":
+        return m.setup.optimizer
+    if m.setup.learning_rate is None:
+        raise ValueError("apple's core_step='pfllib' steps the core at N x train.lr: set LocalSetup.learning_rate")
+    return optax.sgd(num_clients * m.setup.learning_rate)
 
-    def server_update(self, server, clients, uploads, info):
-        store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)  # noqa: E731
-        new = {"cores": store(server["cores"], uploads["core"])}
-        if self.hparams.sequential:
-            new.update(trained=store(server["trained"], uploads["trained"]),
-                       trained_round=store(server["trained_round"], jnp.full(info.selected.shape, info.round)))
-        return new, clients
+
+def client_update(m, server, client, data, key, info):
+    """E epochs of CE of the mixed model (+ the proximal term on p_i) on the own core and p_i; upload the core."""
+    hp, index = m.hparams, client["index"]
+    cores = cores_seen(m, server, info.round)
+    p0 = core_mixing.initial_relationships(client["p"].shape[0])
+    coef = core_mixing.proximal_coefficient(info.round, hp.mu, hp.reg_rounds, hp.schedule)
+
+    def objective(v, batch, _key):
+        own, p = v["params"]["core"], v["params"]["p"]
+        q = core_mixing.layer_mean_relationships(p, cores) if hp.p_gradient == "layer_mean" else p
+        mixed = core_mixing.mix_cores(q, cores, index, own)
+        logits = m.model.apply({"params": mixed}, batch.x, train=True).logits
+        loss = losses.cross_entropy(logits, batch.y, batch.mask)
+        return loss + core_mixing.relationship_penalty(p, p0, coef), None
+
+    optimizer = optax.multi_transform({"core": core_optimizer(m, client["p"].shape[0]),
+                                       "p": relationship_optimizer(m)}, {"core": "core", "p": "p"})
+    start = {"params": {"core": client["core"]["params"], "p": client["p"]}}
+    trained, loss = training.train(m, objective, start, data, key, info.epochs, optimizer=optimizer)
+    own, p = trained["params"]["core"], trained["params"]["p"]
+    personal = {"params": core_mixing.mix_cores(p, cores, index, own)}
+    core = personal if hp.core_after_round == "mix" else {"params": own}
+    client = {**client, "core": core, "p": p, "variables": personal}
+    shares = collaboration.own_and_others(p, jnp.arange(p.shape[0]) == index)
+    upload = {"core": core, "loss": loss, "collaboration": shares}
+    if hp.sequential:  # what the clients after it see this round
+        upload["trained"] = {"params": own}
+    return client, upload
+
+
+def round_diagnostics(m, server, new_server, uploads, info):
+    """The selected clients' p_ii and mass on the others' cores; the distances of the cores sent."""
+    return {**collaboration.client_means(uploads["collaboration"]),
+            **collaboration.distance_summary(server["cores"]["params"])}
+
+
+def server_update(m, server, clients, uploads, info):
+    """Store the arrived cores (sequential: also as this round's trained cores)."""
+    store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)  # noqa: E731
+    new = {"cores": store(server["cores"], uploads["core"])}
+    if m.hparams.sequential:
+        new.update(trained=store(server["trained"], uploads["trained"]),
+                   trained_round=store(server["trained_round"], jnp.full(info.selected.shape, info.round)))
+    return new, clients
+
+
+APPLE = Algorithm(
+    name="apple",
+    paper=Paper("APPLE", authors="Jun Luo, Shandong Wu", title="Adapt to Adaptation: Learning Personalization for "
+                "Cross-Silo Federated Learning", venue="IJCAI", year=2022, url="https://arxiv.org/abs/2110.08394",
+                code="ljaiverson/pFL-APPLE"),
+    hparams_type=APPLEConfig,
+    schedule=schedule,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    round_diagnostics=round_diagnostics,
+)

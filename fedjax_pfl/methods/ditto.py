@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_pfl import losses
-from fedjax_pfl.methods.base import shared_init
-from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods import fedavg, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -41,27 +40,33 @@ class DittoConfig(Options):
                           "(0: Local)", at_least=0.0)
 
 
-class Ditto(FedAvg):
-    name = "ditto"
-    eval_models = ("local",)  # each client's personal model v_i (not FedAvg's global model)
-    keeps_optimizer_state = True
-    hparams_type = DittoConfig
+def init(m, key, num_clients):
+    """The global model on the server; every client's personal model v_i starts from it."""
+    variables, personal = training.shared_init(m, key, num_clients)
+    clients = training.with_optimizer_state(m, {"variables": personal}, variables, num_clients)
+    clients = training.with_optimizer_state(m, clients, variables, num_clients, "personal_opt_state")
+    return {"variables": variables}, clients
 
-    def init(self, key, num_clients):
-        variables, personal = shared_init(self, key, num_clients)
-        clients = self.with_optimizer_state({"variables": personal}, variables, num_clients)
-        clients = self.with_optimizer_state(clients, variables, num_clients, "personal_opt_state")
-        return {"variables": variables}, clients
 
-    def personal_objective(self, server):
-        anchor, lamda = server["variables"]["params"], self.hparams.lamda
-        return self.supervised_objective(lambda v, batch, out, key: lamda * losses.proximal(v["params"], anchor))
+def client_update(m, server, client, data, key, info):
+    """FedAvg's E epochs from w (uploaded), then E epochs of v_i on CE(v) + (lamda/2) ||v - w||^2 with the same
+    key, so on the same batches."""
+    client_after, upload = fedavg.train_epochs(m, training.supervised_objective(m), server, client, data, key, info)
+    objective = training.proximal_objective(m, server["variables"]["params"], m.hparams.lamda)
+    personal, _, kept = training.train_kept(m, objective, client, client["variables"], data, key, info.epochs,
+                                            "personal_opt_state")
+    return {**client_after, "variables": personal, **kept}, upload
 
-    def client_update(self, server, client, data, key, info):
-        client_after, upload = super().client_update(server, client, data, key, info)
-        personal, _, kept = self.train_kept(self.personal_objective(server), client, client["variables"], data, key,
-                                            info.epochs, "personal_opt_state")
-        return {**client_after, "variables": personal, **kept}, upload
 
-    def eval_variables(self, server, client, data, key):
-        return client["variables"]
+DITTO = Algorithm(
+    name="ditto",
+    paper=Paper("Ditto", authors="Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith",
+                title="Ditto: Fair and Robust Federated Learning Through Personalization", venue="ICML", year=2021,
+                url="https://arxiv.org/abs/2012.04221", code="litian96/ditto"),
+    hparams_type=DittoConfig,
+    eval_models=("local",),  # each client's personal model v_i (not FedAvg's global model)
+    keeps_optimizer_state=True,
+    init=init,
+    client_update=client_update,
+    server_update=fedavg.server_update,
+)

@@ -53,7 +53,8 @@ import dataclasses
 
 from fedjax_pfl import aggregation
 from fedjax_pfl.kernels import model_distance
-from fedjax_pfl.methods.anchored import START_POINTS, AnchoredPersonalMethod
+from fedjax_pfl.methods import anchored
+from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -71,28 +72,45 @@ class DiversiFedConfig(Options):
     sigma: float = option(1.0, "form=kernel only: scale of the similarity exp(-d_ij^2 / sigma), in squared "
                           "parameter distance", more_than=0.0)
     start: str = option("own", "local training starts from the client's own w_i (the paper) or from the "
-                        "anchor u_i (variant)", choices=START_POINTS)
+                        "anchor u_i (variant)", choices=anchored.START_POINTS)
 
 
-class DiversiFed(AnchoredPersonalMethod):
-    name = "diversifed"
-    hparams_type = DiversiFedConfig
+def anchors(m, server, selected):
+    """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
+    hp = m.hparams
+    u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta, form=hp.form, sigma=hp.sigma, rows=selected)
+    return u, xi
 
-    def proximal_weight(self):
-        return self.hparams.lamda
 
-    def start_from_anchor(self):
-        return self.hparams.start == "anchor"
+def prepare(m, server, clients, selected):
+    """The selected clients' anchors u_i."""
+    u, _ = anchors(m, server, selected)
+    return {**clients, "anchor": u}
 
-    def anchors(self, server, selected):
-        """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
-        hp = self.hparams
-        u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta, form=hp.form, sigma=hp.sigma,
-                                          rows=selected)
-        return u, xi
 
-    def round_diagnostics(self, server, new_server, uploads, info):
-        """The shared mixing diagnostics (methods/anchored.py) and Xi's attracting and repelling mass."""
-        _, xi = self.anchors(server, info.selected)
-        return {**super().round_diagnostics(server, new_server, uploads, info),
-                **model_distance.signed_mass(xi, info.selected)}
+def client_update(m, server, client, data, key, info):
+    """The proximal step: E epochs of CE(w) + (lamda/2) ||w - u_i||^2 from w_i; upload w_i."""
+    hp = m.hparams
+    return anchored.proximal_training(m, client, data, key, info.epochs, hp.lamda, hp.start == "anchor")
+
+
+def round_diagnostics(m, server, new_server, uploads, info):
+    """The mixing diagnostics (methods/anchored.py) and Xi's attracting and repelling mass."""
+    _, xi = anchors(m, server, info.selected)
+    return {**anchored.mixing_diagnostics(server, xi, info.selected), **model_distance.signed_mass(xi, info.selected)}
+
+
+DIVERSIFED = Algorithm(
+    name="diversifed",
+    paper=Paper("DiversiFed", authors="Xinghao Wu, Xuefeng Liu, Jianwei Niu, Guogang Zhu, Shaojie Tang, "
+                "Xiaotian Li, Jiannong Cao", title="The Diversity Bonus: Learning from Dissimilar Distributed "
+                "Clients in Personalized Federated Learning", venue="arXiv 2407.15464", year=2024,
+                url="https://arxiv.org/abs/2407.15464"),
+    hparams_type=DiversiFedConfig,
+    schedule=Schedule(needs_selected_state=True),  # `prepare` sets the selected clients' anchors
+    init=anchored.init,
+    prepare=prepare,
+    client_update=client_update,
+    server_update=anchored.server_update,
+    round_diagnostics=round_diagnostics,
+)

@@ -46,7 +46,8 @@ from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import adaptive_aggregation as ala, optim
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods import fedavg, training
+from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -63,84 +64,99 @@ class FedALAConfig(Options):
                                    at_least=1)
 
 
-class FedALA(FedAvg):
-    name = "fedala"
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
-    hparams_type = FedALAConfig
-    updates_every_client = True  # ALA on every client after each server step (`update_every_client`)
-    eval_models = ("local_ala",)  # each client's ALA of its own model and the current global model
+def top_layers(m) -> list[tuple]:
+    """When bound: the top ``layers`` layers of the model (shapes only), checked against its depth."""
+    layers = ala.layer_paths(jax.eval_shape(m.model.init, jax.random.key(0))["params"])
+    if m.hparams.layers > len(layers):
+        raise UserError(f"method.layers={m.hparams.layers} exceeds the {len(layers)} layers of {m.model.name}")
+    return layers[-m.hparams.layers:]
 
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        layers = ala.layer_paths(self.model.init(jax.random.key(0))["params"])
-        if self.hparams.layers > len(layers):
-            raise UserError(f"method.layers={self.hparams.layers} exceeds the {len(layers)} layers of {self.model.name}")
-        self.top_layers = layers[-self.hparams.layers:]
 
-    def init(self, key, num_clients):
-        variables = self.init_variables(key)
-        weights = jax.tree.map(jnp.ones_like, ala.top_of(variables["params"], self.top_layers))
-        client = {"variables": variables, "weights": weights, "started": jnp.zeros((), bool)}
-        return {"variables": variables}, tree_ops.broadcast(client, num_clients)
+def init(m, key, num_clients):
+    """The global model; every client holds a copy, ALA weights W = 1 and no ALA run yet."""
+    variables = m.model.init(key)
+    weights = jax.tree.map(jnp.ones_like, ala.top_of(variables["params"], m.static))
+    client = {"variables": variables, "weights": weights, "started": jnp.zeros((), bool)}
+    return {"variables": variables}, tree_ops.broadcast(client, num_clients)
 
-    def ala_objective(self, base, local_top, global_top):
-        """CE of the model whose top layers are ala.mix(local, global, W); W is the trained variable."""
 
-        def objective(v, batch, key):
-            params = ala.with_top(base["params"], ala.mix(local_top, global_top, v["params"]))
-            out = self.model.apply({**base, "params": params}, batch.x, train=True, mask=batch.mask)
-            return losses.cross_entropy(out.logits, batch.y, batch.mask), None
+def ala_objective(m, base, local_top, global_top):
+    """CE of the model whose top layers are ala.mix(local, global, W); W is the trained variable."""
 
-        return objective
+    def objective(v, batch, key):
+        params = ala.with_top(base["params"], ala.mix(local_top, global_top, v["params"]))
+        out = m.model.apply({**base, "params": params}, batch.x, train=True, mask=batch.mask)
+        return losses.cross_entropy(out.logits, batch.y, batch.mask), None
 
-    def learn_weights(self, objective, weights, data, key, started, skip):
-        """One epoch of W updates, or (start phase) epochs until the losses settle; none if ``skip``."""
-        hp = self.hparams
-        optimizer = optim.projected_sgd(hp.eta)
-        limit = jnp.where(skip, 0, jnp.where(started, 1, hp.max_start_epochs))
+    return objective
 
-        def epoch(carry):
-            w, e, history, _ = carry
-            v, loss = self.train(objective, {"params": w}, data, jax.random.fold_in(key, e), 1,
+
+def learn_weights(m, objective, weights, data, key, started, skip):
+    """One epoch of W updates, or (start phase) epochs until the losses settle; none if ``skip``."""
+    hp = m.hparams
+    optimizer = optim.projected_sgd(hp.eta)
+    limit = jnp.where(skip, 0, jnp.where(started, 1, hp.max_start_epochs))
+
+    def epoch(carry):
+        w, e, history, _ = carry
+        v, loss = training.train(m, objective, {"params": w}, data, jax.random.fold_in(key, e), 1,
                                  optimizer=optimizer, max_epochs=1)
-            history = history.at[e].set(loss)
-            recent = jax.lax.dynamic_slice(history, (jnp.maximum(e + 1 - hp.num_pre_loss, 0),), (hp.num_pre_loss,))
-            settled = (e + 1 > hp.num_pre_loss) & (jnp.std(recent) < hp.threshold)
-            return v["params"], e + 1, history, settled
+        history = history.at[e].set(loss)
+        recent = jax.lax.dynamic_slice(history, (jnp.maximum(e + 1 - hp.num_pre_loss, 0),), (hp.num_pre_loss,))
+        settled = (e + 1 > hp.num_pre_loss) & (jnp.std(recent) < hp.threshold)
+        return v["params"], e + 1, history, settled
 
-        def more(carry):
-            _, e, _, settled = carry
-            return (e < limit) & ~settled
+    def more(carry):
+        _, e, _, settled = carry
+        return (e < limit) & ~settled
 
-        history = jnp.zeros((hp.max_start_epochs,), jnp.float32)
-        w, *_ = jax.lax.while_loop(more, epoch, (weights, jnp.int32(0), history, jnp.bool_(False)))
-        return w
+    history = jnp.zeros((hp.max_start_epochs,), jnp.float32)
+    w, *_ = jax.lax.while_loop(more, epoch, (weights, jnp.int32(0), history, jnp.bool_(False)))
+    return w
 
-    def adaptive_local_aggregation(self, global_vars, client, data, key):
-        """-> (initial local variables, W, started) for this round."""
-        local = client["variables"]
-        k_slice, k_epochs = jax.random.split(key)
-        base = dict(global_vars)
-        if "batch_stats" in local and not self.setup.share_batch_stats:
-            base["batch_stats"] = local["batch_stats"]
-        local_top = ala.top_of(local["params"], self.top_layers)
-        global_top = ala.top_of(global_vars["params"], self.top_layers)
-        subset = ala.random_slice(data, k_slice, self.hparams.rand_percent / 100.0)
-        same = jnp.all(jnp.stack([jnp.array_equal(a, b) for a, b in
-                                  zip(jax.tree.leaves(local["params"]), jax.tree.leaves(global_vars["params"]))]))
-        objective = self.ala_objective(base, local_top, global_top)
-        weights = self.learn_weights(objective, client["weights"], subset, k_epochs, client["started"], same)
-        mixed = {**base, "params": ala.with_top(base["params"], ala.mix(local_top, global_top, weights))}
-        return tree_ops.select(same, local, mixed), weights, client["started"] | ~same
 
-    def client_update(self, server, client, data, key, info):
-        """E epochs from the client's ALA-initialised model."""
-        variables, loss = self.train(self.supervised_objective(), client["variables"], data, key, info.epochs)
-        return {**client, "variables": variables}, {"variables": variables, "loss": loss}
+def adaptive_local_aggregation(m, global_vars, client, data, key):
+    """-> (initial local variables, W, started) for this round."""
+    local = client["variables"]
+    k_slice, k_epochs = jax.random.split(key)
+    base = dict(global_vars)
+    if "batch_stats" in local and not m.setup.share_batch_stats:
+        base["batch_stats"] = local["batch_stats"]
+    local_top = ala.top_of(local["params"], m.static)
+    global_top = ala.top_of(global_vars["params"], m.static)
+    subset = ala.random_slice(data, k_slice, m.hparams.rand_percent / 100.0)
+    same = jnp.all(jnp.stack([jnp.array_equal(a, b) for a, b in
+                              zip(jax.tree.leaves(local["params"]), jax.tree.leaves(global_vars["params"]))]))
+    objective = ala_objective(m, base, local_top, global_top)
+    weights = learn_weights(m, objective, client["weights"], subset, k_epochs, client["started"], same)
+    mixed = {**base, "params": ala.with_top(base["params"], ala.mix(local_top, global_top, weights))}
+    return tree_ops.select(same, local, mixed), weights, client["started"] | ~same
 
-    def update_every_client(self, server, client, data, key, round_index):
-        variables, weights, started = self.adaptive_local_aggregation(server["variables"], client, data, key)
-        return {"variables": variables, "weights": weights, "started": started}
 
-    def eval_variables(self, server, client, data, key):
-        return client["variables"]
+def client_update(m, server, client, data, key, info):
+    """E epochs from the client's ALA-initialised model; upload it."""
+    variables, loss = training.train(m, training.supervised_objective(m), client["variables"], data, key,
+                                     info.epochs)
+    return {**client, "variables": variables}, {"variables": variables, "loss": loss}
+
+
+def update_every_client(m, server, client, data, key, round_index):
+    """ALA of the client's model and the new global model, on every client after the server step."""
+    variables, weights, started = adaptive_local_aggregation(m, server["variables"], client, data, key)
+    return {"variables": variables, "weights": weights, "started": started}
+
+
+FEDALA = Algorithm(
+    name="fedala",
+    paper=Paper("FedALA", authors="Jianqing Zhang, Yang Hua, Hao Wang, Tao Song, Zhengui Xue, Ruhui Ma, "
+                "Haibing Guan", title="FedALA: Adaptive Local Aggregation for Personalized Federated Learning",
+                venue="AAAI", year=2023, url="https://arxiv.org/abs/2212.01197", code="TsingZ0/FedALA"),
+    hparams_type=FedALAConfig,
+    eval_models=("local_ala",),  # each client's ALA of its own model and the current global model
+    schedule=Schedule(updates_every_client=True),  # ALA on every client after each server step
+    static=top_layers,
+    init=init,
+    client_update=client_update,
+    server_update=fedavg.server_update,
+    update_every_client=update_every_client,
+)

@@ -42,10 +42,9 @@ from __future__ import annotations
 import dataclasses
 
 from fedjax_pfl import aggregation
-from fedjax_pfl.methods.anchored import AnchoredPersonalMethod
+from fedjax_pfl.methods import anchored
+from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
-
-STARTS = ("anchor", "own")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,21 +54,45 @@ class FedAMPConfig(Options):
     sigma: float = option(1.0, "attention scale, in units of squared parameter distance", more_than=0.0)
     lamda: float = option(0.02, "proximal weight (divided by alpha_k) of ||w - u_i||^2", at_least=0.0)
     start: str = option("anchor", "local training starts from the cloud model u_i or from the client's own w_i",
-                        choices=STARTS)
+                        choices=anchored.START_POINTS)
 
 
-class FedAMP(AnchoredPersonalMethod):
-    name = "fedamp"
-    hparams_type = FedAMPConfig
+def anchors(m, server, selected):
+    """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
+    hp = m.hparams
+    u, xi, _ = aggregation.personalized_cloud_models(server["params"], hp.alpha_k, hp.sigma, rows=selected)
+    return u, xi
 
-    def proximal_weight(self):
-        return self.hparams.lamda / self.hparams.alpha_k
 
-    def start_from_anchor(self):
-        return self.hparams.start == "anchor"
+def prepare(m, server, clients, selected):
+    """The selected clients' personalized cloud models u_i."""
+    u, _ = anchors(m, server, selected)
+    return {**clients, "anchor": u}
 
-    def anchors(self, server, selected):
-        """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
-        hp = self.hparams
-        u, xi, _ = aggregation.personalized_cloud_models(server["params"], hp.alpha_k, hp.sigma, rows=selected)
-        return u, xi
+
+def client_update(m, server, client, data, key, info):
+    """E epochs of CE(w) + (lamda / (2 alpha_k)) ||w - u_i||^2 from u_i (or w_i); upload w_i."""
+    hp = m.hparams
+    return anchored.proximal_training(m, client, data, key, info.epochs, hp.lamda / hp.alpha_k,
+                                      hp.start == "anchor")
+
+
+def round_diagnostics(m, server, new_server, uploads, info):
+    """The selected rows of Xi and the stored models' distances (methods/anchored.py)."""
+    _, xi = anchors(m, server, info.selected)
+    return anchored.mixing_diagnostics(server, xi, info.selected)
+
+
+FEDAMP = Algorithm(
+    name="fedamp",
+    paper=Paper("FedAMP", authors="Yutao Huang, Lingyang Chu, Zirui Zhou, Lanjun Wang, Jiangchuan Liu, Jian Pei, "
+                "Yong Zhang", title="Personalized Cross-Silo Federated Learning on Non-IID Data", venue="AAAI",
+                year=2021, url="https://arxiv.org/abs/2007.03797"),
+    hparams_type=FedAMPConfig,
+    schedule=Schedule(needs_selected_state=True),  # `prepare` sets the selected clients' anchors
+    init=anchored.init,
+    prepare=prepare,
+    client_update=client_update,
+    server_update=anchored.server_update,
+    round_diagnostics=round_diagnostics,
+)

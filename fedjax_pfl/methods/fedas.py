@@ -60,8 +60,8 @@ import optax
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import fisher, local_training
-from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.shared_body import SharedBodyMethod
+from fedjax_pfl.methods import shared_body, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
 
 ALIGNMENTS = ("class_mean", "per_sample")
@@ -82,128 +82,155 @@ class FedASConfig(Options):
     align_lr: float = option(0.01, "plain-SGD step size of the alignment phase", more_than=0.0)
 
 
-class FedAS(SharedBodyMethod):
-    name = "fedas"
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
-    hparams_type = FedASConfig
-    eval_models = ("local", "global")
+# ---- step 1: parameter alignment -----------------------------------------------------------
 
-    # ---- step 1: parameter alignment ---------------------------------------
-    def features(self, variables, x, train: bool = False):
-        return self.model.apply(variables, x, train=train).features
 
-    def class_means(self, variables, data):
-        """[C, d] mean feature of each class over the client's real train samples
-        under ``variables`` (inference mode); zero rows for absent classes."""
-        num_classes = self.model.num_classes
+def features(m, variables, x, train: bool = False):
+    return m.model.apply(variables, x, train=train).features
 
-        def batch_sums(batch):
-            f = self.features(variables, batch.x).astype(jnp.float32)
-            onehot = jax.nn.one_hot(batch.y, num_classes) * batch.mask[:, None]
-            return onehot.T @ f, onehot.sum(axis=0)
 
-        sums, counts = self.sum_batches(batch_sums, data)
-        return sums / jnp.maximum(counts, 1.0)[:, None]
+def class_means(m, variables, data):
+    """[C, d] mean feature of each class over the client's real train samples under ``variables`` (inference
+    mode); zero rows for absent classes."""
+    num_classes = m.model.num_classes
 
-    def alignment_objective(self, old_variables, data):
-        """objective(variables, batch, key) -> (alignment loss, batch_stats)."""
-        old_variables = jax.lax.stop_gradient(old_variables)
-        if self.hparams.alignment == "class_mean":
-            means = self.class_means(old_variables, data)
+    def batch_sums(batch):
+        f = features(m, variables, batch.x).astype(jnp.float32)
+        onehot = jax.nn.one_hot(batch.y, num_classes) * batch.mask[:, None]
+        return onehot.T @ f, onehot.sum(axis=0)
 
-            def target_loss(feats, batch):
-                return losses.class_mean_alignment(feats, batch.y, means, batch.mask)
-        else:
+    sums, counts = training.sum_batches(m, batch_sums, data)
+    return sums / jnp.maximum(counts, 1.0)[:, None]
 
-            def target_loss(feats, batch):
-                targets = jax.lax.stop_gradient(self.features(old_variables, batch.x))
-                return losses.sample_alignment(feats, targets, batch.mask)
 
-        def objective(variables, batch, key):
-            out = self.model.apply(variables, batch.x, train=True, mask=batch.mask)
-            return target_loss(out.features, batch), out.batch_stats
+def alignment_objective(m, old_variables, data):
+    """objective(variables, batch, key) -> (alignment loss, batch_stats)."""
+    old_variables = jax.lax.stop_gradient(old_variables)
+    if m.hparams.alignment == "class_mean":
+        means = class_means(m, old_variables, data)
 
-        return objective
+        def target_loss(feats, batch):
+            return losses.class_mean_alignment(feats, batch.y, means, batch.mask)
+    else:
 
-    def feature_change(self, before, after, data):
-        """Mean over the client's train samples of ||f_after(x) - f_before(x)||^2 (inference mode): how far
-        the alignment moved the received body's features."""
+        def target_loss(feats, batch):
+            targets = jax.lax.stop_gradient(features(m, old_variables, batch.x))
+            return losses.sample_alignment(feats, targets, batch.mask)
 
-        def batch_sum(batch):
-            delta = self.features(after, batch.x) - self.features(before, batch.x)
-            return jnp.sum(jnp.sum(delta.astype(jnp.float32) ** 2, axis=-1) * batch.mask)
+    def objective(variables, batch, key):
+        out = m.model.apply(variables, batch.x, train=True, mask=batch.mask)
+        return target_loss(out.features, batch), out.batch_stats
 
-        return self.sum_batches(batch_sum, data) / jnp.maximum(data.n.astype(jnp.float32), 1.0)
+    return objective
 
-    def align(self, old_variables, variables, data, key):
-        """Train the body of ``variables`` on the alignment loss -> (variables, mean loss)."""
-        hp = self.hparams
-        return local_training.train(
-            self.alignment_objective(old_variables, data),
-            optax.sgd(hp.align_lr),
-            variables,
-            data,
-            key,
-            batch_size=hp.align_batch_size,
-            max_epochs=hp.align_epochs,
-            epochs=hp.align_epochs,
-            normalize=self.setup.normalize,
-            part="body",
-            drop_last=self.setup.drop_last,
-            augment=self.setup.augment,
-        )
 
-    # ---- step 3: Fisher trace ----------------------------------------------
-    def logits_fn(self, variables):
-        """params -> logits in inference mode (BatchNorm statistics held fixed)."""
+def feature_change(m, before, after, data):
+    """Mean over the client's train samples of ||f_after(x) - f_before(x)||^2 (inference mode): how far the
+    alignment moved the received body's features."""
 
-        def logits(params, x):
-            return self.model.apply({**variables, "params": params}, x, train=False).logits
+    def batch_sum(batch):
+        delta = features(m, after, batch.x) - features(m, before, batch.x)
+        return jnp.sum(jnp.sum(delta.astype(jnp.float32) ** 2, axis=-1) * batch.mask)
 
-        return logits
+    return training.sum_batches(m, batch_sum, data) / jnp.maximum(data.n.astype(jnp.float32), 1.0)
 
-    def fisher_trace(self, variables, data):
-        """The client's Fisher trace over its train batches (batch size B, in order)."""
-        logits_fn, params = self.logits_fn(variables), variables["params"]
-        if self.hparams.fisher == "batch":
-            return self.sum_batches(
-                lambda b: fisher.batch_gradient_sq_norm(logits_fn, params, b.x, b.y, b.mask), data)
-        total = self.sum_batches(
-            lambda b: fisher.per_sample_gradient_sq_norm_sum(logits_fn, params, b.x, b.y, b.mask), data)
-        return total / jnp.maximum(data.n.astype(jnp.float32), 1.0)
 
-    # ---- the client round --------------------------------------------------
-    def local_phase(self, server, client, variables, data, key, info):
-        # Local training uses the round key itself (as FedPer), so align=False
-        # reproduces FedPer's training exactly; the alignment gets a derived key.
-        k_align, k_train = jax.random.fold_in(key, 1), key
-        extras = {}
-        if self.hparams.align:
+def align(m, old_variables, variables, data, key):
+    """Train the body of ``variables`` on the alignment loss -> (variables, mean loss)."""
+    hp, s = m.hparams, m.setup
+    return local_training.train(alignment_objective(m, old_variables, data), optax.sgd(hp.align_lr), variables,
+                                data, key, batch_size=hp.align_batch_size, max_epochs=hp.align_epochs,
+                                epochs=hp.align_epochs, normalize=s.normalize, part="body", drop_last=s.drop_last,
+                                augment=s.augment)
 
-            def aligned(received):
-                out, loss = self.align(client["variables"], received, data, k_align)
-                return out, loss, self.feature_change(received, out, data)
 
-            # lax.cond: the round index is the same for every client (not vmapped),
-            # so round 0 skips the alignment's compute, not just its result.
-            variables, extras["align_loss"], extras["feature_change"] = jax.lax.cond(
-                info.round > 0, aligned, lambda v: (v, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
-                variables)
-        variables, loss = self.train(self.supervised_objective(), variables, data, k_train, info.epochs)
-        extras["fisher"] = self.fisher_trace(variables, data)
-        return variables, loss, extras
+def aligned_after_round_zero(m, client, received, data, key, round_index):
+    """-> (received body aligned to the client's previous one, alignment loss, feature change); from round 1
+    on. ``lax.cond``: the round index is the same for every client (not vmapped), so round 0 skips the
+    alignment's compute, not just its result."""
 
-    # ---- step 4: server ----------------------------------------------------
-    def aggregation_weights(self, uploads, info):
-        if self.hparams.fisher_weights:
-            return aggregation.fisher_weights(uploads["fisher"], info.uploaded)
-        return info.sample_weights
+    def aligned(received):
+        out, loss = align(m, client["variables"], received, data, key)
+        return out, loss, feature_change(m, received, out, data)
 
-    def round_diagnostics(self, server, new_server, uploads, info):
-        """Per selected client: ``weight``, its normalised aggregation weight alpha_i (the Fisher weights, or
-        n_i / sum n_j with fisher_weights=False; 0 for a dropped upload), ``fisher``, its Fisher trace F_i, and
-        ``feature_change``, how far the alignment moved the received body's features (0 without it)."""
-        weights = aggregation.normalize_weights(self.aggregation_weights(uploads, info))
-        change = uploads["feature_change"] if self.hparams.align else jnp.zeros_like(uploads["fisher"])
-        return {"weight": weights, "fisher": uploads["fisher"], "feature_change": change,
-                "feature_change_mean": jnp.mean(change)}
+    zero = jnp.zeros((), jnp.float32)
+    return jax.lax.cond(round_index > 0, aligned, lambda v: (v, zero, zero), received)
+
+
+# ---- step 3: Fisher trace ------------------------------------------------------------------
+
+
+def fisher_trace(m, variables, data):
+    """The client's Fisher trace over its train batches (batch size B, in order), parameters of body and head
+    in inference mode (BatchNorm statistics held fixed)."""
+
+    def logits_fn(params, x):
+        return m.model.apply({**variables, "params": params}, x, train=False).logits
+
+    params = variables["params"]
+    if m.hparams.fisher == "batch":
+        return training.sum_batches(
+            m, lambda b: fisher.batch_gradient_sq_norm(logits_fn, params, b.x, b.y, b.mask), data)
+    total = training.sum_batches(
+        m, lambda b: fisher.per_sample_gradient_sq_norm_sum(logits_fn, params, b.x, b.y, b.mask), data)
+    return total / jnp.maximum(data.n.astype(jnp.float32), 1.0)
+
+
+# ---- the client round: steps 1-3 ----------------------------------------------------------
+
+
+def client_update(m, server, client, data, key, info):
+    """Receive the global body, align it (from round 1), train E epochs, upload the body and the Fisher trace.
+    Local training uses the round key itself (as FedPer), so align=False reproduces FedPer's training
+    exactly; the alignment gets a derived key."""
+    variables = shared_body.receive(m, server, client)
+    extras = {}
+    if m.hparams.align:
+        variables, extras["align_loss"], extras["feature_change"] = aligned_after_round_zero(
+            m, client, variables, data, jax.random.fold_in(key, 1), info.round)
+    variables, loss = training.train(m, training.supervised_objective(m), variables, data, key, info.epochs)
+    extras["fisher"] = fisher_trace(m, variables, data)
+    return shared_body.upload(m, client, variables, loss, extras=extras)
+
+
+# ---- step 4: server --------------------------------------------------------------------
+
+
+def aggregation_weights(m, uploads, info):
+    """alpha_i before normalisation: the Fisher traces of the arrived uploads, or n_i."""
+    if m.hparams.fisher_weights:
+        return aggregation.fisher_weights(uploads["fisher"], info.uploaded)
+    return info.sample_weights
+
+
+def server_update(m, server, clients, uploads, info):
+    """The new global body: sum_i alpha_i body_i."""
+    return shared_body.average(m, server, uploads, aggregation_weights(m, uploads, info)), clients
+
+
+def round_diagnostics(m, server, new_server, uploads, info):
+    """Per selected client: ``weight``, its normalised aggregation weight alpha_i (the Fisher weights, or
+    n_i / sum n_j with fisher_weights=False; 0 for a dropped upload), ``fisher``, its Fisher trace F_i, and
+    ``feature_change``, how far the alignment moved the received body's features (0 without it)."""
+    weights = aggregation.normalize_weights(aggregation_weights(m, uploads, info))
+    change = uploads["feature_change"] if m.hparams.align else jnp.zeros_like(uploads["fisher"])
+    return {"weight": weights, "fisher": uploads["fisher"], "feature_change": change,
+            "feature_change_mean": jnp.mean(change)}
+
+
+FEDAS = Algorithm(
+    name="fedas",
+    paper=Paper("FedAS", authors="Xiyuan Yang, Wenke Huang, Mang Ye",
+                title="FedAS: Bridging Inconsistency in Personalized Federated Learning", venue="CVPR", year=2024,
+                url="https://openaccess.thecvf.com/content/CVPR2024/html/Yang_FedAS_Bridging_Inconsistency_in_"
+                    "Personalized_Federated_Learning_CVPR_2024_paper.html",
+                code="xiyuanyang45/FedAS"),
+    hparams_type=FedASConfig,
+    eval_models=("local", "global"),
+    needs_body_head_split=True,
+    init=shared_body.init,
+    client_update=client_update,
+    server_update=server_update,
+    eval_variables=shared_body.eval_variables,
+    round_diagnostics=round_diagnostics,
+)

@@ -14,51 +14,78 @@ import dataclasses
 
 from fedjax_pfl import aggregation
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Method
-from fedjax_pfl.methods.finetune import FineTuneConfig, finetuned
+from fedjax_pfl.methods import finetune, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import option
 from fedjax_pfl.methods.step_counted import optimizer_steps, straggler_steps
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvgConfig(FineTuneConfig):
+class FedAvgConfig(finetune.FineTuneConfig):
     local_steps: int | None = option(None, "R local steps per round, each on one random batch of B samples",
                                      at_least=1, none="train.local_epochs epochs")
 
 
-class FedAvg(Method):
-    name = "fedavg"
-    eval_models = ("global",)
-    hparams_type = FedAvgConfig
-    keeps_optimizer_state = True  # persistent_optimizer: each client's momentum across its participations (PFLlib)
+def init(m, key, num_clients):
+    """The global model on the server; clients hold only their kept optimizer state (persistent_optimizer)."""
+    variables = m.model.init(key)
+    return {"variables": variables}, training.with_optimizer_state(m, {}, variables, num_clients)
 
-    def init(self, key, num_clients):
-        variables = self.init_variables(key)
-        return {"variables": variables}, self.with_optimizer_state({}, variables, num_clients)
 
-    def local_objective(self, server):
-        """The client's loss; FedProx adds its proximal term here."""
-        return self.supervised_objective()
+def train_epochs(m, objective, server, client, data, key, info):
+    """E epochs of ``objective`` from the global model (from the client's kept optimizer state under
+    train.persistent_optimizer) -> (client, upload of the trained model)."""
+    variables, loss, kept = training.train_kept(m, objective, client, server["variables"], data, key, info.epochs)
+    return {**client, **kept}, {"variables": variables, "loss": loss}
 
-    def client_update(self, server, client, data, key, info):
-        r = self.hparams.local_steps
-        if r:
-            if self.setup.persistent_optimizer:
-                raise UserError(f"method {self.name!r} with method.local_steps starts each round's optimizer fresh: "
-                                "leave train.persistent_optimizer false")
-            s = self.setup
-            variables, loss = optimizer_steps(self.local_objective(server), s.optimizer, server["variables"], data,
-                                              key, steps=straggler_steps(r, info.epochs, s.local_epochs),
-                                              max_steps=r, batch_size=s.batch_size, normalize=s.normalize,
-                                              augment=s.augment)
-            return client, {"variables": variables, "loss": loss}
-        variables, loss, kept = self.train_kept(self.local_objective(server), client, server["variables"], data, key,
-                                                info.epochs)
-        return {**client, **kept}, {"variables": variables, "loss": loss}
 
-    def server_update(self, server, clients, uploads, info):
-        new = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights, server["variables"])
-        return {"variables": new}, clients
+def train_steps(m, objective, server, client, data, key, info):
+    """``method.local_steps`` = R steps of ``objective`` from the global model, each on one random batch, from a
+    fresh optimizer (a straggler takes max(1, R e // E)) -> (client, upload of the trained model)."""
+    s, r = m.setup, m.hparams.local_steps
+    if s.persistent_optimizer:
+        raise UserError(f"method {m.name!r} with method.local_steps starts each round's optimizer fresh: "
+                        "leave train.persistent_optimizer false")
+    variables, loss = optimizer_steps(objective, s.optimizer, server["variables"], data, key,
+                                      steps=straggler_steps(r, info.epochs, s.local_epochs), max_steps=r,
+                                      batch_size=s.batch_size, normalize=s.normalize, augment=s.augment)
+    return client, {"variables": variables, "loss": loss}
 
-    def eval_variables(self, server, client, data, key):
-        return finetuned(self, server["variables"], data, key, self.hparams)
+
+def train_from_global(m, objective, server, client, data, key, info):
+    """FedAvg's and FedProx's local training: `train_steps` with ``method.local_steps``, else `train_epochs`."""
+    train = train_steps if m.hparams.local_steps else train_epochs
+    return train(m, objective, server, client, data, key, info)
+
+
+def client_update(m, server, client, data, key, info):
+    """CE from the global model; upload the trained model."""
+    return train_from_global(m, training.supervised_objective(m), server, client, data, key, info)
+
+
+def server_update(m, server, clients, uploads, info):
+    """The uploaded models' mean weighted by n_i."""
+    new = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights, server["variables"])
+    return {"variables": new}, clients
+
+
+def eval_variables(m, server, client, data, key):
+    """The global model, fine-tuned on the client's train data with ``method.finetune_epochs``."""
+    return finetune.finetuned(m, server["variables"], data, key)
+
+
+FEDAVG = Algorithm(
+    name="fedavg",
+    paper=Paper("FedAvg", authors="H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y "
+                "Arcas", title="Communication-Efficient Learning of Deep Networks from Decentralized Data",
+                venue="AISTATS", year=2017, url="https://arxiv.org/abs/1602.05629",
+                note="FedAvg-FT (method.finetune_epochs) fine-tunes the global model on each client before testing, "
+                "as the FedAS and FedPAC tables' FedAvg-P / FedAvg-FT rows."),
+    hparams_type=FedAvgConfig,
+    eval_models=("global",),
+    keeps_optimizer_state=True,  # persistent_optimizer: each client's momentum across its participations (PFLlib)
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    eval_variables=eval_variables,
+)

@@ -28,9 +28,10 @@ BatchNorm statistics travel with the body (``train.share_batch_stats``).
 import dataclasses
 
 from fedjax_pfl.core.tree_ops import PARTS
-from fedjax_pfl.methods.finetune import FineTuneConfig, finetuned
+from fedjax_pfl.methods import finetune, shared_body, training
+from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.finetune import FineTuneConfig
 from fedjax_pfl.methods.options import option
-from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,15 +42,29 @@ class FedBABUConfig(FineTuneConfig):
                                 choices=PARTS)
 
 
-class FedBABU(SharedBodyMethod):
-    name = "fedbabu"
-    eval_models = ("global",)  # the global body and head, fine-tuned (SharedBodyMethod's 'local' does not apply)
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
-    hparams_type = FedBABUConfig
+def client_update(m, server, client, data, key, info):
+    """Receive the global body; train the body alone E epochs (the head never moves); upload the body."""
+    variables = shared_body.receive(m, server, client)
+    variables, loss = training.train(m, training.supervised_objective(m), variables, data, key, info.epochs,
+                                     part="body")
+    return shared_body.upload(m, client, variables, loss)
 
-    def local_phase(self, server, client, variables, data, key, info):
-        variables, loss = self.train(self.supervised_objective(), variables, data, key, info.epochs, part="body")
-        return variables, loss, {}
 
-    def eval_variables(self, server, client, data, key):
-        return finetuned(self, self.receive(server, client), data, key, self.hparams)
+def eval_variables(m, server, client, data, key):
+    """The global body with the (shared initial) head, fine-tuned on the client's train data."""
+    return finetune.finetuned(m, shared_body.receive(m, server, client), data, key)
+
+
+FEDBABU = Algorithm(
+    name="fedbabu",
+    paper=Paper("FedBABU", authors="Jaehoon Oh, Sangmook Kim, Se-Young Yun",
+                title="FedBABU: Toward Enhanced Representation for Federated Image Classification", venue="ICLR",
+                year=2022, url="https://arxiv.org/abs/2106.06042"),
+    hparams_type=FedBABUConfig,
+    eval_models=("global",),  # the global body and head, fine-tuned (the shared-body 'local' does not apply)
+    needs_body_head_split=True,
+    init=shared_body.init,
+    client_update=client_update,
+    server_update=shared_body.server_update,
+    eval_variables=eval_variables,
+)

@@ -50,8 +50,9 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import collaboration, critical_params
-from fedjax_pfl.methods.base import Method
+from fedjax_pfl.kernels import collaboration, critical_params, model_store
+from fedjax_pfl.methods import training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
 
 SENSITIVITIES = ("update", "gradient")
@@ -67,91 +68,108 @@ class FedCACConfig(Options):
                               "(paper)", choices=SENSITIVITIES)
 
 
-class FedCAC(Method):
-    name = "fedcac"
-    hparams_type = FedCACConfig
+def init(m, key, num_clients):
+    """The global model, every client's stored model and personalized model, no masks yet."""
+    variables = m.model.init(key)
+    params = variables["params"]
+    stacked = lambda: jax.tree.map(lambda a: jnp.tile(a, (num_clients,) + (1,) * a.ndim), params)  # noqa: E731
+    server = {
+        "global": params,
+        "models": stacked(),  # latest uploaded trained model of every client
+        "masks": jax.tree.map(lambda a: jnp.zeros((num_clients,) + a.shape, bool), params),
+        "active": jnp.zeros(num_clients, bool),  # has uploaded a mask
+        "personalized": stacked(),  # theta_i of step 6, what client i starts from
+    }
+    clients = {"index": jnp.arange(num_clients, dtype=jnp.int32)}
+    if "batch_stats" in variables:
+        clients["batch_stats"] = tree_ops.broadcast(variables["batch_stats"], num_clients)
+    return server, clients
 
-    def init(self, key, num_clients):
-        variables = self.init_variables(key)
-        params = variables["params"]
-        stacked = lambda: jax.tree.map(lambda a: jnp.tile(a, (num_clients,) + (1,) * a.ndim), params)
-        server = {
-            "global": params,
-            "models": stacked(),  # latest uploaded trained model of every client
-            "masks": jax.tree.map(lambda a: jnp.zeros((num_clients,) + a.shape, bool), params),
-            "active": jnp.zeros(num_clients, bool),  # has uploaded a mask
-            "personalized": stacked(),  # theta_i of step 6, what client i starts from
-        }
-        clients = {"index": jnp.arange(num_clients, dtype=jnp.int32)}
-        if "batch_stats" in variables:
-            clients["batch_stats"] = tree_ops.broadcast(variables["batch_stats"], num_clients)
-        return server, clients
 
-    def personalized(self, server, client):
-        """Client i's variables: its row of server['personalized'] and its own BatchNorm statistics."""
-        variables = {"params": tree_ops.gather(server["personalized"], client["index"])}
-        if "batch_stats" in client:
-            variables["batch_stats"] = client["batch_stats"]
-        return variables
+def personalized(m, server, client):
+    """Client i's variables: its row of server['personalized'] and its own BatchNorm statistics."""
+    variables = {"params": tree_ops.gather(server["personalized"], client["index"])}
+    if "batch_stats" in client:
+        variables["batch_stats"] = client["batch_stats"]
+    return variables
 
-    def critical(self, start, trained, data):
-        """The client's critical mask (tree of bools) after local training."""
-        hp = self.hparams
-        if hp.sensitivity == "gradient":
-            s = critical_params.gradient_sensitivity(trained["params"], self.mean_gradient(trained, data))
-        else:
-            s = critical_params.sensitivity(trained["params"], start["params"])
-        return critical_params.critical_masks(s, hp.tau)
 
-    def mean_gradient(self, variables, data):
-        """Gradient of the mean CE over the client's train samples w.r.t. its parameters."""
+def mean_gradient(m, variables, data):
+    """Gradient of the mean CE over the client's train samples w.r.t. its parameters."""
 
-        def batch_gradient(batch):
-            def loss(params):
-                logits = self.model.apply({**variables, "params": params}, batch.x, train=False).logits
-                return losses.cross_entropy(logits, batch.y, batch.mask) * jnp.sum(batch.mask)
+    def batch_gradient(batch):
+        def loss(params):
+            logits = m.model.apply({**variables, "params": params}, batch.x, train=False).logits
+            return losses.cross_entropy(logits, batch.y, batch.mask) * jnp.sum(batch.mask)
 
-            return jax.grad(loss)(variables["params"])
+        return jax.grad(loss)(variables["params"])
 
-        summed = self.sum_batches(batch_gradient, data)
-        return tree_ops.scale(summed, 1.0 / jnp.maximum(data.n, 1))
+    summed = training.sum_batches(m, batch_gradient, data)
+    return tree_ops.scale(summed, 1.0 / jnp.maximum(data.n, 1))
 
-    def client_update(self, server, client, data, key, info):
-        start = self.personalized(server, client)
-        trained, loss = self.train(self.supervised_objective(), start, data, key, info.epochs)
-        new_client = {**client, **({"batch_stats": trained["batch_stats"]} if "batch_stats" in client else {})}
-        upload = {"params": trained["params"], "mask": self.critical(start, trained, data), "loss": loss}
-        return new_client, upload
 
-    def server_update(self, server, clients, uploads, info):
-        global_params = aggregation.weighted_mean_or(uploads["params"], info.sample_weights, server["global"])
-        keep = info.uploaded
+def critical(m, start, trained, data):
+    """Step 2: the client's critical mask (tree of bools) after local training."""
+    hp = m.hparams
+    if hp.sensitivity == "gradient":
+        s = critical_params.gradient_sensitivity(trained["params"], mean_gradient(m, trained, data))
+    else:
+        s = critical_params.sensitivity(trained["params"], start["params"])
+    return critical_params.critical_masks(s, hp.tau)
 
-        def store(all_rows, new_rows):
-            mask = keep.reshape((-1,) + (1,) * (new_rows.ndim - 1))
-            return all_rows.at[info.selected].set(jnp.where(mask, new_rows, all_rows[info.selected]))
 
-        models = jax.tree.map(store, server["models"], uploads["params"])
-        masks = jax.tree.map(store, server["masks"], uploads["mask"])
-        active = store(server["active"], keep)
-        weights = self.collaboration_weights(masks, active, info.round)
-        customized = critical_params.customized_models(weights, models)
-        personalized = critical_params.merge(masks, customized, global_params)
-        server = {"global": global_params, "models": models, "masks": masks, "active": active,
-                  "personalized": personalized}
-        return server, clients
+def client_update(m, server, client, data, key, info):
+    """Steps 1-3: E epochs from theta_i; upload the trained model and its critical mask."""
+    start = personalized(m, server, client)
+    trained, loss = training.train(m, training.supervised_objective(m), start, data, key, info.epochs)
+    new_client = {**client, **({"batch_stats": trained["batch_stats"]} if "batch_stats" in client else {})}
+    upload = {"params": trained["params"], "mask": critical(m, start, trained, data), "loss": loss}
+    return new_client, upload
 
-    def collaboration_weights(self, masks, active, round_index):
-        """W [N, N] of step 6: row i uniform over {i} and its collaborators of this round."""
-        overlap = critical_params.overlap_rates(masks)
-        threshold = critical_params.collaboration_threshold(overlap, active, round_index, self.hparams.beta)
-        return critical_params.collaboration_weights(overlap, active, threshold)
 
-    def round_diagnostics(self, server, new_server, uploads, info):
-        """The selected clients' rows of W (the critical parameters' mix) and the stored models' distances."""
-        weights = self.collaboration_weights(new_server["masks"], new_server["active"], info.round)
-        return {**collaboration.weight_summary(weights[info.selected], info.selected),
-                **collaboration.distance_summary(new_server["models"])}
+def collaboration_weights(m, masks, active, round_index):
+    """W [N, N] of step 6: row i uniform over {i} and its collaborators of this round."""
+    overlap = critical_params.overlap_rates(masks)
+    threshold = critical_params.collaboration_threshold(overlap, active, round_index, m.hparams.beta)
+    return critical_params.collaboration_weights(overlap, active, threshold)
 
-    def eval_variables(self, server, client, data, key):
-        return self.personalized(server, client)
+
+def server_update(m, server, clients, uploads, info):
+    """Steps 4-6: the global model, the stored models and masks, every client's personalized model."""
+    global_params = aggregation.weighted_mean_or(uploads["params"], info.sample_weights, server["global"])
+    store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)  # noqa: E731
+    models = store(server["models"], uploads["params"])
+    masks = store(server["masks"], uploads["mask"])
+    active = store(server["active"], info.uploaded)
+    weights = collaboration_weights(m, masks, active, info.round)
+    customized = critical_params.customized_models(weights, models)
+    merged = critical_params.merge(masks, customized, global_params)
+    server = {"global": global_params, "models": models, "masks": masks, "active": active, "personalized": merged}
+    return server, clients
+
+
+def round_diagnostics(m, server, new_server, uploads, info):
+    """The selected clients' rows of W (the critical parameters' mix) and the stored models' distances."""
+    weights = collaboration_weights(m, new_server["masks"], new_server["active"], info.round)
+    return {**collaboration.weight_summary(weights[info.selected], info.selected),
+            **collaboration.distance_summary(new_server["models"])}
+
+
+def eval_variables(m, server, client, data, key):
+    """The personalized theta_i of step 6."""
+    return personalized(m, server, client)
+
+
+FEDCAC = Algorithm(
+    name="fedcac",
+    paper=Paper("FedCAC", authors="Xinghao Wu, Xuefeng Liu, Jianwei Niu, Guogang Zhu, Shaojie Tang",
+                title="Bold but Cautious: Unlocking the Potential of Personalized Federated Learning through "
+                "Cautiously Aggressive Collaboration", venue="ICCV", year=2023, url="https://arxiv.org/abs/2309.11103",
+                code="FLAIR-Community/Fling"),
+    hparams_type=FedCACConfig,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    eval_variables=eval_variables,
+    round_diagnostics=round_diagnostics,
+)

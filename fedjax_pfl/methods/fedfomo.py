@@ -92,7 +92,8 @@ from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration, fomo_weights, model_store, spectral_clustering, sub_federations
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods import training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.data.validation_split import split_train_validation
 from fedjax_pfl.methods.options import Options, option
 
@@ -138,139 +139,162 @@ def _concat(first, second):
     return jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), first, second)
 
 
-class FedFomo(Method):
-    name = "fedfomo"
-    hparams_type = FedFomoConfig
+def self_affinity(m) -> float:
+    """The initial affinity of a client to itself (the authors' 0.1; PFLlib's identity for top_m)."""
+    return TOP_M_SELF_AFFINITY if m.hparams.selection == "top_m" else SELF_AFFINITY
 
-    @property
-    def self_affinity(self) -> float:
-        return TOP_M_SELF_AFFINITY if self.hparams.selection == "top_m" else SELF_AFFINITY
 
-    def init(self, key, num_clients):
-        _, clients = shared_init(self, key, num_clients)
-        copy = lambda tree: jax.tree.map(jnp.copy, tree)  # distinct buffers: the engine donates state
-        affinity = self.self_affinity * jnp.eye(num_clients, dtype=jnp.float32)
-        server = {"models": copy(clients), "available": jnp.zeros((num_clients,), bool)}
-        if self.hparams.offer_average:  # valid once a round's uploads arrived
-            server["average"] = jax.tree.map(lambda a: jnp.copy(a[0]), clients)
-        if self.hparams.num_federations:
-            server.update(self._federations_init(key, clients, num_clients))
-        return server, {"variables": clients, "first": copy(clients), "affinity": affinity,
-                        "index": jnp.arange(num_clients, dtype=jnp.int32)}
+def init(m, key, num_clients):
+    """Every client from one model; the server stores every client's model; affinities start on the diagonal."""
+    _, clients = training.shared_init(m, key, num_clients)
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  distinct buffers: the engine donates state
+    affinity = self_affinity(m) * jnp.eye(num_clients, dtype=jnp.float32)
+    server = {"models": copy(clients), "available": jnp.zeros((num_clients,), bool)}
+    if m.hparams.offer_average:  # valid once a round's uploads arrived
+        server["average"] = jax.tree.map(lambda a: jnp.copy(a[0]), clients)
+    if m.hparams.num_federations:
+        server.update(federations_init(m, key, clients, num_clients))
+    return server, {"variables": clients, "first": copy(clients), "affinity": affinity,
+                    "index": jnp.arange(num_clients, dtype=jnp.int32)}
 
-    def _federations_init(self, key, clients, num_clients):
-        """Server state of the sub-federations: every client's affinity row, last upload round and size."""
-        k = self.hparams.num_federations
-        if k >= num_clients:
-            raise UserError(f"method.num_federations={k} needs more clients than sub-federations "
-                            f"({num_clients} clients); lower it")
-        return {"affinity": self.self_affinity * jnp.eye(num_clients, dtype=jnp.float32),
-                "last_round": jnp.full((num_clients,), -1, jnp.int32),
-                "sizes": jnp.zeros((num_clients,), jnp.float32),
-                "cluster_start": jax.random.randint(jax.random.fold_in(key, 1), (), 0, num_clients),
-                "federations": jax.tree.map(lambda a: jnp.zeros((k + 1,) + a.shape[1:], a.dtype), clients),
-                "federations_valid": jnp.zeros((k + 1,), bool)}
 
-    def _federations_update(self, server, info, affinity_rows):
-        """The server's new sub-federation state after this round's uploads (module docstring)."""
-        k = self.hparams.num_federations
-        store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)
-        affinity = store(server["affinity"], affinity_rows)
-        last_round = store(server["last_round"], jnp.full(info.selected.shape, info.round, jnp.int32))
-        sizes = store(server["sizes"], info.num_samples)
-        embedding = spectral_clustering.spectral_embedding(sub_federations.affinity_graph(affinity), k)
-        labels = spectral_clustering.discretize_from(embedding, server["cluster_start"])
-        weights, valid = sub_federations.cluster_weights(labels, last_round, sizes, k)
-        return {"affinity": affinity, "last_round": last_round, "sizes": sizes,
-                "cluster_start": server["cluster_start"],
-                "federations": sub_federations.federation_models(server["models"], weights, valid),
-                "federations_valid": jnp.concatenate([valid, jnp.any(valid)[None]])}
+def federations_init(m, key, clients, num_clients):
+    """Server state of the sub-federations: every client's affinity row, last upload round and size."""
+    k = m.hparams.num_federations
+    if k >= num_clients:
+        raise UserError(f"method.num_federations={k} needs more clients than sub-federations "
+                        f"({num_clients} clients); lower it")
+    return {"affinity": self_affinity(m) * jnp.eye(num_clients, dtype=jnp.float32),
+            "last_round": jnp.full((num_clients,), -1, jnp.int32),
+            "sizes": jnp.zeros((num_clients,), jnp.float32),
+            "cluster_start": jax.random.randint(jax.random.fold_in(key, 1), (), 0, num_clients),
+            "federations": jax.tree.map(lambda a: jnp.zeros((k + 1,) + a.shape[1:], a.dtype), clients),
+            "federations_valid": jnp.zeros((k + 1,), bool)}
 
-    def validation_loss(self, variables, data):
-        """Mean CE of ``variables`` over the real samples of ``data``."""
 
-        def batch_sums(batch):
-            logits = self.model.apply(variables, batch.x, train=False).logits
-            count = jnp.sum(batch.mask.astype(jnp.float32))
-            return losses.cross_entropy(logits, batch.y, batch.mask) * count, count
+def federations_update(m, server, info, affinity_rows):
+    """The server's new sub-federation state after this round's uploads (module docstring)."""
+    k = m.hparams.num_federations
+    store = lambda old, new: model_store.store_arrived(old, info.selected, info.uploaded, new)
+    affinity = store(server["affinity"], affinity_rows)
+    last_round = store(server["last_round"], jnp.full(info.selected.shape, info.round, jnp.int32))
+    sizes = store(server["sizes"], info.num_samples)
+    embedding = spectral_clustering.spectral_embedding(sub_federations.affinity_graph(affinity), k)
+    labels = spectral_clustering.discretize_from(embedding, server["cluster_start"])
+    weights, valid = sub_federations.cluster_weights(labels, last_round, sizes, k)
+    return {"affinity": affinity, "last_round": last_round, "sizes": sizes,
+            "cluster_start": server["cluster_start"],
+            "federations": sub_federations.federation_models(server["models"], weights, valid),
+            "federations_valid": jnp.concatenate([valid, jnp.any(valid)[None]])}
 
-        nll, count = self.map_batches(batch_sums, data)  # fixed length: differentiable (tests take its gradient)
-        return jnp.sum(nll) / jnp.maximum(jnp.sum(count), 1.0)
 
-    def client_candidates(self, server, client, key, round_index):
-        """Step 1 -> (models [M, ...], their client ids [M], valid [M], is_own [M])."""
-        hp = self.hparams
-        index, affinity = client["index"], client["affinity"]
-        own_model = jax.tree.map(lambda a: a[None], client["variables"])
-        if hp.selection == "top_m":
-            count = min(hp.num_received + 1, affinity.shape[0])
-            ids = fomo_weights.top_m_select(key, affinity, count)
-            is_own = ids == index
-            models = jax.tree.map(lambda stored, own: jnp.where(is_own.reshape((-1,) + (1,) * (own.ndim - 1)),
-                                                                own, stored),
-                                  tree_ops.gather(server["models"], ids), own_model)
-            return models, ids, jnp.arange(count) < jnp.sum(server["available"]), is_own
-        count = min(hp.num_received, affinity.shape[0] - 1)
-        if count == 0:  # a single client: only its own model
-            return own_model, index[None], jnp.ones(1, bool), jnp.ones(1, bool)
-        available = server["available"].at[index].set(False)
-        eps = fomo_weights.exploration_rate(round_index, hp.epsilon, hp.epsilon_decay)
-        others, valid = fomo_weights.egreedy_select(key, affinity, available, count, eps)
-        is_own = jnp.arange(count + 1) == 0
-        return (_prepend(client["variables"], tree_ops.gather(server["models"], others)),
-                jnp.concatenate([index[None], others]), jnp.concatenate([jnp.ones(1, bool), valid]), is_own)
+def validation_loss(m, variables, data):
+    """Mean CE of ``variables`` over the real samples of ``data``."""
 
-    def federated_start(self, server, client, validation, key, round_index):
-        """Steps 1-3 -> (the model to train from this round, the new affinity row, the client's
-        collaboration: weight on its own models and on the others', whether all weights were 0)."""
-        hp = self.hparams
-        candidates, ids, clients_valid, is_own = self.client_candidates(server, client, key, round_index)
-        valid = clients_valid
-        extra = []  # server averages after the clients' models; they have no affinity entries
-        if hp.offer_average:
-            extra.append((jax.tree.map(lambda a: a[None], server["average"]), jnp.any(server["available"])[None]))
-        if hp.num_federations:  # k sub-federation averages and their mean
-            extra.append((server["federations"], server["federations_valid"]))
-        for models, ok in extra:
-            candidates, valid = _concat(candidates, models), jnp.concatenate([valid, ok])
-            is_own = jnp.concatenate([is_own, jnp.zeros(ok.shape, bool)])
-        base = client["first"]
-        val_losses = jax.vmap(lambda v: self.validation_loss(v, validation))(_prepend(base, candidates))
-        distances = jax.vmap(lambda c: fomo_weights.parameter_distance(c, base["params"], hp.norm))(candidates["params"])
-        raw = fomo_weights.raw_weights(val_losses[0], val_losses[1:], distances, valid)
-        weights = fomo_weights.positive_weights(raw)
-        start = fomo_weights.apply_weights(base, candidates, weights)
-        no_gain = ~jnp.any(weights > 0)
-        if hp.no_gain == "latest":
-            start = tree_ops.select(no_gain, client["variables"], start)
-        increment = raw if hp.selection == "top_m" else fomo_weights.affinity_increment(raw)  # over all candidates
-        affinity = client["affinity"].at[ids].add(jnp.where(clients_valid, increment[:ids.shape[0]], 0.0))
-        shares = collaboration.own_and_others(weights, is_own)
-        shares = {**shares, "self_weight": jnp.where(no_gain, 1.0, shares["self_weight"]), "all_zero_share": no_gain}
-        return start, affinity, shares
+    def batch_sums(batch):
+        logits = m.model.apply(variables, batch.x, train=False).logits
+        count = jnp.sum(batch.mask.astype(jnp.float32))
+        return losses.cross_entropy(logits, batch.y, batch.mask) * count, count
 
-    def client_update(self, server, client, data, key, info):
-        k_select, k_train = jax.random.split(key)
-        train_part, validation = split_train_validation(data, self.hparams.val_fraction)
-        start, affinity, shares = self.federated_start(server, client, validation, k_select, info.round)
-        variables, loss = self.train(self.supervised_objective(), start, train_part, k_train, info.epochs)
-        client = {**client, "variables": variables, "first": start, "affinity": affinity}
-        upload = {"variables": variables, "loss": loss, "collaboration": shares}
-        if self.hparams.num_federations:  # the server clusters every client's affinity row
-            upload["affinity"] = affinity
-        return client, upload
+    nll, count = training.map_batches(m, batch_sums, data)  # fixed length: differentiable (tests take its gradient)
+    return jnp.sum(nll) / jnp.maximum(jnp.sum(count), 1.0)
 
-    def round_diagnostics(self, server, new_server, uploads, info):
-        return {**collaboration.client_means(uploads["collaboration"]),
-                **collaboration.distance_summary(server["models"]["params"])}
 
-    def server_update(self, server, clients, uploads, info):
-        models = model_store.store_arrived(server["models"], info.selected, info.uploaded, uploads["variables"])
-        available = model_store.arrived_mask(server["available"].shape[0], info.selected, info.uploaded)
-        new = {"models": models, "available": available}
-        if self.hparams.offer_average:
-            new["average"] = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights,
-                                                          server["average"])
-        if self.hparams.num_federations:
-            new.update(self._federations_update({**server, **new}, info, uploads["affinity"]))
-        return new, clients
+def client_candidates(m, server, client, key, round_index):
+    """Step 1 -> (models [M, ...], their client ids [M], valid [M], is_own [M])."""
+    hp = m.hparams
+    index, affinity = client["index"], client["affinity"]
+    own_model = jax.tree.map(lambda a: a[None], client["variables"])
+    if hp.selection == "top_m":
+        count = min(hp.num_received + 1, affinity.shape[0])
+        ids = fomo_weights.top_m_select(key, affinity, count)
+        is_own = ids == index
+        models = jax.tree.map(lambda stored, own: jnp.where(is_own.reshape((-1,) + (1,) * (own.ndim - 1)),
+                                                            own, stored),
+                              tree_ops.gather(server["models"], ids), own_model)
+        return models, ids, jnp.arange(count) < jnp.sum(server["available"]), is_own
+    count = min(hp.num_received, affinity.shape[0] - 1)
+    if count == 0:  # a single client: only its own model
+        return own_model, index[None], jnp.ones(1, bool), jnp.ones(1, bool)
+    available = server["available"].at[index].set(False)
+    eps = fomo_weights.exploration_rate(round_index, hp.epsilon, hp.epsilon_decay)
+    others, valid = fomo_weights.egreedy_select(key, affinity, available, count, eps)
+    is_own = jnp.arange(count + 1) == 0
+    return (_prepend(client["variables"], tree_ops.gather(server["models"], others)),
+            jnp.concatenate([index[None], others]), jnp.concatenate([jnp.ones(1, bool), valid]), is_own)
+
+
+def federated_start(m, server, client, validation, key, round_index):
+    """Steps 1-3 -> (the model to train from this round, the new affinity row, the client's
+    collaboration: weight on its own models and on the others', whether all weights were 0)."""
+    hp = m.hparams
+    candidates, ids, clients_valid, is_own = client_candidates(m, server, client, key, round_index)
+    valid = clients_valid
+    extra = []  # server averages after the clients' models; they have no affinity entries
+    if hp.offer_average:
+        extra.append((jax.tree.map(lambda a: a[None], server["average"]), jnp.any(server["available"])[None]))
+    if hp.num_federations:  # k sub-federation averages and their mean
+        extra.append((server["federations"], server["federations_valid"]))
+    for models, ok in extra:
+        candidates, valid = _concat(candidates, models), jnp.concatenate([valid, ok])
+        is_own = jnp.concatenate([is_own, jnp.zeros(ok.shape, bool)])
+    base = client["first"]
+    val_losses = jax.vmap(lambda v: validation_loss(m, v, validation))(_prepend(base, candidates))
+    distances = jax.vmap(lambda c: fomo_weights.parameter_distance(c, base["params"], hp.norm))(candidates["params"])
+    raw = fomo_weights.raw_weights(val_losses[0], val_losses[1:], distances, valid)
+    weights = fomo_weights.positive_weights(raw)
+    start = fomo_weights.apply_weights(base, candidates, weights)
+    no_gain = ~jnp.any(weights > 0)
+    if hp.no_gain == "latest":
+        start = tree_ops.select(no_gain, client["variables"], start)
+    increment = raw if hp.selection == "top_m" else fomo_weights.affinity_increment(raw)  # over all candidates
+    affinity = client["affinity"].at[ids].add(jnp.where(clients_valid, increment[:ids.shape[0]], 0.0))
+    shares = collaboration.own_and_others(weights, is_own)
+    shares = {**shares, "self_weight": jnp.where(no_gain, 1.0, shares["self_weight"]), "all_zero_share": no_gain}
+    return start, affinity, shares
+
+
+def client_update(m, server, client, data, key, info):
+    """Steps 1-4: hold out validation data, weight the downloaded models into the start, train E epochs on the
+    rest, upload the trained model (and the affinity row, for the sub-federations)."""
+    k_select, k_train = jax.random.split(key)
+    train_part, validation = split_train_validation(data, m.hparams.val_fraction)
+    start, affinity, shares = federated_start(m, server, client, validation, k_select, info.round)
+    variables, loss = training.train(m, training.supervised_objective(m), start, train_part, k_train, info.epochs)
+    client = {**client, "variables": variables, "first": start, "affinity": affinity}
+    upload = {"variables": variables, "loss": loss, "collaboration": shares}
+    if m.hparams.num_federations:  # the server clusters every client's affinity row
+        upload["affinity"] = affinity
+    return client, upload
+
+
+def round_diagnostics(m, server, new_server, uploads, info):
+    """The selected clients' weights on their own and the others' models; the stored models' distances."""
+    return {**collaboration.client_means(uploads["collaboration"]),
+            **collaboration.distance_summary(server["models"]["params"])}
+
+
+def server_update(m, server, clients, uploads, info):
+    """Store the arrived models (and the average or the sub-federations' averages that are offered)."""
+    models = model_store.store_arrived(server["models"], info.selected, info.uploaded, uploads["variables"])
+    available = model_store.arrived_mask(server["available"].shape[0], info.selected, info.uploaded)
+    new = {"models": models, "available": available}
+    if m.hparams.offer_average:
+        new["average"] = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights,
+                                                      server["average"])
+    if m.hparams.num_federations:
+        new.update(federations_update(m, {**server, **new}, info, uploads["affinity"]))
+    return new, clients
+
+
+FEDFOMO = Algorithm(
+    name="fedfomo",
+    paper=Paper("FedFomo", authors="Michael Zhang, Karan Sapra, Sanja Fidler, Serena Yeung, Jose M. Alvarez",
+                title="Personalized Federated Learning with First Order Model Optimization", venue="ICLR", year=2021,
+                url="https://arxiv.org/abs/2012.08565", code="NVlabs/FedFomo"),
+    hparams_type=FedFomoConfig,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    round_diagnostics=round_diagnostics,
+)

@@ -26,7 +26,7 @@ JianXu95/FedPAC methods/fedpac.py, tools.py, running.py):
    prototypes, counts, V_i, h_i and the mean train loss of step 3.
 
 Server (only uploads that arrived, ``info.uploaded``, take part):
-- body: weighted mean with n_i (SharedBodyMethod);
+- body: weighted mean with n_i (`shared_body.average`);
 - global prototypes: c^k = sum_i n_ik c_i^k / sum_i n_ik over this round's
   uploads (`aggregation.prototype_aggregate`; ``proto_weights='clients'``:
   the plain mean over the uploads that hold class k, as PFLlib); as in the
@@ -89,7 +89,8 @@ from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import classifier_combination, collaboration, optim, prototypes, simplex_qp
-from fedjax_pfl.methods.shared_body import SharedBodyMethod
+from fedjax_pfl.methods import shared_body, training
+from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -147,124 +148,153 @@ class FedPACProtoConfig(FedPACLocalConfig):
     temperature: float = option(1.0, "softmax temperature of the prototype-loss weights", more_than=0.0)
 
 
-class FedPAC(SharedBodyMethod):
-    name = "fedpac"
-    hparams_type = FedPACConfig
-    needs_selected_state = True  # the server step combines the selected clients' heads
+# ---- state ---------------------------------------------------------------------------
 
-    # ---- state -------------------------------------------------------------
-    def init(self, key, num_clients):
-        server, clients = super().init(key, num_clients)
-        C, d = self.model.num_classes, self.model.feature_dim
-        server = {**server, "prototypes": jnp.zeros((C, d), jnp.float32), "present": jnp.zeros((C,), bool)}
-        return server, clients
 
-    # ---- client ------------------------------------------------------------
-    def head_optimizer(self):
-        h = self.hparams
-        if h.head_optimizer == "run":
-            return self.setup.optimizer
-        return optim.make_optimizer("sgd", h.head_lr, h.head_momentum, h.head_weight_decay)
+def head_optimizer(m):
+    """The head epochs' optimizer: the authors' SGD, or the run's (head_optimizer='run')."""
+    h = m.hparams
+    if h.head_optimizer == "run":
+        return m.setup.optimizer
+    return optim.make_optimizer("sgd", h.head_lr, h.head_momentum, h.head_weight_decay)
 
-    def kept_optimizers(self):
-        return {"head_opt_state": ("head", self.head_optimizer()), "body_opt_state": ("body", None)}
 
-    def class_sums(self, variables, data):
-        def feature_fn(x):
-            return self.model.apply(variables, x, train=False).features
+def kept_optimizers(m) -> dict:
+    """The optimizer states a client keeps under train.persistent_optimizer: one for the head, one for the body."""
+    return {"head_opt_state": ("head", head_optimizer(m)), "body_opt_state": ("body", None)}
 
-        s = self.setup
-        return prototypes.client_class_sums(feature_fn, data, self.model.num_classes, s.batch_size, s.normalize)
 
-    def client_update(self, server, client, data, key, info):
-        h = self.hparams
-        variables = self.receive(server, client)
-        sums = self.class_sums(variables, data)
-        v, h_stat = prototypes.feature_statistics(sums, h.variance)
-        local_protos, _ = prototypes.prototypes(sums)
+def init(m, key, num_clients):
+    """The shared-body state plus the global prototypes (none present yet)."""
+    server, clients = shared_body.init(m, key, num_clients, kept=kept_optimizers(m))
+    C, d = m.model.num_classes, m.model.feature_dim
+    return {**server, "prototypes": jnp.zeros((C, d), jnp.float32), "present": jnp.zeros((C,), bool)}, clients
 
-        k_head, k_body = jax.random.split(key)
-        variables, _, kept_head = self.train_kept(self.supervised_objective(), client, variables, data, k_head,
+
+# ---- client: steps 1-4 -------------------------------------------------------------------
+
+
+def class_sums(m, variables, data):
+    def feature_fn(x):
+        return m.model.apply(variables, x, train=False).features
+
+    s = m.setup
+    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize)
+
+
+def client_update(m, server, client, data, key, info):
+    h = m.hparams
+    variables = shared_body.receive(m, server, client)
+    sums = class_sums(m, variables, data)  # step 1
+    v, h_stat = prototypes.feature_statistics(sums, h.variance)
+    local_protos, _ = prototypes.prototypes(sums)
+
+    k_head, k_body = jax.random.split(key)  # step 2
+    variables, _, kept_head = training.train_kept(m, training.supervised_objective(m), client, variables, data, k_head,
                                                   h.head_epochs, "head_opt_state", part="head",
-                                                  optimizer=self.head_optimizer(), max_epochs=h.head_epochs)
+                                                  optimizer=head_optimizer(m), max_epochs=h.head_epochs)
 
-        targets = jnp.where(server["present"][:, None], server["prototypes"], local_protos)
-        targets = jax.lax.stop_gradient(targets)
-        weight = jnp.where(info.round > 0, h.lam, 0.0)
+    targets = jnp.where(server["present"][:, None], server["prototypes"], local_protos)  # step 3
+    targets = jax.lax.stop_gradient(targets)
+    weight = jnp.where(info.round > 0, h.lam, 0.0)
 
-        def alignment(variables, batch, out, key):
-            wanted = targets[batch.y]
-            mse = losses.feature_mse(out.features, wanted, batch.mask)
-            if h.alignment == "relative":  # in units of the targets' own mean square (a constant of the step)
-                mse = mse / jnp.maximum(losses.feature_mse(jnp.zeros_like(wanted), wanted, batch.mask), 1e-12)
-            return weight * mse
+    def alignment(variables, batch, out, key):
+        wanted = targets[batch.y]
+        mse = losses.feature_mse(out.features, wanted, batch.mask)
+        if h.alignment == "relative":  # in units of the targets' own mean square (a constant of the step)
+            mse = mse / jnp.maximum(losses.feature_mse(jnp.zeros_like(wanted), wanted, batch.mask), 1e-12)
+        return weight * mse
 
-        variables, loss, kept_body = self.train_kept(self.supervised_objective(alignment), client, variables, data,
-                                                     k_body, info.epochs, "body_opt_state", part="body")
-        protos, counts = prototypes.prototypes(self.class_sums(variables, data))
-        upload = {
-            "body": self.shared_body(variables),
-            "head": tree_ops.part_of(variables, "head"),
-            "prototypes": protos,
-            "counts": counts,
-            "V": v,
-            "h": h_stat,
-            "loss": loss,
-        }
-        return {**client, "variables": variables, **kept_head, **kept_body}, upload
-
-    # ---- server ------------------------------------------------------------
-    def head_weights(self, uploads, info):
-        """[S, S]: row i = the weights client i gives the uploaded heads."""
-        h = self.hparams
-        P = classifier_combination.qp_matrices(uploads["V"], uploads["h"])
-        return aggregation.combination_weights_batch(
-            P, info.uploaded, floor=h.psd_floor, repair=h.psd_repair, min_weight=h.min_weight,
-            num_iters=h.qp_iters)
-
-    def combination(self, uploads, info):
-        """(weights [S, S], keep_own [S]): the head weights of the clients that combine, zero rows for those
-        that keep their own head (upload lost, or no finite weights)."""
-        weights = self.head_weights(uploads, info)
-        keep_own = ~info.uploaded | ~jnp.all(jnp.isfinite(weights), axis=1)
-        return jnp.where(keep_own[:, None], 0.0, weights), keep_own
-
-    def round_diagnostics(self, server, new_server, uploads, info):
-        """The new heads' weights (a kept head: weight 1 on itself) and the uploaded heads' distances."""
-        weights, keep_own = self.combination(uploads, info)
-        own = jnp.arange(weights.shape[0])
-        weights = jnp.where(keep_own[:, None], jnp.eye(weights.shape[0]), weights)
-        return {**collaboration.weight_summary(weights, own), **collaboration.distance_summary(uploads["head"])}
-
-    def server_update(self, server, clients, uploads, info):
-        server, clients = super().server_update(server, clients, uploads, info)
-        weights = aggregation.prototype_weights(uploads["counts"], info.uploaded, self.hparams.proto_weights)
-        protos, present = aggregation.prototype_aggregate(uploads["prototypes"], weights)
-        any_upload = jnp.any(info.uploaded)
-        server = {
-            **server,
-            "prototypes": jnp.where(any_upload, protos, server["prototypes"]),
-            "present": jnp.where(any_upload, present, server["present"]),
-        }
-        weights, keep_own = self.combination(uploads, info)
-
-        def combine(a):  # new head_i = sum_j a_ij head_j over arrived uploads; else head_i itself
-            arrived = info.uploaded.reshape((-1,) + (1,) * (a.ndim - 1))
-            mixed = jnp.tensordot(weights.astype(a.dtype), jnp.where(arrived, a, 0), axes=1,
-                                  precision=jax.lax.Precision.HIGHEST)
-            return jnp.where(keep_own.reshape(arrived.shape), a, mixed)
-
-        heads = jax.tree.map(combine, uploads["head"])
-        variables = tree_ops.with_part(clients["variables"], "head", heads)
-        return server, {**clients, "variables": variables}
+    variables, loss, kept_body = training.train_kept(m, training.supervised_objective(m, alignment), client, variables,
+                                                     data, k_body, info.epochs, "body_opt_state", part="body")
+    protos, counts = prototypes.prototypes(class_sums(m, variables, data))  # step 4
+    extras = {"head": tree_ops.part_of(variables, "head"), "prototypes": protos, "counts": counts, "V": v,
+              "h": h_stat}
+    return shared_body.upload(m, client, variables, loss, kept={**kept_head, **kept_body}, extras=extras)
 
 
-class FedPACProto(FedPAC):
-    name = "fedpac_proto"
-    hparams_type = FedPACProtoConfig
+# ---- server ------------------------------------------------------------------------------
 
-    def head_weights(self, uploads, info):
-        f = classifier_combination.prototype_losses(self.model, uploads["head"], uploads["prototypes"], uploads["counts"])
-        if self.hparams.direction == "reverse":
+
+def head_weights(m, uploads, info):
+    """[S, S]: row i = the weights client i gives the uploaded heads: FedPAC's QP, or (fedpac_proto) the
+    softmax of the prototype losses."""
+    h = m.hparams
+    if isinstance(h, FedPACProtoConfig):
+        f = classifier_combination.prototype_losses(m.model, uploads["head"], uploads["prototypes"], uploads["counts"])
+        if h.direction == "reverse":
             f = f.T
-        return aggregation.softmax_weights(f, mask=info.uploaded, temperature=self.hparams.temperature)
+        return aggregation.softmax_weights(f, mask=info.uploaded, temperature=h.temperature)
+    P = classifier_combination.qp_matrices(uploads["V"], uploads["h"])
+    return aggregation.combination_weights_batch(P, info.uploaded, floor=h.psd_floor, repair=h.psd_repair,
+                                                 min_weight=h.min_weight, num_iters=h.qp_iters)
+
+
+def combination(m, uploads, info):
+    """(weights [S, S], keep_own [S]): the head weights of the clients that combine, zero rows for those that
+    keep their own head (upload lost, or no finite weights)."""
+    weights = head_weights(m, uploads, info)
+    keep_own = ~info.uploaded | ~jnp.all(jnp.isfinite(weights), axis=1)
+    return jnp.where(keep_own[:, None], 0.0, weights), keep_own
+
+
+def server_update(m, server, clients, uploads, info):
+    """The bodies' mean weighted by n_i, this round's global prototypes, and each uploading client's combined
+    head."""
+    server = shared_body.average(m, server, uploads, info.sample_weights)
+    weights = aggregation.prototype_weights(uploads["counts"], info.uploaded, m.hparams.proto_weights)
+    protos, present = aggregation.prototype_aggregate(uploads["prototypes"], weights)
+    any_upload = jnp.any(info.uploaded)
+    server = {
+        **server,
+        "prototypes": jnp.where(any_upload, protos, server["prototypes"]),
+        "present": jnp.where(any_upload, present, server["present"]),
+    }
+    weights, keep_own = combination(m, uploads, info)
+
+    def combine(a):  # new head_i = sum_j a_ij head_j over arrived uploads; else head_i itself
+        arrived = info.uploaded.reshape((-1,) + (1,) * (a.ndim - 1))
+        mixed = jnp.tensordot(weights.astype(a.dtype), jnp.where(arrived, a, 0), axes=1,
+                              precision=jax.lax.Precision.HIGHEST)
+        return jnp.where(keep_own.reshape(arrived.shape), a, mixed)
+
+    heads = jax.tree.map(combine, uploads["head"])
+    variables = tree_ops.with_part(clients["variables"], "head", heads)
+    return server, {**clients, "variables": variables}
+
+
+def round_diagnostics(m, server, new_server, uploads, info):
+    """The new heads' weights (a kept head: weight 1 on itself) and the uploaded heads' distances."""
+    weights, keep_own = combination(m, uploads, info)
+    own = jnp.arange(weights.shape[0])
+    weights = jnp.where(keep_own[:, None], jnp.eye(weights.shape[0]), weights)
+    return {**collaboration.weight_summary(weights, own), **collaboration.distance_summary(uploads["head"])}
+
+
+_PAPER = dict(authors="Jian Xu, Xinyi Tong, Shao-Lun Huang", title="Personalized Federated Learning with Feature "
+              "Alignment and Classifier Collaboration", venue="ICLR", year=2023, url="https://arxiv.org/abs/2306.11867",
+              code="JianXu95/FedPAC")
+
+FEDPAC = Algorithm(
+    name="fedpac",
+    paper=Paper("FedPAC", **_PAPER),
+    hparams_type=FedPACConfig,
+    eval_models=shared_body.EVAL_MODELS,
+    schedule=Schedule(needs_selected_state=True),  # the server step combines the selected clients' heads
+    needs_body_head_split=True,
+    keeps_optimizer_state=True,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    eval_variables=shared_body.eval_variables,
+    round_diagnostics=round_diagnostics,
+)
+
+FEDPAC_PROTO = dataclasses.replace(
+    FEDPAC,
+    name="fedpac_proto",
+    paper=Paper("FedPAC (prototype-loss weights)", **_PAPER, note="A variant of FedPAC (the 'Modify' row of the "
+                "FedPAC comparison this project reproduces): the head-combination weights come from prototype "
+                "losses instead of a quadratic program. Not a separate publication."),
+    hparams_type=FedPACProtoConfig,
+)

@@ -40,7 +40,8 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import prototypes
-from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods import training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
 
 EVAL_BY = ("head", "prototype")
@@ -55,51 +56,69 @@ class FedProtoConfig(Options):
                           choices=EVAL_BY)
 
 
-class FedProto(Method):
-    name = "fedproto"
-    hparams_type = FedProtoConfig
+def init(m, key, num_clients):
+    """Every client's private model from one initial model; no global prototype yet."""
+    _, clients = training.shared_init(m, key, num_clients)
+    C, d = m.model.num_classes, m.model.feature_dim
+    server = {"prototypes": jnp.zeros((C, d), jnp.float32), "present": jnp.zeros((C,), bool)}
+    return server, {"variables": clients}
 
-    def init(self, key, num_clients):
-        _, clients = shared_init(self, key, num_clients)
-        C, d = self.model.num_classes, self.model.feature_dim
-        server = {"prototypes": jnp.zeros((C, d), jnp.float32), "present": jnp.zeros((C,), bool)}
-        return server, {"variables": clients}
 
-    def client_update(self, server, client, data, key, info):
-        lam, protos, present = self.hparams.lam, server["prototypes"], server["present"]
+def client_update(m, server, client, data, key, info):
+    """Steps 1-2: E epochs of CE + lam MSE to the global prototypes; upload the local prototypes and counts."""
+    lam, protos, present = m.hparams.lam, server["prototypes"], server["present"]
 
-        def prototype_term(variables, batch, out, key):
-            own = jax.lax.stop_gradient(out.features)
-            targets = jnp.where(present[batch.y][:, None], protos[batch.y], own)
-            return lam * losses.feature_mse(out.features, targets, batch.mask)
+    def prototype_term(variables, batch, out, key):
+        own = jax.lax.stop_gradient(out.features)
+        targets = jnp.where(present[batch.y][:, None], protos[batch.y], own)
+        return lam * losses.feature_mse(out.features, targets, batch.mask)
 
-        variables, loss = self.train(self.supervised_objective(prototype_term), client["variables"], data, key,
-                                     info.epochs)
+    variables, loss = training.train(m, training.supervised_objective(m, prototype_term), client["variables"], data,
+                                     key, info.epochs)
 
-        def feature_fn(x):
-            return self.model.apply(variables, x, train=False).features
+    def feature_fn(x):
+        return m.model.apply(variables, x, train=False).features
 
-        s = self.setup
-        sums = prototypes.client_class_sums(feature_fn, data, self.model.num_classes, s.batch_size, s.normalize)
-        local, counts = prototypes.prototypes(sums)
-        return {"variables": variables}, {"prototypes": local, "counts": counts, "loss": loss}
+    s = m.setup
+    sums = prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize)
+    local, counts = prototypes.prototypes(sums)
+    return {"variables": variables}, {"prototypes": local, "counts": counts, "loss": loss}
 
-    def server_update(self, server, clients, uploads, info):
-        weights = aggregation.prototype_weights(uploads["counts"], info.uploaded, self.hparams.proto_weights)
-        protos, present = aggregation.prototype_aggregate(uploads["prototypes"], weights)
-        any_upload = jnp.any(info.uploaded)
-        return {
-            "prototypes": jnp.where(any_upload, protos, server["prototypes"]),
-            "present": jnp.where(any_upload, present, server["present"]),
-        }, clients
 
-    def eval_variables(self, server, client, data, key):
-        if self.hparams.eval_by == "head":
-            return client["variables"]
-        return {"model": client["variables"], "prototypes": server["prototypes"], "present": server["present"]}
+def server_update(m, server, clients, uploads, info):
+    """This round's global prototypes (the previous ones when no upload arrived)."""
+    weights = aggregation.prototype_weights(uploads["counts"], info.uploaded, m.hparams.proto_weights)
+    protos, present = aggregation.prototype_aggregate(uploads["prototypes"], weights)
+    any_upload = jnp.any(info.uploaded)
+    return {
+        "prototypes": jnp.where(any_upload, protos, server["prototypes"]),
+        "present": jnp.where(any_upload, present, server["present"]),
+    }, clients
 
-    def eval_logits(self, variables, x):
-        if self.hparams.eval_by == "head":
-            return super().eval_logits(variables, x)
-        features = self.model.apply(variables["model"], x, train=False).features
-        return prototypes.nearest_prototype_logits(features, variables["prototypes"], variables["present"])
+
+def eval_variables(m, server, client, data, key):
+    if m.hparams.eval_by == "head":
+        return client["variables"]
+    return {"model": client["variables"], "prototypes": server["prototypes"], "present": server["present"]}
+
+
+def eval_logits(m, variables, x):
+    """The model's logits, or (eval_by='prototype') the nearest global prototype's."""
+    if m.hparams.eval_by == "head":
+        return m.model.apply(variables, x, train=False).logits
+    features = m.model.apply(variables["model"], x, train=False).features
+    return prototypes.nearest_prototype_logits(features, variables["prototypes"], variables["present"])
+
+
+FEDPROTO = Algorithm(
+    name="fedproto",
+    paper=Paper("FedProto", authors="Yue Tan, Guodong Long, Lu Liu, Tianyi Zhou, Qinghua Lu, Jing Jiang, "
+                "Chengqi Zhang", title="FedProto: Federated Prototype Learning across Heterogeneous Clients",
+                venue="AAAI", year=2022, url="https://arxiv.org/abs/2105.00243", code="yuetan031/FedProto"),
+    hparams_type=FedProtoConfig,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    eval_variables=eval_variables,
+    eval_logits=eval_logits,
+)

@@ -23,8 +23,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fedjax_pfl.methods import shared_body, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.methods.shared_body import SharedBodyMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,27 +35,46 @@ class FedRepConfig(Options):
                                      at_least=1, none="train.local_epochs, as PFLlib")
 
 
-class FedRep(SharedBodyMethod):
-    name = "fedrep"
-    hparams_type = FedRepConfig
+def body_epochs(m, epochs):
+    """(this client's body epochs, their static maximum) for ``epochs`` (E, or fewer for a straggler)."""
+    b = m.hparams.body_epochs
+    if b is None:
+        return epochs, m.setup.local_epochs
+    return jnp.clip(b * epochs // m.setup.local_epochs, 1, b), b
 
-    def body_epochs(self, epochs):
-        """(this client's body epochs, their static maximum) for ``epochs`` (E, or fewer for a straggler)."""
-        b = self.hparams.body_epochs
-        if b is None:
-            return epochs, self.setup.local_epochs
-        return jnp.clip(b * epochs // self.setup.local_epochs, 1, b), b
 
-    def kept_optimizers(self):
-        return {"head_opt_state": ("head", None), "body_opt_state": ("body", None)}  # PFLlib: optimizer_per, optimizer
+KEPT_OPTIMIZERS = {"head_opt_state": ("head", None), "body_opt_state": ("body", None)}  # PFLlib: optimizer_per, optimizer
 
-    def local_phase(self, server, client, variables, data, key, info):
-        k_head, k_body = jax.random.split(key)
-        objective = self.supervised_objective()
-        h = self.hparams.head_epochs
-        body, body_max = self.body_epochs(info.epochs)
-        variables, _, kept_head = self.train_kept(objective, client, variables, data, k_head, h, "head_opt_state",
+
+def init(m, key, num_clients):
+    return shared_body.init(m, key, num_clients, kept=KEPT_OPTIMIZERS)
+
+
+def client_update(m, server, client, data, key, info):
+    """Receive the global body; train the head (body fixed), then the body (head fixed); upload the body."""
+    variables = shared_body.receive(m, server, client)
+    k_head, k_body = jax.random.split(key)
+    objective = training.supervised_objective(m)
+    h = m.hparams.head_epochs
+    body, body_max = body_epochs(m, info.epochs)
+    variables, _, kept_head = training.train_kept(m, objective, client, variables, data, k_head, h, "head_opt_state",
                                                   part="head", max_epochs=h)
-        variables, loss, kept_body = self.train_kept(objective, client, variables, data, k_body, body,
+    variables, loss, kept_body = training.train_kept(m, objective, client, variables, data, k_body, body,
                                                      "body_opt_state", part="body", max_epochs=body_max)
-        return variables, loss, {**kept_head, **kept_body}
+    return shared_body.upload(m, client, variables, loss, {**kept_head, **kept_body})
+
+
+FEDREP = Algorithm(
+    name="fedrep",
+    paper=Paper("FedRep", authors="Liam Collins, Hamed Hassani, Aryan Mokhtari, Sanjay Shakkottai",
+                title="Exploiting Shared Representations for Personalized Federated Learning", venue="ICML",
+                year=2021, url="https://arxiv.org/abs/2102.07078"),
+    hparams_type=FedRepConfig,
+    eval_models=shared_body.EVAL_MODELS,
+    needs_body_head_split=True,
+    keeps_optimizer_state=True,
+    init=init,
+    client_update=client_update,
+    server_update=shared_body.server_update,
+    eval_variables=shared_body.eval_variables,
+)

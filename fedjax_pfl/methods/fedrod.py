@@ -27,56 +27,70 @@ import jax.numpy as jnp
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.fedavg import FedAvg
+from fedjax_pfl.methods import fedavg, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 
 PERSONAL = "personal"  # the personal head's key beside 'body' and 'head' in the trained params
 
 
-class FedRoD(FedAvg):
-    """FedAvg's server step on the generic model; client state = the personal head."""
+def check_linear_head(m) -> None:
+    """When bound: the summed prediction is one head only when the model's head is one Dense layer."""
+    head = jax.eval_shape(m.model.init, jax.random.key(0))["params"]["head"]
+    if set(head) != {"logits"}:
+        raise UserError(f"fedrod needs a model whose head is one Dense layer; {m.model.name}'s head "
+                        f"has {', '.join(head)}: choose e.g. mlp, fedavgcnn, lenet or resnet8")
 
-    name = "fedrod"
-    keeps_optimizer_state = False  # trains with its own steps, not train_kept
-    hparams_type = None
 
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        head = jax.eval_shape(self.model.init, jax.random.key(0))["params"]["head"]
-        if set(head) != {"logits"}:
-            raise UserError(f"fedrod needs a model whose head is one Dense layer; {self.model.name}'s head "
-                            f"has {', '.join(head)}: choose e.g. mlp, fedavgcnn, lenet or resnet8")
+def init(m, key, num_clients):
+    """The generic model on the server; each client's personal head starts as the initial generic head."""
+    variables = m.model.init(key)
+    personal = tree_ops.broadcast(variables["params"]["head"], num_clients)
+    return {"variables": variables}, {"head": personal}
 
-    def init(self, key, num_clients):
-        variables = self.init_variables(key)
-        personal = tree_ops.broadcast(variables["params"]["head"], num_clients)
-        return {"variables": variables}, {"head": personal}
 
-    def objective(self, counts):
-        """Balanced softmax on the generic model + CE of the combined logits for the personal head."""
+def objective(m, counts):
+    """Balanced softmax on the generic model + CE of the combined logits for the personal head."""
 
-        def objective(v, batch, key):
-            params = dict(v["params"])
-            personal = params.pop(PERSONAL)
-            out = self.model.apply({**v, "params": params}, batch.x, train=True, mask=batch.mask)
-            generic_loss = losses.balanced_softmax_cross_entropy(out.logits, batch.y, counts, batch.mask)
-            personal_logits = self.model.apply_head({"params": {"head": personal}}, jax.lax.stop_gradient(out.features))
-            combined = jax.lax.stop_gradient(out.logits) + personal_logits
-            return generic_loss + losses.cross_entropy(combined, batch.y, batch.mask), out.batch_stats
-
-        return objective
-
-    def client_update(self, server, client, data, key, info):
-        real = jnp.arange(data.y.shape[0]) < data.n
-        counts = losses.class_counts(data.y, self.model.num_classes, real)
-        generic = server["variables"]
-        start = {**generic, "params": {**generic["params"], PERSONAL: client["head"]}}
-        trained, loss = self.train(self.objective(counts), start, data, key, info.epochs)
-        params = dict(trained["params"])
+    def objective(v, batch, key):
+        params = dict(v["params"])
         personal = params.pop(PERSONAL)
-        return {"head": personal}, {"variables": {**trained, "params": params}, "loss": loss}
+        out = m.model.apply({**v, "params": params}, batch.x, train=True, mask=batch.mask)
+        generic_loss = losses.balanced_softmax_cross_entropy(out.logits, batch.y, counts, batch.mask)
+        personal_logits = m.model.apply_head({"params": {"head": personal}}, jax.lax.stop_gradient(out.features))
+        combined = jax.lax.stop_gradient(out.logits) + personal_logits
+        return generic_loss + losses.cross_entropy(combined, batch.y, batch.mask), out.batch_stats
 
-    def eval_variables(self, server, client, data, key):
-        """The generic model whose head is generic + personal (logits add for linear heads)."""
-        generic = server["variables"]
-        head = tree_ops.add(generic["params"]["head"], client["head"])
-        return tree_ops.with_trainable(generic, "head", head)
+    return objective
+
+
+def client_update(m, server, client, data, key, info):
+    """E epochs of both losses on the generic model and the personal head together; upload the generic model."""
+    real = jnp.arange(data.y.shape[0]) < data.n
+    counts = losses.class_counts(data.y, m.model.num_classes, real)
+    generic = server["variables"]
+    start = {**generic, "params": {**generic["params"], PERSONAL: client["head"]}}
+    trained, loss = training.train(m, objective(m, counts), start, data, key, info.epochs)
+    params = dict(trained["params"])
+    personal = params.pop(PERSONAL)
+    return {"head": personal}, {"variables": {**trained, "params": params}, "loss": loss}
+
+
+def eval_variables(m, server, client, data, key):
+    """The generic model whose head is generic + personal (logits add for linear heads)."""
+    generic = server["variables"]
+    head = tree_ops.add(generic["params"]["head"], client["head"])
+    return tree_ops.with_trainable(generic, "head", head)
+
+
+FEDROD = Algorithm(
+    name="fedrod",
+    paper=Paper("FedRoD", authors="Hong-You Chen, Wei-Lun Chao", title="On Bridging Generic and Personalized "
+                "Federated Learning for Image Classification", venue="ICLR", year=2022,
+                url="https://arxiv.org/abs/2107.00778"),
+    eval_models=("global",),
+    static=check_linear_head,
+    init=init,
+    client_update=client_update,
+    server_update=fedavg.server_update,  # FedAvg's server step on the generic model
+    eval_variables=eval_variables,
+)

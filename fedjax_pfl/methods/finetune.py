@@ -7,7 +7,7 @@ of cross-entropy on its own train data, on ``finetune_part`` ('all', 'head' or
 'body'), with the run's optimizer started fresh. The copy is thrown away after
 the test: the stored server and client state never changes. A method opts in
 by deriving its options from `FineTuneConfig` and passing the variables it
-evaluates through `finetuned` in ``eval_variables``.
+evaluates through `finetuned` in its ``eval_variables``.
 
 Command line: ``--method fedavg method.finetune_epochs=5`` (FedAvg-FT with E=5),
 ``method.finetune_part=head`` to tune the head only.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedjax_pfl.core.tree_ops import PARTS
+from fedjax_pfl.methods import training
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -28,11 +29,12 @@ class FineTuneConfig(Options):
     finetune_part: str = option("all", "which part is fine-tuned", choices=PARTS)
 
 
-def finetuned(method, variables, data, key, options: FineTuneConfig):
-    """``variables`` after the evaluation-time fine-tuning of ``options`` on ``data`` (one client)."""
-    epochs = options.finetune_epochs
+def finetuned(m, variables, data, key):
+    """``variables`` after the evaluation-time fine-tuning of ``m.hparams`` (a `FineTuneConfig`) on ``data``
+    (one client)."""
+    epochs = m.hparams.finetune_epochs
     if epochs == 0:
         return variables
-    tuned, _ = method.train(method.supervised_objective(), variables, data, key, epochs,
-                            part=options.finetune_part, max_epochs=epochs)
+    tuned, _ = training.train(m, training.supervised_objective(m), variables, data, key, epochs,
+                              part=m.hparams.finetune_part, max_epochs=epochs)
     return tuned

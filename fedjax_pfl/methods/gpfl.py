@@ -61,11 +61,9 @@ from fedjax_pfl import aggregation, losses
 from fedjax_pfl.models.conditional_valve import ConditionalValve, conditional_inputs, label_prior
 from fedjax_pfl.models.initialization import reinitialize
 from fedjax_pfl.kernels.global_guidance import REDUCTIONS, angle_level_guidance, magnitude_level_guidance
-from fedjax_pfl.methods.base import shared_init
-from fedjax_pfl.methods.shared_body import SharedBodyMethod
-from fedjax_pfl.models.networks import ModelOutput
+from fedjax_pfl.methods import shared_body, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.models.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 GUIDANCE = ("gce", "cov")  # trained beside body and head, under variables['params']
 
@@ -79,105 +77,136 @@ class GPFLConfig(Options):
                             "mean per-sample L2 norm (paper)", choices=REDUCTIONS)
 
 
-class GPFL(OwnPrediction, SharedBodyMethod):
-    name = "gpfl"
-    eval_models = ("global",)  # received global body and valve with the client's own head
-    hparams_type = GPFLConfig
+def conditional_valve(m) -> ConditionalValve:
+    """When bound: the CoV module for the model's feature width."""
+    return ConditionalValve(m.model.feature_dim)
 
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        self.valve = ConditionalValve(setup.model.feature_dim)
 
-    # ---- state -------------------------------------------------------------
-    def init(self, key, num_clients):
-        k_model, k_gce, k_cov = jax.random.split(key, 3)
-        variables, clients = shared_init(self, k_model, num_clients)
-        d, c = self.setup.model.feature_dim, self.setup.model.num_classes
-        gce = jax.random.normal(k_gce, (c, d), jnp.float32)
-        cov = self.valve.init(k_cov, jnp.zeros((1, d)), jnp.zeros((d,)))["params"]
-        cov = reinitialize(cov, jax.random.fold_in(k_cov, 1), self.setup.model.initialization)
-        server = {"body": self.shared_body(variables), "gce": gce, "cov": cov, "gce_before": jnp.copy(gce),
-                  "rounds": jnp.zeros((), jnp.int32)}
-        clients = {"variables": clients, "gce": jnp.tile(gce, (num_clients, 1, 1)),
-                   "trained_round": jnp.full((num_clients,), -1, jnp.int32)}
-        trained = {**variables, "params": {**variables["params"], "gce": gce, "cov": cov}}
-        if self.setup.persistent_optimizer:
-            clients = self.with_optimizer_state(clients, trained, num_clients, optimizer=self.training_optimizer())
-        return server, clients
+# ---- state -------------------------------------------------------------------------------
 
-    def training_optimizer(self):
-        """The run's optimizer for body and head; plain SGD with weight decay mu at the run's initial lr for
-        CoV and GCE."""
-        s = self.setup
-        lr = s.learning_rate if s.initial_learning_rate is None else s.initial_learning_rate
-        if lr is None:
-            raise ValueError("GPFL needs setup.learning_rate (train.lr) for its valve and embedding optimizer")
 
-        def labels(params):
-            return {k: jax.tree.map(lambda _: "guidance" if k in GUIDANCE else "model", v) for k, v in params.items()}
+def init(m, key, num_clients):
+    """The global body, GCE and CoV on the server; every client holds the initial model and GCE."""
+    k_model, k_gce, k_cov = jax.random.split(key, 3)
+    variables, clients = training.shared_init(m, k_model, num_clients)
+    d, c = m.model.feature_dim, m.model.num_classes
+    gce = jax.random.normal(k_gce, (c, d), jnp.float32)
+    cov = m.static.init(k_cov, jnp.zeros((1, d)), jnp.zeros((d,)))["params"]
+    cov = reinitialize(cov, jax.random.fold_in(k_cov, 1), m.model.initialization)
+    server = {"body": shared_body.shared_part(m, variables), "gce": gce, "cov": cov, "gce_before": jnp.copy(gce),
+              "rounds": jnp.zeros((), jnp.int32)}
+    clients = {"variables": clients, "gce": jnp.tile(gce, (num_clients, 1, 1)),
+               "trained_round": jnp.full((num_clients,), -1, jnp.int32)}
+    trained = {**variables, "params": {**variables["params"], "gce": gce, "cov": cov}}
+    if m.setup.persistent_optimizer:
+        clients = training.with_optimizer_state(m, clients, trained, num_clients, optimizer=training_optimizer(m))
+    return server, clients
 
-        guidance = optax.chain(optax.add_decayed_weights(self.hparams.mu), optax.sgd(lr))
-        return optax.multi_transform({"model": s.optimizer, "guidance": guidance}, labels)
 
-    def conditionals(self, server, client, data, round_index):
-        """(z_G, z_P) of the client in round ``round_index`` (module docstring); zeros in round 0."""
-        fresh = client["trained_round"] == round_index - 1
-        source = jnp.where(fresh, client["gce"], server["gce_before"])
-        prior = label_prior(data.y, data.n, self.setup.model.num_classes)
-        z_g, z_p = conditional_inputs(source, prior)
-        started = round_index > 0
-        return jnp.where(started, z_g, 0.0), jnp.where(started, z_p, 0.0)
+def training_optimizer(m):
+    """The run's optimizer for body and head; plain SGD with weight decay mu at the run's initial lr for CoV and
+    GCE."""
+    s = m.setup
+    lr = s.learning_rate if s.initial_learning_rate is None else s.initial_learning_rate
+    if lr is None:
+        raise ValueError("GPFL needs setup.learning_rate (train.lr) for its valve and embedding optimizer")
 
-    # ---- client ------------------------------------------------------------
-    def objective(self, server, z_generic, z_personal):
-        hp, base = self.hparams, self.setup.model
-        frozen = server["gce"]
+    def labels(params):
+        return {k: jax.tree.map(lambda _: "guidance" if k in GUIDANCE else "model", v) for k, v in params.items()}
 
-        def loss_fn(variables, batch, key):
-            params = variables["params"]
-            model_vars = {**variables, "params": {"body": params["body"], "head": params["head"]}}
-            out = base.apply(model_vars, batch.x, train=True, mask=batch.mask)
-            cov = {"params": params["cov"]}
-            f_p = self.valve.apply(cov, out.features, z_personal)
-            f_g = self.valve.apply(cov, out.features, z_generic)
-            loss = losses.cross_entropy(base.apply_head(model_vars, f_p), batch.y, batch.mask)
-            loss += angle_level_guidance(f_g, batch.y, params["gce"], batch.mask)
-            loss += hp.lamda * magnitude_level_guidance(f_g, frozen[batch.y], batch.mask, hp.magnitude)
-            return loss, out.batch_stats
+    guidance = optax.chain(optax.add_decayed_weights(m.hparams.mu), optax.sgd(lr))
+    return optax.multi_transform({"model": s.optimizer, "guidance": guidance}, labels)
 
-        return loss_fn
 
-    def local_phase(self, server, client, variables, data, key, info):
-        z_g, z_p = self.conditionals(server, client, data, info.round)
-        start = {**variables, "params": {**variables["params"], "gce": server["gce"], "cov": server["cov"]}}
-        trained, loss, kept = self.train_kept(self.objective(server, z_g, z_p), client, start, data, key,
-                                              info.epochs, optimizer=self.training_optimizer())
-        params = trained["params"]
-        model_vars = {**trained, "params": {"body": params["body"], "head": params["head"]}}
-        return model_vars, loss, {**{k: params[k] for k in GUIDANCE}, **kept}
+def conditionals(m, server, client, data, round_index):
+    """(z_G, z_P) of the client in round ``round_index`` (module docstring); zeros in round 0."""
+    fresh = client["trained_round"] == round_index - 1
+    source = jnp.where(fresh, client["gce"], server["gce_before"])
+    prior = label_prior(data.y, data.n, m.model.num_classes)
+    z_g, z_p = conditional_inputs(source, prior)
+    started = round_index > 0
+    return jnp.where(started, z_g, 0.0), jnp.where(started, z_p, 0.0)
 
-    def client_update(self, server, client, data, key, info):
-        client, upload = super().client_update(server, client, data, key, info)
-        return {**client, "gce": upload["gce"], "trained_round": info.round}, upload
 
-    # ---- server ------------------------------------------------------------
-    def server_update(self, server, clients, uploads, info):
-        new, clients = super().server_update(server, clients, uploads, info)
-        weights = self.aggregation_weights(uploads, info)
-        for k in GUIDANCE:
-            new[k] = aggregation.weighted_mean_or(uploads[k], weights, server[k])
-        new["gce_before"] = server["gce"]
-        new["rounds"] = info.round + 1
-        return new, clients
+# ---- client ------------------------------------------------------------------------------
 
-    # ---- evaluation --------------------------------------------------------
-    def eval_variables(self, server, client, data, key):
-        _, z_p = self.conditionals(server, client, data, server["rounds"])
-        return {**self.receive(server, client), PREDICTION: {"cov": server["cov"], "conditional": z_p}}
 
-    def predict(self, variables, x) -> ModelOutput:
-        """h(CoV(f(x), z_P)) with the valve and z_P carried in ``variables['prediction']``."""
-        extra, model_vars = variables[PREDICTION], model_variables(variables)
-        out = self.setup.model.apply(model_vars, x, train=False)
-        f_p = self.valve.apply({"params": extra["cov"]}, out.features, extra["conditional"])
-        return out._replace(logits=self.setup.model.apply_head(model_vars, f_p), features=f_p)
+def objective(m, server, z_generic, z_personal):
+    hp, model, valve = m.hparams, m.model, m.static
+    frozen = server["gce"]
+
+    def loss_fn(variables, batch, key):
+        params = variables["params"]
+        model_vars = {**variables, "params": {"body": params["body"], "head": params["head"]}}
+        out = model.apply(model_vars, batch.x, train=True, mask=batch.mask)
+        cov = {"params": params["cov"]}
+        f_p = valve.apply(cov, out.features, z_personal)
+        f_g = valve.apply(cov, out.features, z_generic)
+        loss = losses.cross_entropy(model.apply_head(model_vars, f_p), batch.y, batch.mask)
+        loss += angle_level_guidance(f_g, batch.y, params["gce"], batch.mask)
+        loss += hp.lamda * magnitude_level_guidance(f_g, frozen[batch.y], batch.mask, hp.magnitude)
+        return loss, out.batch_stats
+
+    return loss_fn
+
+
+def client_update(m, server, client, data, key, info):
+    """Receive the global body, CoV and GCE; train all with the own head E epochs; upload body, CoV and GCE."""
+    variables = shared_body.receive(m, server, client)
+    z_g, z_p = conditionals(m, server, client, data, info.round)
+    start = {**variables, "params": {**variables["params"], "gce": server["gce"], "cov": server["cov"]}}
+    trained, loss, kept = training.train_kept(m, objective(m, server, z_g, z_p), client, start, data, key,
+                                              info.epochs, optimizer=training_optimizer(m))
+    params = trained["params"]
+    model_vars = {**trained, "params": {"body": params["body"], "head": params["head"]}}
+    client, upload = shared_body.upload(m, client, model_vars, loss, kept, extras={k: params[k] for k in GUIDANCE})
+    return {**client, "gce": upload["gce"], "trained_round": info.round}, upload
+
+
+# ---- server ------------------------------------------------------------------------------
+
+
+def server_update(m, server, clients, uploads, info):
+    """Body, CoV and GCE: each the uploads' mean weighted by n_i."""
+    new = shared_body.average(m, server, uploads, info.sample_weights)
+    for k in GUIDANCE:
+        new[k] = aggregation.weighted_mean_or(uploads[k], info.sample_weights, server[k])
+    new["gce_before"] = server["gce"]
+    new["rounds"] = info.round + 1
+    return new, clients
+
+
+# ---- evaluation --------------------------------------------------------------------------
+
+
+def eval_variables(m, server, client, data, key):
+    """The received global body with the client's head, the global CoV and the client's z_P."""
+    _, z_p = conditionals(m, server, client, data, server["rounds"])
+    return {"model": shared_body.receive(m, server, client), "cov": server["cov"], "conditional": z_p}
+
+
+def eval_logits(m, variables, x):
+    """h(CoV(f(x), z_P))."""
+    model_vars = variables["model"]
+    out = m.model.apply(model_vars, x, train=False)
+    f_p = m.static.apply({"params": variables["cov"]}, out.features, variables["conditional"])
+    return m.model.apply_head(model_vars, f_p)
+
+
+GPFL = Algorithm(
+    name="gpfl",
+    paper=Paper("GPFL", authors="Jianqing Zhang, Yang Hua, Hao Wang, Tao Song, Zhengui Xue, Ruhui Ma, Jian Cao, "
+                "Haibing Guan", title="GPFL: Simultaneously Learning Global and Personalized Feature Information "
+                "for Personalized Federated Learning", venue="ICCV", year=2023, url="https://arxiv.org/abs/2308.10279",
+                code="TsingZ0/GPFL"),
+    hparams_type=GPFLConfig,
+    eval_models=("global",),  # received global body and valve with the client's own head
+    needs_body_head_split=True,
+    keeps_optimizer_state=True,
+    static=conditional_valve,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    eval_variables=eval_variables,
+    eval_logits=eval_logits,
+)

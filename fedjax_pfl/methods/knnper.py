@@ -32,12 +32,12 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from fedjax_pfl.kernels import knn
-from fedjax_pfl.methods.fedavg import FedAvg
-from fedjax_pfl.models.networks import ModelOutput
+from fedjax_pfl.methods import fedavg, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.models.prediction_model import PREDICTION, OwnPrediction, model_variables
 
 INTERPOLATIONS = ("probabilities", "logits")
 
@@ -53,34 +53,50 @@ class KNNPerConfig(Options):
                               "script)", choices=INTERPOLATIONS)
 
 
-class KNNPer(OwnPrediction, FedAvg):
-    name = "knnper"
-    eval_models = ("global_knn",)  # the global model mixed with the client's own kNN memory
-    hparams_type = KNNPerConfig
+def client_update(m, server, client, data, key, info):
+    """FedAvg's: E epochs of CE from the global model; upload it."""
+    return fedavg.train_epochs(m, training.supervised_objective(m), server, client, data, key, info)
 
-    def memory(self, variables, data):
-        """The client's datastore: train features [n_max, d], labels [n_max], valid [n_max]."""
 
-        def feature(x):
-            return self.setup.model.apply(variables, self.setup.normalize(x[None]), train=False).features[0]
+def memory(m, variables, data):
+    """The client's datastore: train features [n_max, d], labels [n_max], valid [n_max]."""
 
-        features = jax.lax.map(feature, data.x, batch_size=self.setup.batch_size)
-        valid = jax.numpy.arange(data.y.shape[0]) < data.n
-        return {"features": features, "labels": data.y, "valid": valid}
+    def feature(x):
+        return m.model.apply(variables, m.setup.normalize(x[None]), train=False).features[0]
 
-    def eval_variables(self, server, client, data, key):
-        variables = server["variables"]
-        return {**variables, PREDICTION: self.memory(variables, data)}
+    features = jax.lax.map(feature, data.x, batch_size=m.setup.batch_size)
+    valid = jnp.arange(data.y.shape[0]) < data.n
+    return {"features": features, "labels": data.y, "valid": valid}
 
-    def predict(self, variables, x) -> ModelOutput:
-        """kNN-Per's prediction for a test batch x: log of the mixed distribution (or mixed logits)."""
-        hp, memory = self.hparams, variables[PREDICTION]
-        out = self.setup.model.apply(model_variables(variables), x, train=False)
-        bandwidth = out.features.shape[-1] * hp.length_scale
-        p_knn = knn.knn_probabilities(out.features, memory["features"], memory["labels"], memory["valid"],
-                                      hp.k, out.logits.shape[-1], bandwidth)
-        if hp.interpolate == "logits":
-            logits = knn.mix_logits(p_knn, out.logits, hp.lamda)
-        else:
-            logits = knn.mix_log_probabilities(p_knn, out.logits, hp.lamda)
-        return out._replace(logits=logits)
+
+def eval_variables(m, server, client, data, key):
+    """The global model and the client's memory of its train features under it."""
+    return {"model": server["variables"], "memory": memory(m, server["variables"], data)}
+
+
+def eval_logits(m, variables, x):
+    """kNN-Per's prediction for a test batch x: log of the mixed distribution (or the mixed logits)."""
+    hp, store = m.hparams, variables["memory"]
+    out = m.model.apply(variables["model"], x, train=False)
+    bandwidth = out.features.shape[-1] * hp.length_scale
+    p_knn = knn.knn_probabilities(out.features, store["features"], store["labels"], store["valid"], hp.k,
+                                  out.logits.shape[-1], bandwidth)
+    if hp.interpolate == "logits":
+        return knn.mix_logits(p_knn, out.logits, hp.lamda)
+    return knn.mix_log_probabilities(p_knn, out.logits, hp.lamda)
+
+
+KNNPER = Algorithm(
+    name="knnper",
+    paper=Paper("kNN-Per", authors="Othmane Marfoq, Giovanni Neglia, Richard Vidal, Laetitia Kameni",
+                title="Personalized Federated Learning through Local Memorization", venue="ICML", year=2022,
+                url="https://arxiv.org/abs/2111.09360"),
+    hparams_type=KNNPerConfig,
+    eval_models=("global_knn",),  # the global model mixed with the client's own kNN memory
+    keeps_optimizer_state=True,
+    init=fedavg.init,
+    client_update=client_update,
+    server_update=fedavg.server_update,
+    eval_variables=eval_variables,
+    eval_logits=eval_logits,
+)

@@ -40,13 +40,16 @@ client keeps no state).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 
-from fedjax_pfl import aggregation, losses
+from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
+from fedjax_pfl.methods import fedavg, step_counted
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.methods.step_counted import StepMethod, random_batch
+from fedjax_pfl.methods.step_counted import random_batch
 
 VARIANTS = ("fo", "hf")
 
@@ -64,52 +67,67 @@ class PerFedAvgConfig(Options):
                                   "PFLlib: 0)", at_least=0)
 
 
-class PerFedAvg(StepMethod):
-    name = "perfedavg"
-    hparams_type = PerFedAvgConfig
-    own_sgd = True  # the authors' PerAvgOptimizer: plain SGD of alpha, then beta
-    eval_models = ("global_adapted",)
+def init(m, key, num_clients):
+    """The global model; clients hold no state."""
+    return {"variables": step_counted.init_variables(m, key)}, {}
 
-    def init(self, key, num_clients):
-        return {"variables": self.init_variables(key)}, {}
 
-    @property
-    def alpha(self) -> float:
-        return self.hparams.alpha if self.hparams.alpha is not None else self.train_lr
+def inner_step_size(m) -> float:
+    """alpha: ``method.alpha``, else train.lr."""
+    return m.hparams.alpha if m.hparams.alpha is not None else m.setup.learning_rate
 
-    def batch_loss(self, params, batch):
-        return losses.cross_entropy(self.logits(params, batch.x, train=True), batch.y, batch.mask)
 
-    def client_update(self, server, client, data, key, info):
-        alpha, beta = self.alpha, self.hparams.beta
-        grad = jax.value_and_grad(self.batch_loss)
-        hessian_free = self.hparams.variant == "hf"
+def batch_loss(m, params, batch):
+    """CE of the model with ``params`` on one batch."""
+    return losses.cross_entropy(step_counted.logits(m, params, batch.x, train=True), batch.y, batch.mask)
 
-        def step(w, batches, _key):
-            loss, g1 = grad(w, batches[0])
-            temp = tree_ops.sub(w, tree_ops.scale(g1, alpha))
-            _, g2 = grad(temp, batches[1])
-            if hessian_free:  # (I - alpha H(w; D'')) g2
-                hvp = jax.jvp(lambda p: jax.grad(self.batch_loss)(p, batches[2]), (w,), (g2,))[1]
-                g2 = tree_ops.sub(g2, tree_ops.scale(hvp, alpha))
-            return tree_ops.sub(w, tree_ops.scale(g2, beta)), loss
 
-        params = server["variables"]["params"]
-        params, loss = self.run_steps(step, params, data, key, info, batches_per_step=3 if hessian_free else 2)
-        return client, {"variables": {"params": params}, "loss": loss}
+def client_update(m, server, client, data, key, info):
+    """R meta steps from the global model: w - beta grad f(w - alpha grad f(w; D); D') (hf: times
+    (I - alpha H(w; D''))); upload w."""
+    alpha, beta = inner_step_size(m), m.hparams.beta
+    loss_of = functools.partial(batch_loss, m)
+    grad = jax.value_and_grad(loss_of)
+    hessian_free = m.hparams.variant == "hf"
 
-    def server_update(self, server, clients, uploads, info):
-        new = aggregation.weighted_mean_or(uploads["variables"], info.sample_weights, server["variables"])
-        return {"variables": new}, clients
+    def step(w, batches, _key):
+        loss, g1 = grad(w, batches[0])
+        temp = tree_ops.sub(w, tree_ops.scale(g1, alpha))
+        _, g2 = grad(temp, batches[1])
+        if hessian_free:  # (I - alpha H(w; D'')) g2
+            hvp = jax.jvp(lambda p: jax.grad(loss_of)(p, batches[2]), (w,), (g2,))[1]
+            g2 = tree_ops.sub(g2, tree_ops.scale(hvp, alpha))
+        return tree_ops.sub(w, tree_ops.scale(g2, beta)), loss
 
-    def eval_variables(self, server, client, data, key):
-        """The global model after ``eval_steps`` alpha-sized and ``eval_beta_steps`` beta-sized SGD steps,
-        each on its own random train batch (the i-th step's batch from the i-th of ``split(key, steps)``)."""
-        hp = self.hparams
-        sizes = [self.alpha] * hp.eval_steps + [hp.beta] * hp.eval_beta_steps
-        params = server["variables"]["params"]
-        for size, k in zip(sizes, jax.random.split(key, len(sizes))):
-            batch = random_batch(k, data, self.setup.batch_size, self.setup.normalize, self.setup.augment)
-            g = jax.grad(self.batch_loss)(params, batch)
-            params = tree_ops.select(data.n > 0, tree_ops.sub(params, tree_ops.scale(g, size)), params)
-        return {"params": params}
+    params = server["variables"]["params"]
+    params, loss = step_counted.run_steps(m, step, params, data, key, info, batches_per_step=3 if hessian_free else 2)
+    return client, {"variables": {"params": params}, "loss": loss}
+
+
+def eval_variables(m, server, client, data, key):
+    """The global model after ``eval_steps`` alpha-sized and ``eval_beta_steps`` beta-sized SGD steps,
+    each on its own random train batch (the i-th step's batch from the i-th of ``split(key, steps)``)."""
+    hp = m.hparams
+    sizes = [inner_step_size(m)] * hp.eval_steps + [hp.beta] * hp.eval_beta_steps
+    params = server["variables"]["params"]
+    for size, k in zip(sizes, jax.random.split(key, len(sizes))):
+        batch = random_batch(k, data, m.setup.batch_size, m.setup.normalize, m.setup.augment)
+        g = jax.grad(functools.partial(batch_loss, m))(params, batch)
+        params = tree_ops.select(data.n > 0, tree_ops.sub(params, tree_ops.scale(g, size)), params)
+    return {"params": params}
+
+
+PERFEDAVG = Algorithm(
+    name="perfedavg",
+    paper=Paper("Per-FedAvg", authors="Alireza Fallah, Aryan Mokhtari, Asuman Ozdaglar",
+                title="Personalized Federated Learning with Theoretical Guarantees: A Model-Agnostic Meta-Learning "
+                "Approach", venue="NeurIPS", year=2020, url="https://arxiv.org/abs/2002.07948"),
+    hparams_type=PerFedAvgConfig,
+    eval_models=("global_adapted",),
+    own_sgd=True,  # the authors' PerAvgOptimizer: plain SGD of alpha, then beta
+    static=step_counted.check,
+    init=init,
+    client_update=client_update,
+    server_update=fedavg.server_update,
+    eval_variables=eval_variables,
+)

@@ -7,7 +7,7 @@ Algorithm (docs/methods/conventions.md, "PFAKD"), per selected client i in round
        CE(h_i(f_i(x)), y) + beta * mean_{batch, d} (f_i(x) - f_T(x))^2,
      each sample matched to its own teacher feature (`losses.feature_distillation`);
   3. upload the body. The server averages bodies with weights n_i (the
-     SharedBodyMethod default); heads stay private; nothing else is uploaded.
+     shared_body.average); heads stay private; nothing else is uploaded.
 
 The teacher is the body only: its features are ``model.apply(teacher, x).features``
 where ``teacher`` holds the received global body (the head in the same
@@ -43,8 +43,6 @@ Evaluation (``eval.model``): ``global`` by default, as the authors' code
 (a PFLlib fork), which evaluates after the server sends the new global body:
 each client's own head on the current global body; ``local`` evaluates the
 body the client distilled itself in its last round.
-
-This module holds no loop over clients and no device logic.
 """
 
 from __future__ import annotations
@@ -56,7 +54,8 @@ import jax.numpy as jnp
 
 from fedjax_pfl import losses
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.shared_body import SharedBodyMethod
+from fedjax_pfl.methods import shared_body, training
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -115,51 +114,64 @@ def pfakd_objective(model, teacher, beta: float = 1.0, gamma: float = 0.0, at_la
     return objective
 
 
-class PFAKD(SharedBodyMethod):
-    name = "pfakd"
-    hparams_type = PFAKDConfig
+def attention_layers(m) -> tuple[int, ...]:
+    """PFAKD+AT's conv maps, ``at_layers`` checked against the model's (shapes only, no compute)."""
+    model = m.model
+    variables = jax.eval_shape(model.init, jax.random.key(0))
+    x = jax.ShapeDtypeStruct((1, *model.input_shape), jnp.float32)
+    maps = jax.eval_shape(lambda v, x: model.apply(v, x, train=False).maps, variables, x)
+    count = len(maps or ())
+    if count == 0:
+        raise UserError("pfakd_at needs a model with intermediate conv maps (e.g. pfakd_cnn or resnet18), "
+                        "not an MLP; use --method pfakd instead")
+    wanted = m.hparams.at_layers
+    if wanted is None:
+        return tuple(range(count))
+    bad = [j for j in wanted if not -count <= j < count]
+    if bad:
+        raise UserError(f"method.at_layers {bad} out of range: this model has {count} conv maps "
+                        f"(indices 0..{count - 1})")
+    return tuple(sorted({j % count for j in wanted}))
 
-    def at_terms(self):
-        """(gamma, layer indices) of the attention-transfer term; none for plain PFAKD."""
-        return 0.0, ()
 
-    def local_objective(self, teacher):
-        gamma, layers = self.at_terms()
-        h = self.hparams
-        return pfakd_objective(self.model, teacher, h.beta, gamma, layers, h.teacher_train_mode)
-
-    def local_phase(self, server, client, variables, data, key, info):
-        # ``variables`` = received global body + own head: the frozen teacher copy.
-        teacher = jax.lax.stop_gradient(variables)
-        return self.train_kept(self.local_objective(teacher), client, variables, data, key, info.epochs)
+def local_objective(m, teacher):
+    """PFAKD's loss with this run's options; PFAKD+AT's attention term on its layers (``m.static``)."""
+    h = m.hparams
+    gamma, layers = (h.gamma, m.static) if m.static is not None else (0.0, ())
+    return pfakd_objective(m.model, teacher, h.beta, gamma, layers, h.teacher_train_mode)
 
 
-class PFAKDAT(PFAKD):
-    name = "pfakd_at"
-    hparams_type = PFAKDATConfig
+def client_update(m, server, client, data, key, info):
+    """Steps 1-3: receive the global body, distil from its frozen copy for E epochs, upload the body."""
+    variables = shared_body.receive(m, server, client)
+    teacher = jax.lax.stop_gradient(variables)  # received global body + own head, frozen for the round
+    variables, loss, kept = training.train_kept(m, local_objective(m, teacher), client, variables, data, key,
+                                                info.epochs)
+    return shared_body.upload(m, client, variables, loss, kept)
 
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        self._layers = self._resolve_layers()
 
-    def _resolve_layers(self):
-        """Check ``at_layers`` against the model's conv maps (shapes only, no compute)."""
-        model = self.model
-        variables = jax.eval_shape(model.init, jax.random.key(0))
-        x = jax.ShapeDtypeStruct((1, *model.input_shape), jnp.float32)
-        maps = jax.eval_shape(lambda v, x: model.apply(v, x, train=False).maps, variables, x)
-        count = len(maps or ())
-        if count == 0:
-            raise UserError("pfakd_at needs a model with intermediate conv maps (e.g. pfakd_cnn or resnet18), "
-                            "not an MLP; use --method pfakd instead")
-        wanted = self.hparams.at_layers
-        if wanted is None:
-            return tuple(range(count))
-        bad = [j for j in wanted if not -count <= j < count]
-        if bad:
-            raise UserError(f"method.at_layers {bad} out of range: this model has {count} conv maps "
-                            f"(indices 0..{count - 1})")
-        return tuple(sorted({j % count for j in wanted}))
+_PAPER = dict(authors="Qi et al.", title="Personalized Federated Learning with Feature Alignment via Knowledge "
+              "Distillation", venue="OpenReview (Udsxwsvecv)", url="https://openreview.net/forum?id=Udsxwsvecv",
+              code="fei0829/PFAKD")
 
-    def at_terms(self):
-        return self.hparams.gamma, self._layers
+PFAKD = Algorithm(
+    name="pfakd",
+    paper=Paper("PFAKD", **_PAPER),
+    hparams_type=PFAKDConfig,
+    eval_models=shared_body.EVAL_MODELS,
+    needs_body_head_split=True,
+    keeps_optimizer_state=True,
+    init=shared_body.init,
+    client_update=client_update,
+    server_update=shared_body.server_update,
+    eval_variables=shared_body.eval_variables,
+)
+
+PFAKD_AT = dataclasses.replace(
+    PFAKD,
+    name="pfakd_at",
+    paper=Paper("PFAKD+AT", **_PAPER, note="PFAKD plus attention transfer. The paper names PFAKD+AT but does not "
+                "define it; this is this library's reading."),
+    hparams_type=PFAKDATConfig,
+    static=attention_layers,
+)

@@ -29,21 +29,12 @@ clients' products, all trained from the same phi (S times fewer steps; the
 three agree for S = 1). Their inner optimizer (SGD lr 5e-3, momentum 0.9,
 weight decay 5e-5, batch 64) is set through train.*.
 
-Measured (CPU, seed 0, mean per-client accuracy). FMNIST, 10 clients,
-Dirichlet 0.1, 6 per round, MLP, SGD lr 0.05, B 32, 3 rounds: sequential
-63.6% (78.2% at round 8), mean 7.3%, sum 38.7%; the per-client majority
-class scores 61.7% there. The authors' loop, written in PyTorch and run on
-the same partitions (reproductions/pfedhn_fmnist), scores 59.0 / 66.4 /
-57.8% at seeds 0-2 after those 18 hypernetwork steps (here 63.6 / 65.7 /
-55.2%; majority 61.7 / 54.9 / 64.2%): three rounds are too few steps for the
-algorithm itself to clear the label skew. FMNIST pathological preset (40 clients, all per
-round) at round 50 with the authors' inner optimizer: sequential 97.5%,
-mean 84.5%; Local 97.6% with the preset's Adam. With the preset's Adam (lr
-1e-3) as inner optimizer the sequential hypernetwork diverges (training
-losses grow to 1e5-1e9; 10% at round 50, 72% with server_lr 1e-3) and mean
-reaches 77.0%: use an SGD inner optimizer. A sequential round costs about
-1.9x a mean round on CPU (the 3-round setting above: S hypernetwork steps
-instead of one); on a GPU it also gives up training the S clients in parallel.
+``sequential`` learns where ``mean`` and ``sum``, with S times fewer
+hypernetwork steps, fall far behind in the same rounds; a sequential round
+costs more than a mean round (S hypernetwork steps instead of one) and, on a
+GPU, gives up training the S clients in parallel. Use an SGD inner optimizer:
+with Adam the sequential hypernetwork can diverge. Measurements, and the
+authors' loop run on the same partitions: reproductions/pfedhn_fmnist/notes.md.
 
 Models with BatchNorm are not supported (as the authors' target CNN).
 
@@ -63,8 +54,9 @@ import optax
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import hypernetwork
+from fedjax_pfl.methods import step_counted
+from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.methods.step_counted import StepMethod
 
 AGGREGATES = ("sequential", "mean", "sum")
 GRAD_CLIP = 50.0  # both the inner and the hypernetwork gradient norms (the authors' clip_grad_norm_)
@@ -84,65 +76,89 @@ class PFedHNConfig(Options):
                             choices=AGGREGATES)
 
 
-class PFedHN(StepMethod):
-    name = "pfedhn"
-    hparams_type = PFedHNConfig
-    needs_selected_state = True  # the server step reads the selected clients' indices
+def schedule(hparams) -> Schedule:
+    """The server step reads the selected clients' indices; with aggregate=sequential the engine steps the
+    hypernetwork after each client (the authors' loop)."""
+    return Schedule(needs_selected_state=True, server_steps_per_client=hparams.aggregate == "sequential")
 
-    @property
-    def server_steps_per_client(self):
-        """aggregate=sequential: the engine steps the hypernetwork after each client (the authors' loop)."""
-        return self.hparams.aggregate == "sequential"
 
-    @property
-    def target(self):
-        """Shapes and dtypes of the client model's parameters (what h generates)."""
-        return jax.eval_shape(self.init_variables, jax.random.key(0))["params"]
+def target(m):
+    """Shapes and dtypes of the client model's parameters (what h generates)."""
+    return jax.eval_shape(lambda k: step_counted.init_variables(m, k), jax.random.key(0))["params"]
 
-    def server_optimizer(self):
-        hp = self.hparams
-        return optax.chain(optax.clip_by_global_norm(GRAD_CLIP), optax.add_decayed_weights(hp.server_wd),
-                           optax.sgd(hp.server_lr, momentum=hp.server_momentum or None))
 
-    def embed_dim(self, num_clients: int) -> int:
-        return self.hparams.embed_dim or int(1 + num_clients / 4)
+def server_optimizer(m):
+    """The hypernetwork's optimizer: clipped SGD with momentum and weight decay (the authors')."""
+    hp = m.hparams
+    return optax.chain(optax.clip_by_global_norm(GRAD_CLIP), optax.add_decayed_weights(hp.server_wd),
+                       optax.sgd(hp.server_lr, momentum=hp.server_momentum or None))
 
-    def init(self, key, num_clients):
-        hp = self.hparams
-        phi = hypernetwork.init_hypernetwork(key, num_clients, self.target, self.embed_dim(num_clients),
-                                             hp.hidden, hp.n_hidden)
-        server = {"hnet": phi, "opt_state": self.server_optimizer().init(phi)}
-        return server, {"index": jnp.arange(num_clients, dtype=jnp.int32)}
 
-    def generated(self, server, index):
-        return hypernetwork.generate(server["hnet"], index, self.target)
+def embed_dim(m, num_clients: int) -> int:
+    """The client embeddings' width: ``embed_dim``, else 1 + N/4."""
+    return m.hparams.embed_dim or int(1 + num_clients / 4)
 
-    def client_update(self, server, client, data, key, info):
-        optimizer = optax.chain(optax.clip_by_global_norm(GRAD_CLIP), self.setup.optimizer)
 
-        def batch_loss(params, batch):
-            return losses.cross_entropy(self.logits(params, batch.x, train=True), batch.y, batch.mask)
+def init(m, key, num_clients):
+    """The hypernetwork (with one embedding per client) and its optimizer state; clients hold their index."""
+    hp = m.hparams
+    phi = hypernetwork.init_hypernetwork(key, num_clients, target(m), embed_dim(m, num_clients),
+                                         hp.hidden, hp.n_hidden)
+    server = {"hnet": phi, "opt_state": server_optimizer(m).init(phi)}
+    return server, {"index": jnp.arange(num_clients, dtype=jnp.int32)}
 
-        def step(carry, batches, _key):
-            params, opt_state = carry
-            loss, grads = jax.value_and_grad(batch_loss)(params, batches[0])
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
 
-        theta = self.generated(server, client["index"])
-        (trained, _), loss = self.run_steps(step, (theta, optimizer.init(theta)), data, key, info)
-        return client, {"delta": tree_ops.sub(theta, trained), "loss": loss}
+def generated(m, server, index):
+    """The parameters the hypernetwork generates for client ``index``."""
+    return hypernetwork.generate(server["hnet"], index, target(m))
 
-    def server_update(self, server, clients, uploads, info):
-        arrived = info.uploaded.astype(jnp.float32)
-        weights = arrived if self.hparams.aggregate == "sum" else arrived / jnp.maximum(jnp.sum(arrived), 1.0)
-        grads = hypernetwork.hypernetwork_gradient(server["hnet"], clients["index"], uploads["delta"], weights,
-                                                   self.target)
-        updates, opt_state = self.server_optimizer().update(grads, server["opt_state"], server["hnet"])
-        new = optax.apply_updates(server["hnet"], updates)
-        keep = jnp.sum(arrived) > 0  # nobody uploaded: no step (weight decay and momentum included)
-        return {"hnet": tree_ops.select(keep, new, server["hnet"]),
-                "opt_state": tree_ops.select(keep, opt_state, server["opt_state"])}, clients
 
-    def eval_variables(self, server, client, data, key):
-        return {"params": self.generated(server, client["index"])}
+def client_update(m, server, client, data, key, info):
+    """k clipped steps of the run's optimizer from the generated model; upload theta - theta_trained."""
+    optimizer = optax.chain(optax.clip_by_global_norm(GRAD_CLIP), m.setup.optimizer)
+
+    def batch_loss(params, batch):
+        return losses.cross_entropy(step_counted.logits(m, params, batch.x, train=True), batch.y, batch.mask)
+
+    def step(carry, batches, _key):
+        params, opt_state = carry
+        loss, grads = jax.value_and_grad(batch_loss)(params, batches[0])
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    theta = generated(m, server, client["index"])
+    (trained, _), loss = step_counted.run_steps(m, step, (theta, optimizer.init(theta)), data, key, info)
+    return client, {"delta": tree_ops.sub(theta, trained), "loss": loss}
+
+
+def server_update(m, server, clients, uploads, info):
+    """One hypernetwork step on the arrived deltas (their mean, or sum with aggregate=sum)."""
+    arrived = info.uploaded.astype(jnp.float32)
+    weights = arrived if m.hparams.aggregate == "sum" else arrived / jnp.maximum(jnp.sum(arrived), 1.0)
+    grads = hypernetwork.hypernetwork_gradient(server["hnet"], clients["index"], uploads["delta"], weights,
+                                               target(m))
+    updates, opt_state = server_optimizer(m).update(grads, server["opt_state"], server["hnet"])
+    new = optax.apply_updates(server["hnet"], updates)
+    keep = jnp.sum(arrived) > 0  # nobody uploaded: no step (weight decay and momentum included)
+    return {"hnet": tree_ops.select(keep, new, server["hnet"]),
+            "opt_state": tree_ops.select(keep, opt_state, server["opt_state"])}, clients
+
+
+def eval_variables(m, server, client, data, key):
+    """The generated model of the client."""
+    return {"params": generated(m, server, client["index"])}
+
+
+PFEDHN = Algorithm(
+    name="pfedhn",
+    paper=Paper("pFedHN", authors="Aviv Shamsian, Aviv Navon, Ethan Fetaya, Gal Chechik",
+                title="Personalized Federated Learning using Hypernetworks", venue="ICML", year=2021,
+                url="https://arxiv.org/abs/2103.04628", code="AvivSham/pFedHN"),
+    hparams_type=PFedHNConfig,
+    schedule=schedule,
+    static=step_counted.check,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+    eval_variables=eval_variables,
+)

@@ -40,8 +40,9 @@ import optax
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import kd_server
+from fedjax_pfl.methods import step_counted
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.methods.step_counted import StepMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,48 +60,63 @@ class PFedKDConfig(Options):
                              at_least=1)
 
 
-class PFedKD(StepMethod):
-    name = "pfedkd"
-    hparams_type = PFedKDConfig
+def init(m, key, num_clients):
+    """A global model on the server; a personal model per client, each from its own key."""
+    k_global, k_personal = jax.random.split(key)
+    global_variables = step_counted.init_variables(m, k_global)
+    personal = jax.lax.map(lambda k: step_counted.init_variables(m, k), jax.random.split(k_personal, num_clients))
+    return {"variables": global_variables}, {"variables": personal}
 
-    def init(self, key, num_clients):
-        k_global, k_personal = jax.random.split(key)
-        global_variables = self.init_variables(k_global)
-        personal = jax.lax.map(self.init_variables, jax.random.split(k_personal, num_clients))
-        return {"variables": global_variables}, {"variables": personal}
 
-    @property
-    def server_lr(self) -> float:
-        return self.hparams.server_lr if self.hparams.server_lr is not None else self.train_lr
+def server_lr(m) -> float:
+    return m.hparams.server_lr if m.hparams.server_lr is not None else m.setup.learning_rate
 
-    def client_update(self, server, client, data, key, info):
-        hp, normalize = self.hparams, self.setup.normalize
-        teacher = server["variables"]["params"]
-        optimizer = self.setup.optimizer
 
-        def loss_fn(params, batch):
-            logits = self.logits(params, batch.x, train=True)
-            if hp.alpha == 0.0:  # pure local training; the teacher is not even evaluated
-                return losses.cross_entropy(logits, batch.y, batch.mask)
-            teacher_logits = self.logits(teacher, batch.x)
-            return losses.weighted_kd_loss(logits, teacher_logits, batch.y, hp.alpha, hp.temperature, batch.mask)
+def client_update(m, server, client, data, key, info):
+    """R steps of the weighted combination loss on theta_i, then the KL gradient g_i at the global model."""
+    hp, normalize, optimizer = m.hparams, m.setup.normalize, m.setup.optimizer
+    teacher = server["variables"]["params"]
 
-        def step(carry, batches, _key):
-            params, opt_state = carry
-            loss, grads = jax.value_and_grad(loss_fn)(params, batches[0])
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
+    def loss_fn(params, batch):
+        logits = step_counted.logits(m, params, batch.x, train=True)
+        if hp.alpha == 0.0:  # pure local training; the teacher is not even evaluated
+            return losses.cross_entropy(logits, batch.y, batch.mask)
+        teacher_logits = step_counted.logits(m, teacher, batch.x)
+        return losses.weighted_kd_loss(logits, teacher_logits, batch.y, hp.alpha, hp.temperature, batch.mask)
 
-        params = client["variables"]["params"]
-        (params, _), loss = self.run_steps(step, (params, optimizer.init(params)), data, key, info)
-        kl, grad = losses.client_server_gradient(
-            lambda w, x: self.logits(w, normalize(x)), teacher, lambda x: self.logits(params, normalize(x)),
-            data.x, data.n, temperature=hp.temperature, direction=hp.server_kl, chunk_size=hp.grad_chunk)
-        return {"variables": {"params": params}}, {"grad": grad, "kl": kl, "loss": loss}
+    def step(carry, batches, _key):
+        params, opt_state = carry
+        loss, grads = jax.value_and_grad(loss_fn)(params, batches[0])
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
 
-    def server_update(self, server, clients, uploads, info):
-        params = server["variables"]["params"]
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        grad = aggregation.weighted_mean_or(uploads["grad"], info.sample_weights, zeros)
-        new = tree_ops.sub(params, tree_ops.scale(grad, self.server_lr))  # one plain SGD step
-        return {"variables": {"params": new}}, clients
+    params = client["variables"]["params"]
+    (params, _), loss = step_counted.run_steps(m, step, (params, optimizer.init(params)), data, key, info)
+    kl, grad = losses.client_server_gradient(
+        lambda w, x: step_counted.logits(m, w, normalize(x)), teacher,
+        lambda x: step_counted.logits(m, params, normalize(x)), data.x, data.n, temperature=hp.temperature,
+        direction=hp.server_kl, chunk_size=hp.grad_chunk)
+    return {"variables": {"params": params}}, {"grad": grad, "kl": kl, "loss": loss}
+
+
+def server_update(m, server, clients, uploads, info):
+    """One plain SGD step w <- w - server_lr * sum_i (n_i / sum_j n_j) g_i."""
+    params = server["variables"]["params"]
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grad = aggregation.weighted_mean_or(uploads["grad"], info.sample_weights, zeros)
+    new = tree_ops.sub(params, tree_ops.scale(grad, server_lr(m)))
+    return {"variables": {"params": new}}, clients
+
+
+PFEDKD = Algorithm(
+    name="pfedkd",
+    paper=Paper("pFedKD-WCL", authors="Hengrui Hu, Anai N. Kothari, Anjishnu Banerjee",
+                title="A Novel Algorithm for Personalized Federated Learning: Knowledge Distillation with Weighted "
+                "Combination Loss", venue="Algorithms 18(5):274", year=2025, url="https://arxiv.org/abs/2504.04642",
+                code="HengruiH/pFedKD"),
+    hparams_type=PFedKDConfig,
+    static=step_counted.check,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+)

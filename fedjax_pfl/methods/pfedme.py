@@ -40,9 +40,9 @@ import jax.numpy as jnp
 
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.methods.base import shared_init
+from fedjax_pfl.methods import step_counted
+from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.methods.step_counted import StepMethod
 
 
 THETA_STARTS = ("global", "previous")
@@ -66,46 +66,61 @@ class PFedMeConfig(Options):
                             "(pFedKD authors' copy)", choices=AGGREGATES)
 
 
-class PFedMe(StepMethod):
-    name = "pfedme"
-    hparams_type = PFedMeConfig
-    own_sgd = True  # pFedMeOptimizer; its decay is method.weight_decay
+def init(m, key, num_clients):
+    """The global model w; every client's personalized theta_i starts from it."""
+    variables = step_counted.init_variables(m, key)
+    return {"variables": variables}, {"variables": tree_ops.broadcast(variables, num_clients)}
 
-    def init(self, key, num_clients):
-        variables, clients = shared_init(self, key, num_clients)
-        return {"variables": variables}, {"variables": clients}
 
-    def client_update(self, server, client, data, key, info):
-        hp, eta = self.hparams, self.train_lr
+def client_update(m, server, client, data, key, info):
+    """R local steps: K inner steps of theta_i on f(theta) + (lamda/2) ||theta - w_local||^2, then
+    w_local <- w_local - eta lamda (w_local - theta_i); upload w_local."""
+    hp, eta = m.hparams, m.setup.learning_rate
 
-        def batch_loss(params, batch):
-            return losses.cross_entropy(self.logits(params, batch.x, train=True), batch.y, batch.mask)
+    def batch_loss(params, batch):
+        return losses.cross_entropy(step_counted.logits(m, params, batch.x, train=True), batch.y, batch.mask)
 
-        grad = jax.value_and_grad(batch_loss)
+    grad = jax.value_and_grad(batch_loss)
 
-        def step(carry, batches, _key):
-            theta, local = carry
+    def step(carry, batches, _key):
+        theta, local = carry
 
-            def inner(_, state):
-                theta, _ = state
-                loss, g = grad(theta, batches[0])
-                g = tree_ops.add(g, tree_ops.scale(tree_ops.sub(theta, local), hp.lamda))
-                g = tree_ops.add(g, tree_ops.scale(theta, hp.weight_decay))
-                return tree_ops.sub(theta, tree_ops.scale(g, hp.personal_lr)), loss
+        def inner(_, state):
+            theta, _ = state
+            loss, g = grad(theta, batches[0])
+            g = tree_ops.add(g, tree_ops.scale(tree_ops.sub(theta, local), hp.lamda))
+            g = tree_ops.add(g, tree_ops.scale(theta, hp.weight_decay))
+            return tree_ops.sub(theta, tree_ops.scale(g, hp.personal_lr)), loss
 
-            theta, loss = jax.lax.fori_loop(0, hp.K, inner, (theta, jnp.zeros((), jnp.float32)))
-            local = tree_ops.sub(local, tree_ops.scale(tree_ops.sub(local, theta), eta * hp.lamda))
-            return (theta, local), loss
+        theta, loss = jax.lax.fori_loop(0, hp.K, inner, (theta, jnp.zeros((), jnp.float32)))
+        local = tree_ops.sub(local, tree_ops.scale(tree_ops.sub(local, theta), eta * hp.lamda))
+        return (theta, local), loss
 
-        w = server["variables"]["params"]
-        theta = client["variables"]["params"] if hp.theta_start == "previous" else w
-        (theta, local), loss = self.run_steps(step, (theta, w), data, key, info)
-        return {"variables": {"params": theta}}, {"variables": {"params": local}, "loss": loss}
+    w = server["variables"]["params"]
+    theta = client["variables"]["params"] if hp.theta_start == "previous" else w
+    (theta, local), loss = step_counted.run_steps(m, step, (theta, w), data, key, info)
+    return {"variables": {"params": theta}}, {"variables": {"params": local}, "loss": loss}
 
-    def server_update(self, server, clients, uploads, info):
-        old = server["variables"]
-        weights = info.uploaded.astype(jnp.float32) if self.hparams.aggregate == "uniform" else info.sample_weights
-        mean = aggregation.weighted_mean_or(uploads["variables"], weights, old)
-        b = self.hparams.beta
-        new = jax.tree.map(lambda o, m: (1.0 - b) * o + b * m, old, mean)
-        return {"variables": new}, clients
+
+def server_update(m, server, clients, uploads, info):
+    """w <- (1 - beta) w + beta (the uploads' mean, weighted by n_i or uniform)."""
+    old = server["variables"]
+    weights = info.uploaded.astype(jnp.float32) if m.hparams.aggregate == "uniform" else info.sample_weights
+    mean = aggregation.weighted_mean_or(uploads["variables"], weights, old)
+    b = m.hparams.beta
+    new = jax.tree.map(lambda o, avg: (1.0 - b) * o + b * avg, old, mean)
+    return {"variables": new}, clients
+
+
+PFEDME = Algorithm(
+    name="pfedme",
+    paper=Paper("pFedMe", authors="Canh T. Dinh, Nguyen H. Tran, Tuan Dung Nguyen", title="Personalized Federated "
+                "Learning with Moreau Envelopes", venue="NeurIPS", year=2020, url="https://arxiv.org/abs/2006.08848",
+                code="CharlieDinh/pFedMe"),
+    hparams_type=PFedMeConfig,
+    own_sgd=True,  # pFedMeOptimizer; its decay is method.weight_decay
+    static=step_counted.check,
+    init=init,
+    client_update=client_update,
+    server_update=server_update,
+)

@@ -1,88 +1,79 @@
-"""The common shape of part-sharing methods (FedPer, FedRep, FedAS, PFAKD, FedPAC,
-FedBABU, FedRoD; LG-FedAvg shares the head instead).
+"""The steps of the part-sharing methods (FedPer, FedRep, FedAS, PFAKD, FedPAC, FedBABU, GPFL,
+LG-FedAvg), as functions of the bound method ``m``.
 
-Each client keeps its full model; at the start of its round it takes the
-received global part (``shared_part``: the body unless a method says 'head'),
-trains locally (`local_phase`, what differs between methods), and uploads that
-part. The server averages it with weights n_i (`aggregation_weights`, overridden
-by FedAS). The other part stays private; it lives in ``server[shared_part]``.
+Each client keeps its full model. At the start of its round it takes the
+received global part (`receive`: the body, or the head for LG-FedAvg), trains
+locally (what differs between methods), and uploads that part (`upload`); the
+server averages the uploaded parts (`average`, with weights n_i unless the
+method says otherwise: FedAS's Fisher weights). The other part stays private;
+the global part lives in ``server[part]``.
 
 BatchNorm statistics travel with a shared body when ``setup.share_batch_stats``
 is True (the default, as in FedPer/FedRep code that averages the whole body
 state dict); otherwise each client keeps its own.
 
-Evaluation (``eval.model``): ``global`` (the default) evaluates each client
+Evaluation (``eval.model``, `eval_variables`): ``global`` evaluates each client
 with the current global body and its own head, the model it holds right after
 receiving the body (FedRep's and PFAKD's authors and PFLlib evaluate after
-sending the new global model); ``local`` evaluates the body each client
-trained itself in its last round (a client never selected: the initial body).
-A model without body parameters (``mlr``) cannot share a body: the run stops.
+sending the new global model); ``local`` evaluates the body each client trained
+itself in its last round (a client never selected: the initial body). A model
+without body parameters (``mlr``) cannot share a body: the run stops
+(``Algorithm.needs_body_head_split``).
 """
 
 from fedjax_pfl import aggregation
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.methods.base import Method, shared_init
+from fedjax_pfl.methods import training
+
+EVAL_MODELS = ("global", "local")
+WHOLE_MODEL_OPTIMIZER = {"opt_state": ("all", None)}  # {client state: (part it trains, optimizer or None: the run's)}
 
 
-class SharedBodyMethod(Method):
-    eval_models = ("global", "local")
-    needs_body_head_split = True
-    shared_part = "body"
-    keeps_optimizer_state = True  # by `local_phase`s that train with `train_kept` (subclasses that do not: False)
+def shared_part(m, variables, part="body"):
+    """The part of ``variables`` that is uploaded and averaged (without BatchNorm statistics unless
+    ``setup.share_batch_stats``)."""
+    shared = tree_ops.part_of(variables, part)
+    if not m.setup.share_batch_stats:
+        shared = {k: v for k, v in shared.items() if k == "params"}
+    return shared
 
-    def init(self, key, num_clients):
-        variables, clients = shared_init(self, key, num_clients)
-        clients = self.with_kept_optimizers({"variables": clients}, variables, num_clients)
-        return {self.shared_part: self.shared_body(variables)}, clients
 
-    def kept_optimizers(self) -> dict:
-        """{client state name: (part it trains, optimizer or None for the run's)} that `local_phase`
-        keeps with `train_kept` (train.persistent_optimizer): the whole model by default."""
-        return {"opt_state": ("all", None)}
-
-    def with_kept_optimizers(self, clients, variables, num_clients):
-        """``clients`` plus a fresh state of each of `kept_optimizers` (persistent_optimizer only)."""
-        for state, (part, optimizer) in self.kept_optimizers().items():
-            clients = self.with_optimizer_state(clients, variables, num_clients, state, part=part,
+def init(m, key, num_clients: int, part="body", kept=WHOLE_MODEL_OPTIMIZER):
+    """Every client starts from one initial model; the server holds its ``part``. ``kept``: the optimizer
+    states the clients keep under train.persistent_optimizer, {client state: (part it trains, optimizer or
+    None for the run's)}."""
+    variables, stacked = training.shared_init(m, key, num_clients)
+    clients = {"variables": stacked}
+    for state, (trained, optimizer) in kept.items():
+        clients = training.with_optimizer_state(m, clients, variables, num_clients, state, part=trained,
                                                 optimizer=optimizer)
-        return clients
+    return {part: shared_part(m, variables, part)}, clients
 
-    def shared_body(self, variables):
-        """The part of ``variables`` that is uploaded and averaged."""
-        shared = tree_ops.part_of(variables, self.shared_part)
-        if not getattr(self.setup, "share_batch_stats", True):
-            shared = {k: v for k, v in shared.items() if k == "params"}
-        return shared
 
-    def receive(self, server, client):
-        """The client's variables with the global part in place."""
-        return tree_ops.with_part(client["variables"], self.shared_part, server[self.shared_part])
+def receive(m, server, client, part="body"):
+    """The client's variables with the global ``part`` in place."""
+    return tree_ops.with_part(client["variables"], part, server[part])
 
-    def local_phase(self, server, client, variables, data, key, info):
-        """Local training from ``variables`` (global part + own part) -> (variables, loss, extras).
 
-        ``extras`` are uploaded, except the optimizer states of `kept_optimizers`
-        (from `train_kept`), which the client keeps.
-        """
-        return self.train_kept(self.supervised_objective(), client, variables, data, key, info.epochs)
+def upload(m, client, variables, loss, kept=None, extras=None, part="body"):
+    """-> (client, upload): the client keeps its trained ``variables`` and the optimizer states ``kept``
+    (`training.train_kept`); it uploads its ``part``, the loss and ``extras``."""
+    return ({**client, "variables": variables, **(kept or {})},
+            {part: shared_part(m, variables, part), "loss": loss, **(extras or {})})
 
-    def client_update(self, server, client, data, key, info):
-        variables = self.receive(server, client)
-        variables, loss, extras = self.local_phase(server, client, variables, data, key, info)
-        kept = {state: extras.pop(state) for state in self.kept_optimizers() if state in extras}
-        upload = {self.shared_part: self.shared_body(variables), "loss": loss, **extras}
-        return {**client, "variables": variables, **kept}, upload
 
-    def eval_variables(self, server, client, data, key):
-        if self.eval_model == "global":
-            return self.receive(server, client)
-        return client["variables"]
+def average(m, server, uploads, weights, part="body"):
+    """``server`` with its ``part`` the ``weights``-weighted mean of the uploaded ones (kept if no weight)."""
+    return {**server, part: aggregation.weighted_mean_or(uploads[part], weights, server[part])}
 
-    def aggregation_weights(self, uploads, info):
-        return info.sample_weights
 
-    def server_update(self, server, clients, uploads, info):
-        weights = self.aggregation_weights(uploads, info)
-        part = self.shared_part
-        shared = aggregation.weighted_mean_or(uploads[part], weights, server[part])
-        return {**server, part: shared}, clients
+def server_update(m, server, clients, uploads, info, part="body"):
+    """The server step of FedPer and most part-sharing methods: the uploaded parts' mean weighted by n_i."""
+    return average(m, server, uploads, info.sample_weights, part), clients
+
+
+def eval_variables(m, server, client, data, key, part="body"):
+    """``global``: the received global part with the client's own rest; ``local``: the client's own model."""
+    if m.eval_model == "global":
+        return receive(m, server, client, part)
+    return client["variables"]

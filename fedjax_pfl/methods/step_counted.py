@@ -5,9 +5,12 @@ steps, as their authors' code does (their "local epochs" are steps: each step
 draws ``torch.randperm(n)[:B]``), not in epochs over the client's data.
 `random_batch_steps` runs such steps with a masked scan (stragglers take
 fewer; `optimizer_steps` with an optax optimizer, for an epoch-based method
-run under this protocol); `StepMethod` gives those methods R (``method.local_steps``, else
-``train.local_epochs`` read as steps), the straggler step count, train.lr and
-the no-BatchNorm check. Nothing here is specific to one of them.
+run under this protocol). The functions of the bound method ``m`` give those
+methods R (`local_steps`: ``method.local_steps``, else ``train.local_epochs``
+read as steps), the straggler step count (`steps_this_round`), the masked scan
+with the run's batch size (`run_steps`), the no-BatchNorm check
+(`init_variables`) and the checks when bound (`check`). Nothing here is
+specific to one of them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import optax
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import local_training
-from fedjax_pfl.methods.base import Method
 
 
 def random_batch_index(key, n, n_max: int, batch_size: int):
@@ -97,52 +99,42 @@ def straggler_steps(r: int, epochs, local_epochs: int):
     return jnp.clip(r * epochs // int(local_epochs), 1, r)
 
 
-class StepMethod(Method):
-    """Helpers of the step-counted methods: R, straggler steps, train.lr, BatchNorm check.
+def check(m) -> None:
+    """When bound: these methods take SGD steps themselves (train.lr must be known) and draw a random batch per
+    step, so train.drop_last does not apply."""
+    if m.setup.learning_rate is None:
+        raise ValueError(f"{m.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
+    if m.setup.drop_last:
+        raise UserError(f"method {m.name!r} draws a random batch of B samples per step, not epochs of "
+                        "batches: train.drop_last does not apply; leave it false")
 
-    A method whose update rule is its own plain SGD of train.lr (``own_sgd``: pFedMe, Per-FedAvg, as their
-    authors' optimizers) refuses a run whose train.optimizer, momentum or weight_decay ask for more, which
-    it would otherwise ignore while config.json says they were used."""
 
-    own_sgd = False
+def local_steps(m) -> int:
+    """R: ``method.local_steps``, else ``train.local_epochs`` read as a step count."""
+    r = getattr(m.hparams, "local_steps", None)
+    return int(r) if r else int(m.setup.local_epochs)
 
-    def __init__(self, setup, hparams=None):
-        super().__init__(setup, hparams)
-        if setup.learning_rate is None:
-            raise ValueError(f"{self.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
-        self.refuse_ignored_optimizer(setup.beyond_plain_sgd)
-        if setup.drop_last:
-            raise UserError(f"method {self.name!r} draws a random batch of B samples per step, not epochs of "
-                            "batches: train.drop_last does not apply; leave it false")
-        self.train_lr = setup.learning_rate
 
-    @classmethod
-    def refuse_ignored_optimizer(cls, beyond_plain_sgd: tuple[str, ...]) -> None:
-        """UserError where an ``own_sgd`` method is asked for train settings it would ignore."""
-        if cls.own_sgd and beyond_plain_sgd:
-            raise UserError(f"method {cls.name!r} takes its own plain SGD steps of train.lr (its authors' optimizer), "
-                            f"so {', '.join(beyond_plain_sgd)} would be ignored: set train.optimizer=sgd, "
-                            "train.momentum=0 and train.weight_decay=0")
+def steps_this_round(m, info):
+    """R, or max(1, R * e // E) for a straggler that trains e < E epochs."""
+    return straggler_steps(local_steps(m), info.epochs, m.setup.local_epochs)
 
-    def local_steps(self) -> int:
-        r = getattr(self.hparams, "local_steps", None)
-        return int(r) if r else int(self.setup.local_epochs)
 
-    def steps_this_round(self, info):
-        """R, or max(1, R * e // E) for a straggler that trains e < E epochs."""
-        return straggler_steps(self.local_steps(), info.epochs, self.setup.local_epochs)
+def init_variables(m, key):
+    """The model's initial variables; a model with BatchNorm is refused (these methods' models have none)."""
+    variables = m.model.init(key)
+    if "batch_stats" in variables:
+        raise UserError(f"method {m.name!r} supports models without BatchNorm (e.g. --model mlr or mlp)")
+    return variables
 
-    def init_variables(self, key):
-        variables = self.model.init(key)
-        if "batch_stats" in variables:
-            raise UserError(f"method {self.name!r} supports models without BatchNorm (e.g. --model mlr or mlp)")
-        return variables
 
-    def run_steps(self, step, carry, data, key, info, batches_per_step: int = 1):
-        return random_batch_steps(step, carry, data, key, steps=self.steps_this_round(info),
-                                  max_steps=self.local_steps(), batch_size=self.setup.batch_size,
-                                  normalize=self.setup.normalize, batches_per_step=batches_per_step,
-                                  augment=self.setup.augment)
+def run_steps(m, step, carry, data, key, info, batches_per_step: int = 1):
+    """`random_batch_steps` of this round's R steps (fewer for a straggler) with the run's batch size."""
+    s = m.setup
+    return random_batch_steps(step, carry, data, key, steps=steps_this_round(m, info), max_steps=local_steps(m),
+                              batch_size=s.batch_size, normalize=s.normalize, batches_per_step=batches_per_step,
+                              augment=s.augment)
 
-    def logits(self, params, x, train: bool = False):
-        return self.model.apply({"params": params}, x, train=train).logits
+
+def logits(m, params, x, train: bool = False):
+    return m.model.apply({"params": params}, x, train=train).logits

@@ -9,7 +9,7 @@ four ways:
   each one convolution in the form XLA:CPU gives to its library kernels
   (YNNPACK), written out by a custom VJP so that no patch tensor is built;
   under ``vmap`` with a kernel per client, one batched matmul over im2col
-  patches per piece. The CPU default: 20-25% less CPU time per FedAvgCNN /
+  patches per piece. The CPU default: less CPU time per FedAvgCNN /
   ResNet-8 SGD step than im2col inside ``lax.scan`` (benchmarks/RESULTS.md),
   and the GPU default too (faster than native on an H200, see resolve_conv_impl).
 * ``'im2col'``: the kh*kw shifted windows of the padded input are cut with
@@ -21,7 +21,7 @@ four ways:
   convolution whose transpose is a convolution) and than native convolution.
 * ``'native'``: ``lax.conv_general_dilated`` with JAX's own gradients (the
   default on TPU, where nothing was measured; on an H200 inside the engine's
-  client loop it ran 1.1-2.8x slower than 'direct').
+  client loop it ran slower than 'direct').
 * ``'pallas'`` (pallas_conv.py): the forward pass and both gradients as
   implicit-GEMM Pallas kernels that write no patch tensor, the client as a
   grid axis under ``vmap``; for GPUs (Pallas's Triton lowering), on the CPU
@@ -63,8 +63,8 @@ Padding = Union[str, int, Sequence[tuple[int, int]]]
 def resolve_conv_impl(impl: str = "auto", backend: str | None = None) -> str:
     """Returns one of `CONV_IMPLS`; 'auto' picks 'direct' on CPU and GPU (measured faster on both), else 'native'.
 
-    On an H200 (benchmarks/RESULTS.md), FedAvg over 100 clients in chunks of 8: direct 1.20x native's rounds/s
-    for FedAvgCNN, 2.8x for ResNet-8, 1.11x for LeNet. No TPU was measured, so a TPU keeps JAX's own.
+    On an H200, FedAvg over 100 clients ran more rounds a second with 'direct' than 'native' for every model
+    measured (benchmarks/RESULTS.md, the GPU suites). No TPU was measured, so a TPU keeps JAX's own.
     'pallas' is chosen only by name: 'auto' never selects it."""
     if impl == "auto":
         backend = backend or jax.default_backend()

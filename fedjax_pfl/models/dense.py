@@ -4,7 +4,7 @@ JAX's gradient of ``x @ kernel`` with respect to the kernel is a dot that
 contracts the batch axis of both operands (``lhs_contracting_dims={0}``).
 XLA:CPU hands only canonical matmuls ([M, K] x [K, N]) to YNNPACK and runs
 that one with its own, slower, loop: in an MLP step at B=10 (784-100-10) it
-took half of the step (33 of 70 us, benchmarks/RESULTS.md). `dense_direct`
+took half of the step (benchmarks/RESULTS.md, "Dense kernel gradients as canonical matmuls"). `dense_direct`
 writes both gradients as canonical matmuls by a custom VJP, the transposes
 behind ``lax.optimization_barrier`` so that XLA does not fold them back into
 the dot (the same trick as direct_conv.py):

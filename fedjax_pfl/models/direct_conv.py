@@ -57,17 +57,14 @@ from fedjax_pfl.models.conv_vjp import ConvStatic, three_op_conv
 from fedjax_pfl.models.im2col import im2col_patches, im2col_transpose
 
 NHWC = ("NHWC", "HWIO", "NHWC")
-# input positions / output positions above which the input gradient is im2col's transpose, not a padded
-# convolution. Measured on XLA:CPU, one thread: a 5x5 VALID 12x12x32 -> 8x8x64 gradient (2.25) costs 7.7 ms as a
-# convolution, 3.6 ms by im2col; 3x3 SAME gradients (1.0) 2.3 vs 3.2 ms and 3.1 vs 6.9 ms (B = 32).
+# Input positions / output positions above which the input gradient is im2col's transpose, not a padded
+# convolution: where the padded convolution multiplies this much more than the useful work, im2col is the
+# faster on XLA:CPU (benchmarks/RESULTS.md, "Convolutions without the patch tax").
 PADDED_WORK_LIMIT = 1.5
-# Kernel gradient by im2col's matmul (patches^T @ dy, the patches' transpose materialised) where that measured
-# faster than the convolution whose window is the whole output map: one thread, 50 calls in a fori_loop, ms
-# direct / im2col: 5x5 32 -> 64 on 12x12, B = 32 (FedAvgCNN conv2) 2.48 / 1.89 (B = 10: 0.47 / 0.57); 3x3 SAME
-# 32 -> 32 on 16x16 2.83 / 2.11; 64 -> 64 on 8x8 1.65 / 1.36; stride 2, 16 -> 32 on 32x32 1.49 / 1.11; and the
-# other way with few input channels: 3 -> 6 5x5 on 32x32 (LeNet conv1) 1.71 / 3.31, 3x3 16 -> 16 on 32x32
-# 3.41 / 4.78, 1 -> 16 5x5 on 28x28 0.83 / 1.14. So: input channels >= 32 (>= 16 with a stride), and at least
-# `IM2COL_KERNEL_GRAD_ROWS` output positions over the batch.
+# The kernel gradient is im2col's matmul (patches^T @ dy, the patches' transpose materialised) instead of the
+# convolution whose window is the whole output map when the input has at least this many channels (half as
+# many with a stride) and the batch at least `IM2COL_KERNEL_GRAD_ROWS` output positions: where it measured
+# faster (benchmarks/RESULTS.md, "Direct convolution: the kernel gradient's two forms").
 IM2COL_KERNEL_GRAD_CHANNELS = 32
 IM2COL_KERNEL_GRAD_ROWS = 1024
 

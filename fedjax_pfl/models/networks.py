@@ -21,6 +21,11 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
   conv5x5 64 VALID, ReLU, maxpool 2, flatten, Dense 512 ReLU; head Dense(C).
 * ``lenet``: conv5x5 6, ReLU, maxpool 2, conv5x5 16, ReLU, maxpool 2 (VALID),
   flatten (400 at 32x32), Dense 120, 84 (ReLU); head Dense(C).
+* ``pfl_cnn``: pfl-research's CIFAR-10 benchmark CNN (its ``simple_cnn``):
+  conv3x3 32 VALID, ReLU, conv3x3 64 VALID, ReLU, maxpool 2, flatten (12,544
+  at 32x32), Dense 128 ReLU; head Dense(C). Its two dropout layers (0.25
+  after the pool, 0.5 after Dense 128) are not here: no model here has
+  dropout.
 * ``pfakd_cnn``: the PFAKD authors' CNN: conv3x3 16, conv4x4 32, conv3x3 64
   (VALID, each ReLU + maxpool 2), flatten (256 at 32x32, 64 at 28x28) = the
   feature; head Dense 64 ReLU, Dense(C).
@@ -85,6 +90,7 @@ class ConvSpec(NamedTuple):
     features: int
     kernel_size: int
     padding: Padding = "VALID"
+    pool: bool = True  # a 2x2 max-pool after the activation
 
 
 class DenseStack(nn.Module):
@@ -103,7 +109,7 @@ class DenseStack(nn.Module):
 
 
 class ConvNetBody(nn.Module):
-    """Conv blocks (conv, activation, 2x2 max-pool), flatten, then a DenseStack."""
+    """Conv blocks (conv, activation, 2x2 max-pool unless the spec says no pool), flatten, then a DenseStack."""
 
     convs: Sequence[ConvSpec] = ()
     hidden: Sequence[int] = ()
@@ -117,7 +123,8 @@ class ConvNetBody(nn.Module):
         for i, spec in enumerate(self.convs):
             x = Conv2D(spec.features, spec.kernel_size, padding=spec.padding,
                        impl=self.conv_impl, dtype=self.dtype, name=f"conv{i}")(x)
-            x = max_pool(self.activation(x), 2)
+            x = self.activation(x)
+            x = max_pool(x, 2) if spec.pool else x
             maps.append(x)
         x = x.reshape(x.shape[0], -1)
         x = DenseStack(self.hidden, self.activation, self.conv_impl, self.dtype, name="mlp")(x)
@@ -291,6 +298,12 @@ def _lenet(input_shape, num_classes, conv_impl):
     return ConvNetBody(convs, (120, 84), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
 
 
+def _pfl_cnn(input_shape, num_classes, conv_impl):
+    _need_image("pfl_cnn", input_shape)
+    convs = (ConvSpec(32, 3, pool=False), ConvSpec(64, 3))
+    return ConvNetBody(convs, (128,), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
+
+
 def _pfakd_cnn(input_shape, num_classes, conv_impl):
     _need_image("pfakd_cnn", input_shape)
     convs = (ConvSpec(16, 3), ConvSpec(32, 4), ConvSpec(64, 3))
@@ -331,6 +344,7 @@ _REGISTRY: dict[str, Callable[..., tuple[nn.Module, nn.Module]]] = {
     "lenet": _lenet,
     "pfakd_cnn": _pfakd_cnn,
     "pfakd_cnn_fmnist": _pfakd_cnn_fmnist,
+    "pfl_cnn": _pfl_cnn,
     "fedpac_cnn": _fedpac_cnn,
     "resnet8": _resnet((16, 32, 64), (1, 1, 1), "resnet8"),
     "resnet18": _resnet((64, 128, 256, 512), (2, 2, 2, 2), "resnet18"),

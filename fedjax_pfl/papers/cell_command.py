@@ -6,8 +6,8 @@ the overrides; rounds and checkpoints last), `build_config` the configuration
 it builds (validated, no data read), `cell_state` what its run folder holds
 for it (new, finished, resumable, to run again), and `batchable` /
 `seeds_argv` whether and how a cell's seeds share one ``--seeds`` program
-(runs/sweep.py). Used by the table command (reproduce.py) and its lease plan
-(lease.py).
+(runs/sweep.py). Used by the table command (reproduce.py) and its run plan
+(plan_command.py).
 """
 
 from __future__ import annotations
@@ -111,11 +111,12 @@ def seeds_argv(argv: list[str], seeds: list[int], folder: Path, cfg: config_lib.
     return [*rest, "--seeds", ",".join(map(str, seeds)), *vary]
 
 
-def consecutive_groups(cells: list[Cell]) -> list[list[Cell]]:
-    """Runs of consecutive cells of one (method, setting), in the given order (table order: one run each)."""
+def consecutive_groups(cells: list[Cell], key=lambda c: c.group_name) -> list[list[Cell]]:
+    """Runs of consecutive cells of one (method, setting), or of one ``key``, in the given order (table order:
+    one run each)."""
     groups: list[list[Cell]] = []
     for cell in cells:
-        if groups and groups[-1][0].group_name == cell.group_name:
+        if groups and key(groups[-1][0]) == key(cell):
             groups[-1].append(cell)
         else:
             groups.append([cell])

@@ -42,17 +42,19 @@ run (exit 1); Ctrl-C (or SIGTERM) stops after the round in flight, writes the ta
 far, exit 130 (143). ``--jobs N`` trains N cells at a time, each in its own process
 (papers/parallel_cells.py; its output in OUT/logs/), for a device one cell
 does not fill. ``--cells A,B,...`` runs exactly those cells
-(``<method>-<setting>/seed<k>``), in that order.
+(``<method>-<setting>/seed<k>``), in that order; its table shows the rows x
+settings x seeds they span.
 
-Leases of a device (papers/lease.py): ``--plan-for-seconds S`` writes the
-next lease's plan for the cells not finished (lease_plan.md, lease_plan.sh,
-lease_plan.json beside the table, and the table with the plan in its notes;
-``--device-kind`` names the device, default nvidia-h200); on the lent machine
-each command runs ``bash OUT/lease_plan.sh SECONDS``, which calls this
-command with ``--cells`` and then ``--pack-records ARCHIVE``; back here
-``--bring-back ARCHIVE`` lands the finished runs' records in OUT/runs and
-writes the table and the plan again (for the cells this command selects, the
-whole table by default).
+A time budget (papers/plan_command.py): ``--plan-for-seconds S`` plans the
+cells not finished into device commands that fit S seconds (a lent GPU's
+window, a cluster job's walltime), most wanted first, and writes
+run_plan.md, run_plan.sh and run_plan.json beside the table, and the table
+with the plan in its notes; each command runs ``bash OUT/run_plan.sh
+[SECONDS [WORK]]``, which calls this command with ``--cells``
+(``--device-kind`` names the device whose measured seconds the plan uses,
+default nvidia-h200, in ``--device-record``). ``--require-data`` makes
+missing dataset files an
+error (one line, exit 2) instead of cells shown as "no data".
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
@@ -69,7 +72,7 @@ from fedjax_pfl.commands.command import INTERRUPTED, TERMINATED, Command, OneLin
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
-from fedjax_pfl.papers import lease
+from fedjax_pfl.papers import plan_command
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
@@ -101,18 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cells trained at once, each its own process with its output in OUT/logs/ (e.g. 4-5 on "
                         "one large GPU); 1 (default): one after another in this process")
     p.add_argument("--cells", help="comma-separated cells to run, in this order (<method>-<setting>/seed<k>, as "
-                                   "their run folders): what a lease plan's commands pass")
+                                   "their run folders): what a run plan's commands pass")
     p.add_argument("--plan-for-seconds", type=float, metavar="S",
-                   help="plan the next lease: the cells not finished, most wanted first, packed into device commands "
-                        "for S seconds of commands; writes OUT/lease_plan.md, .sh, .json and the table; runs nothing")
+                   help="plan the cells not finished, most wanted first, into device commands for S seconds of "
+                        "commands; writes OUT/run_plan.md, .sh, .json and the table; runs nothing")
     p.add_argument("--device-kind", default="nvidia-h200",
-                   help="the lent device the plan is for (its measured seconds: benchmarks/seconds_per_round.json)")
-    p.add_argument("--pack-records", metavar="ARCHIVE",
-                   help="(on the lent machine) pack the records of the runs under --out, the lease's work folder "
-                        "(the stopped ones made compact first), into ARCHIVE (tar.gz); runs nothing")
-    p.add_argument("--bring-back", action="append", metavar="ARCHIVE",
-                   help="land a lease's records.tar.gz (or a folder holding one) in OUT/runs, then write the table "
-                        "(and the plan again, if OUT/lease_plan.json is there); repeatable")
+                   help="the device the plan is for (its measured seconds in --device-record)")
+    p.add_argument("--device-record", metavar="FILE",
+                   help="the measured seconds of device kinds the plan reads (default: this repository's "
+                        "benchmarks/seconds_per_round.json, whose form a record of your own follows)")
+    p.add_argument("--require-data", action="store_true",
+                   help="a setting whose dataset files are missing is an error (exit 2), not cells shown as no data")
     return p
 
 
@@ -179,66 +181,129 @@ def settings_without_data(cells: list[Cell], extra: list[str], data_dir: str | N
     return {name: r for name, r in reasons.items() if r}
 
 
-def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str], no_data: dict) -> list[tuple]:
-    """(label, cells, argv, state, folder) per program to run, in table order: a cell's new seeds as one
-    program where they can share it, cells whose dataset is missing in state 'no data'."""
+class Program(NamedTuple):
+    """One program to run: a cell, a cell's seeds (``argv`` with --seeds), or cells as rows (``rows``: each
+    cell's training command line, run together by `runs.sweep.run_federations`)."""
+
+    label: str
+    cells: list
+    argv: list
+    state: str
+    folder: Path
+    rows: list | None = None
+
+
+def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str], no_data: dict,
+               programs: list[list[Cell]] | None = None) -> list[Program]:
+    """The programs to run, in the cells' order: the new cells of one method that follow one another (within
+    one of ``programs``, the --cells groups) and differ only in seed, partition or participation as rows of
+    one program; else a cell's new seeds as one program where they can share it (`batchable`); else one
+    program a cell; cells whose dataset is missing in state 'no data'."""
+    from fedjax_pfl.runs.sweep import pooled_difference
+
+    argvs = {c.folder_name: cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra,
+                                      args.data_dir) for c in cells}
+    configs = {name: build_config(a) for name, a in argvs.items()}
+    states = {c.folder_name: cell_state(out / "runs" / c.folder_name, configs[c.folder_name]) for c in cells}
+    for c in cells:
+        if c.setting.name in no_data and states[c.folder_name] != "finished":
+            states[c.folder_name] = NO_DATA
+    together = not args.one_by_one and args.jobs == 1
     plans = []
-    for group in consecutive_groups(cells):
-        argvs = [cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra, args.data_dir)
-                 for c in group]
-        configs = [build_config(a) for a in argvs]
-        states = [cell_state(out / "runs" / c.folder_name, cfg) for c, cfg in zip(group, configs)]
-        if group[0].setting.name in no_data:
-            states = ["finished" if st == "finished" else NO_DATA for st in states]
-        new = [c for c, st in zip(group, states) if st == "new"]
-        together = len(new) > 1 and batchable(configs[0]) and not args.one_by_one
-        if together:
-            folder = out / "runs" / group[0].group_name
-            plans.append((f"{group[0].group_name} seeds {','.join(str(c.seed) for c in new)} (one program)", new,
-                          seeds_argv(argvs[group.index(new[0])], [c.seed for c in new], folder, configs[0]), "new",
-                          folder))
-        for c, a, st in zip(group, argvs, states):
-            if not (together and st == "new"):
-                plans.append((c.folder_name, [c], a, st, out / "runs" / c.folder_name))
+    for part in programs or [cells]:
+        for run in consecutive_groups(part, key=lambda c: c.method.name):
+            new = [c for c in run if states[c.folder_name] == "new"]
+            rows = (together and len({c.setting.name for c in new}) > 1
+                    and pooled_difference([configs[c.folder_name] for c in new]) is None)
+            if rows:
+                plans.append(Program(f"{new[0].method.name}: {len(new)} cells as rows of one program", new, [],
+                                     "new", out / "runs", [argvs[c.folder_name] for c in new]))
+            for group in consecutive_groups([c for c in run if not (rows and c in new)]):
+                plans += _seed_programs(group, argvs, configs, states, out, together)
     return plans
+
+
+def _seed_programs(group: list[Cell], argvs: dict, configs: dict, states: dict, out: Path,
+                   together: bool) -> list[Program]:
+    """The programs of one (method, setting)'s cells: their new seeds as one where they can share it."""
+    new = [c for c in group if states[c.folder_name] == "new"]
+    first = configs[group[0].folder_name]
+    plans = []
+    if together and len(new) > 1 and batchable(first):
+        folder = out / "runs" / group[0].group_name
+        plans.append(Program(f"{group[0].group_name} seeds {','.join(str(c.seed) for c in new)} (one program)", new,
+                             seeds_argv(argvs[new[0].folder_name], [c.seed for c in new], folder, first), "new",
+                             folder))
+        group = [c for c in group if c not in new]
+    return plans + [Program(c.folder_name, [c], argvs[c.folder_name], states[c.folder_name],
+                            out / "runs" / c.folder_name) for c in group]
+
+
+def run_rows(program: Program, progress: bool, observe=None) -> tuple[int, list[str]]:
+    """Train a rows program's cells as one program (`runs.sweep.run_federations`) -> (exit status, the cells that
+    failed). Where their method cannot run as rows exactly (the engine's one-line reason), each cell runs on
+    its own instead."""
+    from fedjax_pfl.engine.federations import CannotPool
+    from fedjax_pfl.core.stop_request import StopRequest
+    from fedjax_pfl.runs.sweep import run_federations
+
+    stop, failed = StopRequest(), []
+
+    def body() -> int:
+        summaries = run_federations([build_config(a) for a in program.rows], progress, observe, stop)
+        failed.extend(c.folder_name for c, s in zip(program.cells, summaries) if s.get("status") == "failed")
+        return stop.exit_status if stop.requested else 0
+
+    command = Command("interrupted")
+    command.folder = program.folder
+    try:
+        return command.run(body), failed
+    except CannotPool as e:
+        print(f"note: {e}; running its {len(program.cells)} cells one by one", file=sys.stderr, flush=True)
+    for cell, argv in zip(program.cells, program.rows):
+        rc = run_cell(argv, "new", program.folder / cell.folder_name, progress, observe)
+        if rc in (INTERRUPTED, TERMINATED):
+            return rc, failed
+        failed += [cell.folder_name] if rc else []
+    return 0, failed
 
 
 def check_modes(args) -> None:
     """One-line UserErrors for options that do not go together."""
     chosen = [flag for flag, on in (("--dry-run", args.dry_run), ("--table-only", args.table_only),
                                     ("--compact", args.compact),
-                                    ("--plan-for-seconds", args.plan_for_seconds is not None),
-                                    ("--pack-records", args.pack_records is not None),
-                                    ("--bring-back", bool(args.bring_back))) if on]
+                                    ("--plan-for-seconds", args.plan_for_seconds is not None)) if on]
     if len(chosen) > 1:
         raise UserError(f"{' and '.join(chosen)} do different things (--dry-run writes nothing, --table-only and "
-                        "--compact write the table, the lease options plan, pack or land runs): give one of them")
+                        "--compact write the table, --plan-for-seconds plans runs): give one of them")
     if args.cells is not None and (args.methods or args.settings or args.seeds):
         raise UserError("--cells names the cells itself: give it without --methods, --settings and --seeds")
-    if args.pack_records is not None and not args.out:
-        raise UserError("--pack-records packs the runs under --out: give --out WORK, the lease's work folder")
 
 
-def listed_cells(text: str, spec: TableSpec) -> list[Cell]:
-    """``--cells``: folder names ``<method>-<setting>/seed<k>`` of the table's cells, in the given order."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
+def listed_cells(text: str, spec: TableSpec) -> list[list[Cell]]:
+    """``--cells``: folder names ``<method>-<setting>/seed<k>`` of the table's cells, in the given order, ``;``
+    ending a program (cells one program may hold as rows: `plan_cells`)."""
     groups = {c.group_name: c for c in spec.cells(seeds=[0])}
-    cells = []
-    for name in names:
-        group, _, seed = name.partition("/seed")
-        if group not in groups or not seed.isdigit() or int(seed) > config_lib.MAX_WHOLE:
-            raise UserError(f"--cells: {name!r} is not a cell of {spec.name} (give <method>-<setting>/seed<k>, e.g. "
-                            f"{next(iter(groups))}/seed0)")
-        cell = groups[group]
-        cells.append(Cell(cell.method, cell.setting, int(seed)))
-    if not cells or len({c.folder_name for c in cells}) != len(cells):
+    programs = []
+    for part in text.split(";"):
+        cells = []
+        for name in [t.strip() for t in part.split(",") if t.strip()]:
+            group, _, seed = name.partition("/seed")
+            if group not in groups or not seed.isdigit() or int(seed) > config_lib.MAX_WHOLE:
+                raise UserError(f"--cells: {name!r} is not a cell of {spec.name} (give <method>-<setting>/seed<k>, "
+                                f"e.g. {next(iter(groups))}/seed0)")
+            cell = groups[group]
+            cells.append(Cell(cell.method, cell.setting, int(seed)))
+        programs += [cells] if cells else []
+    flat = [c for cells in programs for c in cells]
+    if not flat or len({c.folder_name for c in flat}) != len(flat):
         raise UserError(f"--cells must name distinct cells, got {text!r}")
-    return cells
+    return programs
 
 
 def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
-    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status. The lease options
-    (papers/lease.py) plan the next lease, pack a lease's records or land them instead.
+    """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status. With
+    --plan-for-seconds (papers/plan_command.py), plan them for a time budget instead.
 
     ``command.folder`` is set to the output folder (for error.log)."""
     from fedjax_pfl.papers.earlier_table import read_earlier
@@ -255,69 +320,82 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
         raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
     if args.plan_for_seconds is not None:
-        lease.checked_kind(args)  # a bad --plan-for-seconds or --device-kind: before anything is read or written
+        plan_command.checked_kind(args)  # a bad --plan-for-seconds or --device-kind: before anything is read or written
     out = Path(args.out or Path("reproductions") / spec.name)
-    if args.pack_records is not None:
-        return lease.pack_command(out, args.pack_records)
     if not args.dry_run:
         check_writable(out)
     command.folder = out
     if args.compact:
         args.table_only = True
         print(compacted_line(compact_runs(out), out), flush=True)
-    if args.bring_back:
-        lease.land_command(args.bring_back, out)
-        extra = lease.replan_args(args, extra, out)
     table_extra = extra
     planning = args.plan_for_seconds is not None
     if planning:
-        lease.checked_kind(args)
-        extra = lease.lease_overrides(extra)
+        plan_command.checked_kind(args)
+        extra = plan_command.plan_overrides(extra)
     if args.cells is not None:
-        cells = listed_cells(args.cells, spec)
+        programs = listed_cells(args.cells, spec)
+        cells = [c for part in programs for c in part]
         seeds = sorted({c.seed for c in cells})
+        table_cells = spec.cells({c.method.name for c in cells}, {c.setting.name for c in cells}, seeds)
     else:
         methods = parse_list(args.methods, [m.name for m in spec.methods], "method(s)")
         settings = parse_list(args.settings, [s.name for s in spec.settings], "setting(s)")
         seeds = pick_seeds(args.seeds, spec)
-        cells = spec.cells(methods, settings, seeds)
+        cells = table_cells = spec.cells(methods, settings, seeds)
+        programs = None
     published = {name: paper_rounds(c, extra) for name, c in first_cells(cells).items()}
     rounds = {name: (args.rounds or r, r) for name, r in published.items()}
     no_data = settings_without_data(cells, extra, args.data_dir)
+    if args.require_data and no_data:
+        raise UserError(f"dataset files missing for {', '.join(no_data)} ({'; '.join(dict.fromkeys(no_data.values()))}); "
+                        "set FEDJAX_PFL_DATA_DIR or pass --data-dir")
     if planning:
         kept = kept_cells(spec, cells, out / "runs", read_earlier(out), rounds, seeds)
         table_args = [args.name] if args.name else ["--table-file", args.table_file]
-        plan = lease.plan_next_lease(spec, cells, out, rounds, args, extra, no_data, kept, table_args,
-                                     lease.made_by(table_command(args, table_extra), args))
-        print((out / "lease_plan.md").read_text(), end="")
-        print(f"wrote {out}/lease_plan.md, lease_plan.sh, lease_plan.json ({len(plan.planned)} step(s) planned)")
-        write_and_print(spec, cells, out, rounds, seeds, args, lease.without_lease_mapping(extra), no_data,
+        plan = plan_command.write_plan(spec, cells, out, rounds, args, extra, no_data, kept, table_args,
+                                     plan_command.made_by(table_command(args, table_extra), args))
+        print((out / "run_plan.md").read_text(), end="")
+        print(f"wrote {out}/run_plan.md, run_plan.sh, run_plan.json ({len(plan.planned)} step(s) planned)")
+        write_and_print(spec, table_cells, out, rounds, seeds, args, plan_command.without_plan_mapping(extra), no_data,
                         write_table, show=False)
         return 0
-    plans = plan_cells(cells, out, rounds, args, extra, no_data)
-    left = {cs[0].setting.name for _, cs, _, state, _ in plans if state == NO_DATA}
+    plans = plan_cells(cells, out, rounds, args, extra, no_data, programs)
+    left = {p.cells[0].setting.name for p in plans if p.state == NO_DATA}
     no_data = {name: reason for name, reason in no_data.items() if name in left}  # finished cells need no files
     failed, status, side_by_side = [], 0, []
-    for i, (label, plan_cells_, argv, state, folder) in enumerate(plans, 1):
-        command = shlex.join([*TRAIN.split(), *argv, *cell_flags(state, True)])
+    lines = sum(len(p.rows) if p.rows else 1 for p in plans)  # a line a program, a line a row of one
+    shown = 0
+    for program in plans:
+        state = program.state
+        for j, argv in enumerate(program.rows or [program.argv]):
+            shown += 1
+            command = shlex.join([*TRAIN.split(), *argv, *cell_flags(state, True)])
+            label = program.cells[j].folder_name if program.rows else program.label
+            what = f"{state}, row {j + 1} of {len(program.rows)} in one program" if program.rows else state
+            if args.table_only and state not in ("finished", NO_DATA):
+                print(f"[{shown}/{lines}] {label}: not run (--table-only; {what}: {command})", flush=True)
+            else:
+                print(f"[{shown}/{lines}] {label}: {'skipped (done)' if state == 'finished' else what}"
+                      f"{'' if state == 'finished' else ': ' + command}", flush=True)
         if args.table_only and state not in ("finished", NO_DATA):
-            print(f"[{i}/{len(plans)}] {label}: not run (--table-only; {state}: {command})", flush=True)
             continue
-        print(f"[{i}/{len(plans)}] {label}: {'skipped (done)' if state == 'finished' else state}"
-              f"{'' if state == 'finished' else ': ' + command}", flush=True)
         if args.dry_run or state in ("finished", NO_DATA):
             continue
         if args.jobs > 1:  # started below, side by side
-            side_by_side.append((Job(label, [*argv, *cell_flags(state, False)]), plan_cells_))
+            side_by_side.append((Job(program.label, [*program.argv, *cell_flags(state, False)]), program.cells))
             continue
-        rc = run_cell(argv, state, folder, not args.no_progress, observe)
+        if program.rows:
+            rc, bad = run_rows(program, not args.no_progress, observe)
+            failed += bad
+        else:
+            rc = run_cell(program.argv, state, program.folder, not args.no_progress, observe)
+            failed += [c.folder_name for c in program.cells] if rc not in (0, INTERRUPTED, TERMINATED) else []
         if rc in (INTERRUPTED, TERMINATED):
             status = rc
             print("interrupted: the table below holds the cells run so far; run the same command again to continue",
                   file=sys.stderr)
             break
-        if rc != 0:
-            failed += [c.folder_name for c in plan_cells_]
     if side_by_side:
         cells_of = {job.label: cells_ for job, cells_ in side_by_side}
         bad, status = run_side_by_side([job for job, _ in side_by_side], args.jobs, out / "logs")
@@ -329,7 +407,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         print(f"note: not run, dataset files missing ({', '.join(names)}): {reason}", file=sys.stderr)
     if args.dry_run:
         return 0
-    write_and_print(spec, cells, out, rounds, seeds, args, extra, no_data, write_table)
+    write_and_print(spec, table_cells, out, rounds, seeds, args, extra, no_data, write_table)  # (--cells: the rows x
+    # settings x seeds they span, so that every (row, setting) shown has its line)
     if failed:
         print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
         return status or 1
@@ -338,12 +417,12 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
 
 def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, seeds: list[int], args,
                     extra: list[str], no_data: dict, write_table, show: bool = True) -> None:
-    """Write table.md / table.csv (with the next lease's note when OUT holds a plan) and print the table
+    """Write table.md / table.csv (with the planned runs' note when OUT holds a run plan) and print the table
     (``show``) or only where it went."""
     out.mkdir(parents=True, exist_ok=True)
     head_extra = [f"Command: `{table_command(args, extra)}`."]
     head_extra += [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
-    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data, lease.plan_note(out))
+    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data, plan_command.plan_note(out))
     print(text if show else "", end="")
     print(f"wrote {out}/ (table.md, table.csv, runs/)")
 

@@ -1,21 +1,24 @@
-"""Seconds a table cell's round takes on a lent device kind, estimated from measurements.
+"""Seconds a round of a program of table cells takes on a device kind, modelled from measurements.
 
-Measurements come from two places: benchmarks/seconds_per_round.json (the
-GPU suite's rows, per device kind, each at the run settings it names) and the
-table's own runs landed from earlier leases (their metrics.jsonl ``seconds``
-and the machine their config.json names). A measurement is turned into
-seconds per *client-epoch* by a work model (`round_work`: how many passes over
-a client's train data a method's round makes, for the round's selected
-clients and for every client), and a cell's seconds per round are that rate
-times the cell's own work. So a FedAS row measured with every client online
-gives FedAS at online ratio 0.2, and FedAvg's rate stands in for a method
-never measured (its work counted from the method's definition, with
-`PRIOR_MARGIN`). The anchors, nearest first: this method in the table's own
-runs on that device (same data, model, clients and batch size); this
-method's row in the record at the same model, clients, batch size and client
-mapping; another method's row there; another method's runs in the table.
-Without any, the estimate is unknown (the plan says so and the lease's runs
-measure it). Nothing here imports JAX until a method's options are read.
+A table's cells of one method run as rows of one program (engine/federations.py;
+one cell alone is a program of one). A round of a program of cells (each a
+federation f: N_f clients of train sizes n, S_f of them training a round) in
+packed lanes runs about max(L, T / W) steps of W lanes (engine/packed_loops.py):
+T the rows' expected real client-steps (the sum over f of S_f / N_f times the
+sum over its clients of E ceil(n / B)), L the largest client's steps, W the
+lane width the engine takes for them (`client_mapping.packed_width`). A step of
+W lanes takes t(W) = fixed + per_lane x W seconds, the device kind's
+``lane_step_seconds`` in benchmarks/seconds_per_round.json (a line through its
+measured rows: seconds over sequential steps of FedAvg on FedAvgCNN, B=16, at
+several widths), and a method's round is its work (`round_work`: its passes, in
+client-epochs) over plain training's times that. So the batching factor of k
+cells as rows (their seconds alone over their seconds together: less padding,
+fewer fixed step costs) comes out of the model instead of k cells being charged
+as k times one. The table's own runs made on that device kind are measured
+programs (`measured_programs`: config.json names the program's runs): their
+seconds per round over their modelled seconds, the median, scale every estimate
+(`calibration`). Nothing here imports JAX until client sizes or a method's
+options are read.
 """
 
 from __future__ import annotations
@@ -25,32 +28,25 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
+from fedjax_pfl.runs import config as config_lib
 
 RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "seconds_per_round.json"
-PRIOR_MARGIN = 1.2  # on an estimate from another method's rate: the work model is counted, not measured
-RUN_MATCH = ("data.name", "model.name", "partition.num_clients", "train.batch_size")
-RECORD_MATCH = ("model.name", "partition.num_clients", "train.batch_size", "train.client_mapping")
 
 
 @dataclasses.dataclass(frozen=True)
-class Anchor:
-    """One measurement: the run settings (a run's config, or the record's dotted keys) and its seconds per round."""
+class LaneLaw:
+    """Seconds of one step of W lanes: ``fixed + per_lane * W`` (the record's ``lane_step_seconds``)."""
 
-    config: dict
-    seconds_per_round: float
+    fixed: float
+    per_lane: float
     source: str
 
-    @property
-    def method(self) -> str:
-        return str(setting(self.config, "method_name"))
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    seconds_per_round: float | None  # None: unknown
-    source: str
+    def step(self, lanes: int) -> float:
+        return self.fixed + self.per_lane * lanes
 
 
 def load_record(path: Path | None = None) -> dict:
@@ -97,11 +93,6 @@ def clients_per_round(config: dict) -> int:
     return max(1, min(n, int(round(n * float(setting(config, "train.join_ratio", 1.0))))))
 
 
-def counted_clients(count: int, work: dict) -> int:
-    """Clients side by side as the work model counts them: at least its ``min_clients_counted``."""
-    return max(count, int(work.get("min_clients_counted", 1)))
-
-
 def round_work(config: dict, work: dict) -> float:
     """Client-epochs of one round of ``config`` under the record's work model ``work``."""
     from fedjax_pfl.methods import get_method
@@ -117,7 +108,7 @@ def round_work(config: dict, work: dict) -> float:
     every = float(model.get("every_client_epochs", 0)) + float(model.get("once_every_client_epochs", 0)) / rounds
     every += getattr(options, "finetune_epochs", 0) / max(1, int(setting(config, "eval_every") or 1))
     n = int(setting(config, "partition.num_clients") or 1)
-    return counted_clients(clients_per_round(config), work) * selected + counted_clients(n, work) * every
+    return clients_per_round(config) * selected + n * every
 
 
 def steady_seconds(records: list[dict]) -> float | None:
@@ -135,52 +126,78 @@ def steady_seconds(records: list[dict]) -> float | None:
     return (later[-1]["seconds"] - first["seconds"]) / (later[-1]["round"] - first["round"])
 
 
-def run_anchors(runs_dir: Path, machine: str) -> list[Anchor]:
-    """The finished runs under ``runs_dir`` made on ``machine``, as anchors."""
-    anchors = []
+def lane_law(kind: dict) -> LaneLaw | None:
+    """The device kind's step law, or None when the record has none."""
+    raw = kind.get("lane_step_seconds")
+    return None if not raw else LaneLaw(float(raw["fixed"]), float(raw["per_lane"]), str(raw.get("source", "")))
+
+
+class ClientSizes:
+    """Every cell's clients' train sizes, from its partition (the dataset loaded once a name; no model built)."""
+
+    def __init__(self):
+        self.datasets, self.sizes = {}, {}
+
+    def __call__(self, cfg) -> np.ndarray:
+        from fedjax_pfl.data.registry import load_dataset
+        from fedjax_pfl.runs.experiment import data_seed, partition_dataset
+
+        key = repr((cfg.data.name, cfg.data.data_dir, dataclasses.asdict(cfg.partition), data_seed(cfg)))
+        if key not in self.sizes:
+            if cfg.data.name not in self.datasets:
+                extra = ({"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg)}
+                         if cfg.data.name == "synthetic" else {})
+                self.datasets[cfg.data.name] = load_dataset(cfg.data.name, data_dir=cfg.data.data_dir,
+                                                            allow_download=False, source=cfg.data.source, **extra)
+            data = partition_dataset(self.datasets[cfg.data.name], cfg.partition, data_seed(cfg))
+            self.sizes[key] = np.asarray(data.train.n)
+        return self.sizes[key]
+
+
+def program_seconds(cfgs: list, law: LaneLaw, work: dict, sizes: ClientSizes) -> float:
+    """Modelled seconds a round of the cells ``cfgs`` (RunConfigs of one method) as rows of one program take
+    (module docstring)."""
+    from fedjax_pfl.engine.client_mapping import packed_width
+
+    counts, rows, expected, training_work, round_work_sum = [], 0, 0.0, 0.0, 0.0
+    for cfg in cfgs:
+        n, t = sizes(cfg), cfg.train
+        steps = t.local_epochs * (n // t.batch_size if t.drop_last else -(-n // t.batch_size))
+        config = config_lib.to_dict(cfg)
+        training = len(n) if t.all_clients_train else clients_per_round(config)
+        counts.append(steps)
+        rows += training
+        expected += training / len(n) * float(steps.sum())
+        training_work += training * t.local_epochs
+        round_work_sum += round_work(config, work)
+    counts = np.concatenate(counts)
+    lanes = packed_width(counts, rows, backend="gpu")
+    return max(float(counts.max()), expected / lanes) * law.step(lanes) * round_work_sum / max(training_work, 1e-9)
+
+
+def measured_programs(runs_dir: Path, machine: str) -> list[tuple[list, float]]:
+    """(the cells' RunConfigs, measured seconds per round) of each program whose finished runs under
+    ``runs_dir`` were made on ``machine`` (config.json's resolved client mapping names a program's runs)."""
+    found: dict[tuple, tuple[list, float]] = {}
     for folder in sorted(Path(runs_dir).glob("*/seed*")) if Path(runs_dir).is_dir() else []:
-        if not run_folder.is_run(folder) or machine not in run_folder.read_provenance(folder)["machines"]:
-            continue
-        if (run_folder.read_summary(folder) or {}).get("status") != "finished":
+        if (not run_folder.is_run(folder) or machine not in run_folder.read_provenance(folder)["machines"]
+                or (run_folder.read_summary(folder) or {}).get("status") != "finished"):
             continue
         seconds = steady_seconds(run_folder.read_records(folder))
-        if seconds:
-            anchors.append(Anchor(run_folder.read_config(folder), seconds,
-                                  f"measured: {folder.parent.name}/{folder.name} on {machine}"))
-    return anchors
+        saved = json.loads((folder / "config.json").read_text())
+        mapping = (saved.get("resolved") or {}).get("train.client_mapping") or {}
+        program = tuple(mapping.get("program") or [f"{folder.parent.name}/{folder.name}"])
+        if seconds and (program in found or all((Path(runs_dir) / name).is_dir() for name in program)):
+            cfgs, _ = found.get(program, ([], seconds))
+            found[program] = (cfgs + [config_lib.build(base=saved["config"])], seconds)
+    return [(cfgs, seconds) for program, (cfgs, seconds) in found.items() if len(cfgs) == len(program)]
 
 
-def record_anchors(kind: dict) -> list[Anchor]:
-    """The record's rows of one device kind, as anchors."""
-    return [Anchor({**w["config"], "method_name": method}, seconds,
-                   f"{w.get('source', {}).get(method, 'record')} ({method}, {w['config'].get('partition.num_clients')} "
-                   f"clients)")
-            for w in kind.get("workloads", []) for method, seconds in w.get("seconds_per_round", {}).items()]
-
-
-def _matches(anchor: Anchor, config: dict, keys: tuple[str, ...]) -> bool:
-    return all(setting(anchor.config, k) == setting(config, k) for k in keys)
-
-
-def _rate(anchors: list[Anchor], work: dict) -> float:
-    """Median seconds per client-epoch of ``anchors``."""
-    return statistics.median(a.seconds_per_round / round_work(a.config, work) for a in anchors)
-
-
-def estimate(config: dict, runs: list[Anchor], recorded: list[Anchor], work: dict) -> Estimate:
-    """Seconds per round of ``config`` (a run's nested config) from the nearest anchors (module docstring)."""
-    method = setting(config, "method_name")
-    own_runs = [a for a in runs if a.method == method and _matches(a, config, RUN_MATCH)]
-    own_rows = [a for a in recorded if a.method == method and _matches(a, config, RECORD_MATCH)]
-    other_rows = [a for a in recorded if _matches(a, config, RECORD_MATCH)]
-    other_runs = [a for a in runs if _matches(a, config, RUN_MATCH)]
-    for found, margin, how in ((own_runs, 1.0, "this method's runs"), (own_rows, 1.0, "this method's record"),
-                               (other_rows, PRIOR_MARGIN, "the work model on"),
-                               (other_runs, PRIOR_MARGIN, "the work model on")):
-        if found:
-            fedavg = [a for a in found if a.method == "fedavg"] if margin != 1.0 else found
-            used = fedavg or found
-            seconds = margin * _rate(used, work) * round_work(config, work)
-            return Estimate(seconds, f"{how}: {used[0].source}" + (f" (+{len(used) - 1} more)" if len(used) > 1 else ""))
-    keys = ", ".join(f"{k}={setting(config, k)}" for k in RECORD_MATCH)
-    return Estimate(None, f"unknown: nothing measured at {keys} on this device kind")
+def calibration(measured: list, law: LaneLaw, work: dict, sizes: ClientSizes) -> tuple[float, str]:
+    """(factor, what it comes from): the median of measured over modelled seconds of ``measured`` programs,
+    else 1."""
+    ratios = [seconds / program_seconds(cfgs, law, work, sizes) for cfgs, seconds in measured]
+    if not ratios:
+        return 1.0, "modelled, no GPU measurement of a program of cells yet (the kind's lane_step_seconds)"
+    return statistics.median(ratios), (f"modelled, calibrated on {len(ratios)} measured program(s) of this table "
+                                       f"(measured / modelled, median {statistics.median(ratios):.2f})")

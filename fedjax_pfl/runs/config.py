@@ -584,11 +584,24 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _option_defaults(method_name) -> dict:
+    """{option: default} of a method's options (as config.json writes them); {} for an unknown method."""
+    from fedjax_pfl.methods import method_names, get_method
+
+    options = get_method(method_name).hparams_type if method_name in method_names() else None
+    if options is None:
+        return {}
+    return {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+            for f in dataclasses.fields(options) if f.default is not dataclasses.MISSING}
+
+
 def resume_differences(saved: dict, new: dict) -> list[str]:
     """``'key: saved -> new'`` for each setting a resumed run would change, beyond RESUME_MAY_CHANGE.
 
     A key the saved config lacks (a run started before the key existed) counts as its default,
-    the behaviour that run had."""
+    the behaviour that run had; so does a method option it lacks."""
+    saved, new = ({**c, "method": {**_option_defaults(c.get("method_name")), **(c.get("method") or {})}}
+                  for c in (saved, new))
     a, b = {**_flatten(to_dict(RunConfig())), **_flatten(saved)}, _flatten(new)
     for flat in (a, b):  # an empty data_seed means `seed`: the same run
         if flat.get("data_seed") is None:

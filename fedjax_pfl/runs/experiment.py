@@ -25,7 +25,6 @@ from fedjax_pfl.core.errors import DataNotFoundError, UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
-from fedjax_pfl.methods.step_counted import StepMethod
 from fedjax_pfl.methods.options import resolved
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.models.conv import resolve_conv_impl
@@ -205,16 +204,14 @@ def validate(cfg: config_lib.RunConfig) -> None:
 
     if getattr(cfg, VALIDATED, None) == config_lib.fingerprint(cfg):
         return
-    method_cls = get_method(cfg.method_name)
+    algorithm = get_method(cfg.method_name)
     cfg.method = resolved_method_options(cfg.method_name, cfg.method)
     resolve_dataset(cfg)
     cfg.data.name = canonical_name(cfg.data.name)  # raises UserError listing the valid names
     resolve_model(cfg, {"image": True, "vector": False}.get(input_kind(cfg.data.name)))
     config_lib.validate_values(cfg)
-    method_cls.refuse_persistent_optimizer(cfg.train.persistent_optimizer)
-    if issubclass(method_cls, StepMethod):
-        method_cls.refuse_ignored_optimizer(beyond_plain_sgd(cfg.train))
-    offered = method_cls.eval_models
+    algorithm.refuse_unsupported(cfg.train.persistent_optimizer, beyond_plain_sgd(cfg.train))
+    offered = algorithm.eval_models
     if cfg.eval.model == "auto":
         cfg.eval.model = offered[0]
     if cfg.eval.model not in offered:
@@ -260,7 +257,7 @@ def resolved_method_options(method_name: str, options: dict) -> dict:
 
 def check_body_head_split(method) -> None:
     """A body-sharing method on a model whose body has no parameters (mlr) would just be Local."""
-    if not method.needs_body_head_split:
+    if not method.algorithm.needs_body_head_split:
         return
     shapes = jax.eval_shape(method.model.init, jax.random.key(0))
     if not jax.tree.leaves(shapes["params"]["body"]):
@@ -307,8 +304,8 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
     dataset = with_normalization(dataset, cfg.data.normalization)
     resolve_model(cfg, dataset.is_image)  # (datasets whose files decide their inputs)
     setup = build_setup(cfg, dataset)
-    method_cls = get_method(cfg.method_name)
-    method = method_cls(setup, config_lib.method_options(method_cls.hparams_type, cfg.method))
+    algorithm = get_method(cfg.method_name)
+    method = algorithm(setup, config_lib.method_options(algorithm.hparams_type, cfg.method))
     check_body_head_split(method)
     data = partition_dataset(dataset, cfg.partition, data_seed(cfg))
     client_limits.check_batch_size(cfg.train.batch_size, data.train.n)

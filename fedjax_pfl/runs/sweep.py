@@ -22,6 +22,12 @@ last-10 test accuracy, and name the best point by validation accuracy
 accuracy beside it; without validation data no point is named, so nothing is
 picked on test data.
 
+Runs that differ in their partition or their participation too (a paper
+table's cells for one method: another Dirichlet alpha, another join ratio,
+another seed) are rows of one program instead (`run_federations`,
+engine/federations.py): each writes its own run folder, its numbers those of
+its single run within float tolerance (integer state exactly).
+
 Memory guard: a point's stacked state (server + all clients) is sized from
 the method's init shapes; a call holds about ``STATE_COPIES`` times that per
 point (the state, its donated successor, the selected clients' copies and
@@ -47,6 +53,8 @@ import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import checkpoint, mapping_choice, method_values, sharding
+from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.engine.federations import Federation, FederationRows
 from fedjax_pfl.outputs import run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
@@ -188,6 +196,10 @@ class BatchedProgram:
             values=self.values, data=self.data)
         return list(zip(metrics, evaluations))
 
+    def training_rows(self) -> int:
+        """Clients that train a round, all points together."""
+        return training_clients(self.engine) * len(self.keys)
+
     def state(self, index: int):
         return jax.tree.map(lambda a: a[index], (self.servers, self.clients))  # sliced only when saved
 
@@ -202,15 +214,20 @@ def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest
     program = BatchedProgram(exps, points, report=lambda line: print(line, flush=True),
                              earlier=mappings.get(len(points)))
     mappings.setdefault(len(points), program.mapping)
+    return run_program(program, [exps[p.cfg.data_seed] for p in points], [p.cfg for p in points], progress, stop,
+                       observe)
+
+
+def run_program(program, exps: list, cfgs: list[config_lib.RunConfig], progress: bool, stop: StopRequest,
+                observe) -> list[dict]:
+    """Run ``program`` (several runs: ``cfgs``, built as ``exps``) to the end (or to Ctrl-C), each writing its own
+    run folder -> their summaries."""
     print(mapping_choice.describe(program.mapping), flush=True)
-    writers = []
-    for point in points:
-        exp = exps[point.cfg.data_seed]
-        writers.append(RunWriter(point.out, point.out, point.cfg, exp.data_files, exp.partition_summary,
-                                 resolved=resolved_settings(point.cfg, program.mapping)))
-    cfg = points[0].cfg
+    writers = [RunWriter(Path(cfg.out), Path(cfg.out), cfg, exp.data_files, exp.partition_summary,
+                         resolved=resolved_settings(cfg, program.mapping)) for exp, cfg in zip(exps, cfgs)]
+    cfg = cfgs[0]
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
-    display = RunProgress(cfg.train.rounds, 0, training_clients(program.engine) * len(points), progress,
+    display = RunProgress(cfg.train.rounds, 0, program.training_rows(), progress,
                           devices=sharding.mesh_size(program.engine.mesh),
                           timed_round=mapping_choice.round_seconds(program.mapping))
     stop.aborts = [writer.abort for writer in writers]
@@ -225,6 +242,92 @@ def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest
         display.close()
         summaries = [writer.finish() for writer in writers]
     return summaries
+
+
+POOLED = ("seed", "data_seed", "vary_data_with_seed", "partition", "train.join_ratio", "out")  # rows may differ in
+
+
+def pooled_difference(cfgs: list[config_lib.RunConfig]) -> str | None:
+    """The first setting (dotted key) in which ``cfgs`` differ beyond `POOLED`, or None: they can be rows."""
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            name = f"{prefix}{key}"
+            if not any(name == p or name.startswith(p + ".") for p in POOLED):
+                out.update(flat(value, name + ".") if isinstance(value, dict) and key != "method" else {name: value})
+        return out
+
+    first = flat(config_lib.to_dict(cfgs[0]))
+    for cfg in cfgs[1:]:
+        other = flat(config_lib.to_dict(cfg))
+        for key in sorted(set(first) | set(other)):
+            if first.get(key) != other.get(key):
+                return key
+    return None
+
+
+class FederationProgram:
+    """The compiled rounds of runs that differ only in seed, partition or participation, as rows of one program
+    (`FederationRows`); the partitions that agree are built (and held) once."""
+
+    def __init__(self, cfgs: list[config_lib.RunConfig], progress: bool = False):
+        built: dict[str, object] = {}
+        self.exps = []
+        for cfg in cfgs:
+            key = repr((config_lib.to_dict(cfg)["partition"], cfg.seed if cfg.data_seed is None else cfg.data_seed))
+            if key not in built:
+                first = next(iter(built.values()), None)
+                reuse = first is not None and cfg.data.name != "synthetic"  # generated data depend on the seed
+                built[key] = build_experiment(cfg, dataset=first.dataset if reuse else None, progress=progress)
+            self.exps.append(built[key])
+        federations = [Federation(*e.engine.client_data, engine_lib.clients_per_round(e.engine.num_clients,
+                                                                                     cfg.train.join_ratio))
+                       for e, cfg in zip(self.exps, cfgs)]  # (an experiment shared by runs: its own join ratio)
+        self.engine = FederationRows(self.exps[0].engine.method, federations, self.exps[0].engine.config)
+        keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(cfg.seed))) for cfg in cfgs])
+        self.keys = keys[:, 1]
+        self.servers, self.clients = self.engine.init(keys[:, 0])
+        self.rounds, self.eval_every = cfgs[0].train.rounds, cfgs[0].eval_every
+        mapping = self.engine.mapping
+        self.mapping = {"requested": cfgs[0].train.client_mapping, "chosen": mapping, "mapping": mapping,
+                        "chunk_size": self.engine.config.chunk_size if mapping == "chunked" else None, "timed": False,
+                        "why": f"one of {len(cfgs)} runs as rows of one program (engine/federations.py)",
+                        "program": [f"{Path(cfg.out).parent.name}/{Path(cfg.out).name}" for cfg in cfgs]}
+
+    def training_rows(self) -> int:
+        return self.engine.training_rows()
+
+    def call(self, first: int, count: int, stop: int):
+        self.servers, self.clients, metrics, evaluations = self.engine.run_rounds(
+            self.servers, self.clients, self.keys, first, count, self.rounds, self.eval_every, stop=stop)
+        return list(zip(metrics, evaluations))
+
+    def state(self, index: int):
+        return self.engine.state(self.servers, self.clients, index)
+
+    def evaluate(self, index: int, round_index: int):
+        return None  # (the snapshot keeps the latest evaluation's clients.csv)
+
+
+def run_federations(cfgs: list[config_lib.RunConfig], progress: bool = True, observe=None,
+                    stop: StopRequest | None = None, start_over: bool = False) -> list[dict]:
+    """Train the runs ``cfgs`` (each with its own ``out``) as rows of ONE program (module docstring); each writes
+    its run folder as its single run would. A one-line UserError when they differ in more than `POOLED` or
+    their method cannot run as rows; their folders are held for the whole program."""
+    stop = stop or StopRequest()
+    for cfg in cfgs:
+        validate(cfg)
+    other = pooled_difference(cfgs)
+    if other is not None:
+        raise UserError(f"runs as rows of one program may differ only in seed, partition and join ratio, not in "
+                        f"{other}; run them one by one")
+    with contextlib.ExitStack() as held:
+        for cfg in cfgs:
+            held.enter_context(claimed(Path(cfg.out), checkpoint.has_checkpoint, start_over=start_over))
+        program = FederationProgram(cfgs, progress)
+        print(f"{len(cfgs)} runs as rows of one program on {jax.devices()[0].device_kind} ({jax.default_backend()})",
+              flush=True)
+        return run_program(program, program.exps, cfgs, progress, stop, observe)
 
 
 def _mean_std(values) -> dict:

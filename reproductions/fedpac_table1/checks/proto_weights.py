@@ -17,7 +17,7 @@ import argparse
 import jax
 import numpy as np
 
-from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods import fedpac, get_method
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs.experiment import build_experiment
 
@@ -29,15 +29,15 @@ def main():
     p.add_argument("overrides", nargs="*", help="key=value options, e.g. method.temperature=0.2")
     args = p.parse_args()
     recorded = []
-    cls = get_method(args.method)
-    original = cls.head_weights
+    get_method(args.method)  # (a fedpac variant: its server step calls fedpac.head_weights)
+    original = fedpac.head_weights
 
-    def recording(self, uploads, info):
-        w = original(self, uploads, info)
+    def recording(m, uploads, info):
+        w = original(m, uploads, info)
         jax.debug.callback(lambda w_: recorded.append(np.asarray(w_)), w)
         return w
 
-    cls.head_weights = recording
+    fedpac.head_weights = recording
     cfg = config_lib.build("configs/fedpac_fmnist.yaml", [f"method_name={args.method}", *args.overrides])
     eng = build_experiment(cfg).engine
     init_key, key = jax.random.split(jax.random.key(0))
