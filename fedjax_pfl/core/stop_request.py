@@ -34,7 +34,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from fedjax_pfl.core.stop_signals import NAMES, SIGNALS, Interrupted, exit_status
+from fedjax_pfl.core.stop_signals import NAMES, SIGNALS, Interrupted, exit_status, signals_read
 
 ABORT_AFTER = 3.0  # seconds the main thread has to answer a second Ctrl-C before the process ends
 
@@ -101,22 +101,12 @@ class StopRequest:
 
     def _watch(self, read_end: int) -> None:
         """The watcher thread: one byte per signal, written by the C-level handler at once."""
-        while True:
-            try:
-                data = os.read(read_end, 64)
-            except OSError:
-                data = b""
-            if not data:
-                os.close(read_end)
-                return
-            for number in data:
-                if number not in SIGNALS:
-                    continue
-                self._seen += 1
-                if self._seen == 1:
-                    self._first(number)
-                else:
-                    threading.Thread(target=self._abort_unless_answered, args=(number,), daemon=True).start()
+        for number in signals_read(read_end):
+            self._seen += 1
+            if self._seen == 1:
+                self._first(number)
+            else:
+                threading.Thread(target=self._abort_unless_answered, args=(number,), daemon=True).start()
 
     def _abort_unless_answered(self, signum: int) -> None:
         tqdm.write(f"{NAMES[signum]} again: stopping now", file=sys.stderr)

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the stop signals, handled alike
 # (SIGPIPE is never handled: it names a stop because standard output closed, commands/standard_output.py)
@@ -41,6 +42,20 @@ def signal_of(error: BaseException) -> int:
     return getattr(error, "signum", signal.SIGINT)
 
 
+def signals_read(read_end: int) -> Iterator[int]:
+    """The stop signals (`SIGNALS`) written, one byte each, to the pipe ``read_end`` that `signal.set_wakeup_fd`
+    was given, as they come; ends (closing ``read_end``) once the pipe's write end is closed."""
+    while True:
+        try:
+            data = os.read(read_end, 64)
+        except OSError:
+            data = b""
+        if not data:
+            os.close(read_end)
+            return
+        yield from (number for number in data if number in SIGNALS)
+
+
 @contextlib.contextmanager
 def terminating(note: str = "nothing more was written"):
     """Within this block (main thread only) Ctrl-C and SIGTERM raise `Interrupted`, and return within `GRACE`
@@ -57,25 +72,15 @@ def terminating(note: str = "nothing more was written"):
         raise Interrupted(signum)
 
     def watch(read_end: int) -> None:
-        seen = 0
-        while True:
-            try:
-                data = os.read(read_end, 64)
-            except OSError:
-                data = b""
-            if not data:
-                os.close(read_end)
-                return
-            for signum in (n for n in data if n in SIGNALS):
-                seen += 1
-                deadline = time.monotonic() + GRACE
-                while handled[0] < seen and not ended.is_set() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if handled[0] < seen and not ended.is_set():
-                    sys.stderr.write(f"{NAMES[signum]}: {note}; stopped at once, the computation in flight would "
-                                     "not give way\n")
-                    sys.stderr.flush()
-                    os._exit(exit_status(signum))
+        for seen, signum in enumerate(signals_read(read_end), start=1):
+            deadline = time.monotonic() + GRACE
+            while handled[0] < seen and not ended.is_set() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if handled[0] < seen and not ended.is_set():
+                sys.stderr.write(f"{NAMES[signum]}: {note}; stopped at once, the computation in flight would not "
+                                 "give way\n")
+                sys.stderr.flush()
+                os._exit(exit_status(signum))
 
     previous = {number: signal.signal(number, handle) for number in SIGNALS}
     read_end, write_end = os.pipe()
