@@ -14,7 +14,7 @@ import dataclasses
 import re
 
 BAD_INPUT = 2
-TERMINATED = 143
+INTERRUPTED, OUTPUT_CLOSED, TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
         "--local-epochs", "1", "--rounds", "2", "--no-progress", "--offline"]
@@ -24,13 +24,18 @@ REPORT = ["{finished}"]
 
 # What the placeholders of the arguments and messages stand for (the page's legend).
 PLACEHOLDERS = {
-    "tmp": "a folder of the test's: it holds a_file (a file), bad.yaml (broken YAML), table.yaml (a paper table), "
-           "empty/ (an empty folder) and copies of the finished run with a truncated (truncated/) and a corrupted "
-           "(corrupted/) checkpoint",
+    "tmp": "a folder of the test's: it holds a_file (a file), bad.yaml (broken YAML), twice.yaml (two train: "
+           "blocks), table.yaml (a paper table), empty/ (an empty folder) and damaged copies of the finished run (the "
+           "placeholders below)",
     "finished": "a finished two-round FedAvg run (checkpoint every round)",
     "empty": "an empty folder ({tmp}/empty)",
     "truncated": "a copy of the finished run whose checkpoint files are cut in half ({tmp}/truncated)",
     "corrupted": "a copy of the finished run whose checkpoint files begin with 64 zero bytes ({tmp}/corrupted)",
+    "no_metrics": "a copy of the finished run without metrics.jsonl ({tmp}/no_metrics)",
+    "no_digests": "a copy of the finished run without its checkpoint's digests.json ({tmp}/no_digests)",
+    "emptied_checkpoint": "a copy of the finished run whose checkpoint's files are all deleted ({tmp}/emptied_checkpoint)",
+    "scattered": "a copy of the finished run with bytes flipped in every checkpoint file ({tmp}/scattered)",
+    "bad_summary": "a copy of the finished run whose summary.json is cut short ({tmp}/bad_summary)",
 }
 
 
@@ -282,6 +287,48 @@ CASES_LIST: list[Case] = [
     Case('data_dir_missing-reproduce', 'data dir missing',
          'error: --data-dir {tmp}/nonexistent is not a folder; pass the folder that holds the dataset files or leave it out',
          _argv(*REPRODUCE, 'data.name=mnist', '--data-dir', '{tmp}/nonexistent'), command='reproduce'),
+    # the unclean endings of issue 74 that a command line shows
+    Case('yaml_key_twice', 'a YAML preset with two train: blocks (plain YAML keeps the second silently)',
+         "error: {tmp}/twice.yaml gives the key 'train' twice, at line 1 and at line 4 (YAML would keep only the second); merge them into one",
+         _argv('--method', 'fedavg', *TINY, '--config', '{tmp}/twice.yaml')),
+    Case('lr_zero_in_float32', 'a learning rate that is 0 in float32',
+         'error: train.lr=1e-50 is 0 in float32, the precision the run computes in (its smallest normal number is 1.175e-38); give a value at least that large',
+         _argv('--method', 'fedavg', *TINY, '--lr', '1e-50')),
+    Case('option_zero_in_float32', "a method option that is 0 in float32",
+         'error: method.mu=1e-45 is 0 in float32, the precision the run computes in (its smallest normal number is 1.175e-38); give a value at least that large',
+         _argv('--method', 'fedprox', *TINY, 'method.mu=1e-45')),
+    Case('batch_larger_than_every_client', 'a batch larger than every client',
+         'error: train.batch_size 100000 is larger than every client (the largest holds 184 train samples); use --batch-size 184 or less',
+         _argv('--method', 'fedavg', *TINY, '--batch-size', '100000')),
+    Case('cpu_devices_past_clients', 'more host devices than clients (each holds a padded copy of the data)',
+         "error: devices.cpu=64 is more host devices than the run's 6 clients (each device holds a copy of the client data, padded to a client per device); use --cpu-devices 6 or fewer, or leave it auto",
+         _argv('--method', 'fedavg', *TINY, '--cpu-devices', '64')),
+    Case('out_name_too_long', 'a 300-character --out name',
+         'error: --out holds a folder name of 300 characters (aaaaaaaaaaaa...), more than the … this file system allows for one name; choose a shorter --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '{tmp}/' + 'a' * 300)),
+    Case('out_past_path_max', 'an --out path longer than the system allows (PATH_MAX)',
+         'error: --out is … characters long as an absolute path; the files a run writes inside it need 200 more, past the … this system allows for a path: choose a shorter --out',
+         _argv('--method', 'fedavg', *TINY, '--out', '{tmp}/' + '/'.join(['b' * 200] * 21))),
+    Case('client_arrays_past_memory', '100,000 Synthetic clients of FedProx\'s lognormal sizes (the largest holds '
+         '700,000 samples): their padded arrays, refused before a sample is drawn',
+         "error: data.name=synthetic with 100000 clients: its 45,999,229 samples and the clients' arrays padded to the largest client (train [100000, 527710, 60], test [100000, 175904, 60] float32… would take … of memory, more than the … available on this machine; use fewer clients (--num-clients), or clients of a fixed size (data.synthetic_samples_per_client=K)…",
+         _argv('--method', 'fedavg', '--dataset', 'synthetic', '--model', 'mlr', '--num-clients', '100000',
+               '--partition', 'natural', '--join-ratio', '0.0005', '--rounds', '1', '--no-progress')),
+    Case('resume_without_metrics', '--resume after metrics.jsonl was deleted',
+         "error: {tmp}/no_metrics/metrics.jsonl is missing, though the checkpoint is after round 2: resuming would drop them from the run's history and summary; restore the file (e.g. from a backup), or start the run afresh (in place with --start-over, or in a new --out)",
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{no_metrics}', '--resume', '--rounds', '3')),
+    Case('resume_without_digests', "--resume after the checkpoint's digests.json was deleted",
+         'error: checkpoint {tmp}/no_digests/checkpoint holds round 2 without its digests.json (deleted, or saved by a version before checkpoints recorded their digests), so its files cannot be checked against damage; it cannot be resumed: start the run afresh (in place with --start-over, or in a new --out)',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{no_digests}', '--resume', '--rounds', '3')),
+    Case('resume_emptied_checkpoint', "--resume after every file of the checkpoint was deleted (its folders left)",
+         'error: checkpoint {tmp}/emptied_checkpoint/checkpoint holds round 2 without its digests.json (deleted, or saved by a version before checkpoints recorded their digests), so its files cannot be checked against damage; it cannot be resumed: start the run afresh (in place with --start-over, or in a new --out)',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{emptied_checkpoint}', '--resume', '--rounds', '3')),
+    Case('resume_scattered_damage', '--resume of a checkpoint with bytes flipped here and there in every file',
+         'error: checkpoint {tmp}/scattered/checkpoint is truncated or corrupted (…); it cannot be resumed: start the run afresh (in place with --start-over, or in a new --out)',
+         _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{scattered}', '--resume', '--rounds', '3')),
+    Case('report_damaged_summary', 'a report of a run whose summary.json is damaged',
+         'error: {tmp}/bad_summary/summary.json is damaged (not JSON: Unterminated string starting at: line 1 column 12 (char 11)); delete it (the run then counts as unfinished) or restore it from a backup',
+         _argv('{bad_summary}', '--out', '{tmp}/report'), command='report'),
     # set up by the tests named in checked_by
     Case("second_writer", "a second run on the --out folder of a run in progress (two started together)",
          "error: --out {tmp}/run is being written by another run (process PID on HOST); wait until it ends, or "
@@ -303,6 +350,51 @@ CASES_LIST: list[Case] = [
          "SIGTERM: stopping after round 2 of 3, with a checkpoint and the summary; continue later with --resume "
          "(Ctrl-C or SIGTERM again stops at once, keeping only what was saved)", exit=TERMINATED,
          checked_by="test_sigterm_mid_run_writes_an_interrupted_summary_and_resume_continues_exactly"),
+    Case("unknown_xla_flag", "XLA_FLAGS naming a flag XLA does not know (XLA itself aborts the process)",
+         "error: XLA_FLAGS holds --xla_fedjax_pfl_no_such_flag=1, a flag the XLA of this jax (…) does not know, and "
+         "XLA would abort; remove it from XLA_FLAGS",
+         checked_by="test_a_platform_jax_cannot_start_and_a_flag_xla_does_not_know_are_one_line_each"),
+    Case("jax_platforms_unavailable", "JAX_PLATFORMS=cuda on a machine without a GPU",
+         "error: JAX_PLATFORMS=cuda: JAX cannot start that platform on this machine (…); set JAX_PLATFORMS to one it "
+         "has (cpu is always there), or unset it",
+         checked_by="test_a_platform_jax_cannot_start_and_a_flag_xla_does_not_know_are_one_line_each"),
+    Case("stdout_full", "standard output sent to /dev/full (every write fails: no space)",
+         "error: cannot write to standard output (No space left on device); send it where it can be written (a file "
+         "on a disk with room, or /dev/null)",
+         checked_by="test_standard_output_that_cannot_be_written_is_one_line_before_any_work"),
+    Case("stdout_closed_before_rounds", "the output piped into | head -1, which goes once it has its line (the "
+         "command ends as on SIGTERM: nothing was trained yet, no folder is left)",
+         "output closed: interrupted; nothing more was written (a run with checkpoints continues with --resume)",
+         exit=OUTPUT_CLOSED, checked_by="test_output_closed_while_loading_ends_the_command_at_once"),
+    Case("stdout_closed_mid_run", "the reader of the output goes during round 1 of 3: the run stops after the "
+         "round with a checkpoint and the summary; --resume continues it to the same records",
+         "output closed: stopping after round 1 of 3, with a checkpoint and the summary; continue later with --resume "
+         "(Ctrl-C or SIGTERM again stops at once, keeping only what was saved)", exit=OUTPUT_CLOSED,
+         checked_by="test_output_closed_mid_run_stops_with_a_checkpoint_and_resume_continues_exactly"),
+    Case("ctrl_c_in_a_long_computation", "Ctrl-C while the main thread waits on a long compiled call (a compile, "
+         "a round): ended within seconds, by the main thread or, if it does not answer, by a watcher that adds "
+         "'stopped at once, the computation in flight would not give way'",
+         "Ctrl-C: interrupted; nothing more was written…", exit=INTERRUPTED,
+         checked_by="test_a_stop_signal_ends_the_command_while_its_main_thread_waits_on_a_computation"),
+    Case("sigterm_in_a_long_computation", "SIGTERM while the main thread waits on a long compiled call (as Ctrl-C)",
+         "SIGTERM: interrupted; nothing more was written…", exit=TERMINATED,
+         checked_by="test_a_stop_signal_ends_the_command_while_its_main_thread_waits_on_a_computation"),
+    Case("seeds_past_open_files", "600 seeds under ulimit -n 1024 (each run folder keeps its lock and metrics "
+         "open): refused before a folder is made",
+         "error: 600 runs in one sweep keep about 1456 files open at once (each run folder's lock and metrics.jsonl), "
+         "more than this process may open (1024, ulimit -Hn); run at most 384 seeds or grid points at a time, or "
+         "raise the limit (ulimit -n)",
+         checked_by="test_more_runs_than_the_process_may_keep_files_open_is_refused_before_any_work"),
+    Case("tensorboard_missing", "--tensorboard without tensorboardX installed: refused before the data load",
+         "error: --tensorboard (log.tensorboard=true) needs tensorboardX: pip install 'fedjax_pfl[tensorboard]', or "
+         "run without it", checked_by="test_tensorboard_without_tensorboardx_is_refused_before_the_data_load"),
+    Case("disk_full_mid_run", "the disk of the run folder fills up after round 2 of 4 (a small tmpfs, or a "
+         "file-size limit): the run stops; its records and its last checkpoint stay, and --resume once space is freed "
+         "continues to the records of a run that never stopped",
+         "error: no space left on the disk holding {tmp}/disk/run (…): the run stopped; metrics.jsonl keeps its "
+         "records up to round … and its checkpoint after round …; free space there (or raise the file-size limit, "
+         "ulimit -f), then continue the run with --resume",
+         checked_by="test_a_full_disk_stops_the_run_with_one_line_and_resume_continues_exactly"),
     Case("bit_flipped_gzip", "a dataset file with a flipped byte (MNIST's train labels); no run folder is made",
          "error: {tmp}/mnist/train-labels-idx1-ubyte.gz does not match the published checksum of "
          "train-labels-idx1-ubyte.gz (md5 …, expected d53e105ee54ea40749a09fcbcd1e9432; not a readable gzip file "

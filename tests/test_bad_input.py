@@ -63,6 +63,7 @@ def _setup(tmp_path: Path, finished_run: Path) -> dict:
     (tmp_path / "a_file").write_text("x")
     empty = tmp_path / "empty"
     empty.mkdir()
+    (tmp_path / "twice.yaml").write_text("train:\n  rounds: 2\n  lr: 0.1\ntrain:\n  rounds: 40\n")
     runs = {}
     for name, damage in (("truncated", lambda b: b[: len(b) // 2]), ("corrupted", lambda b: b"\0" * 64 + b[64:])):
         copy = tmp_path / name
@@ -70,7 +71,30 @@ def _setup(tmp_path: Path, finished_run: Path) -> dict:
         for data in _array_files(checkpoint.checkpoint_path(copy)):
             data.write_bytes(damage(data.read_bytes()))
         runs[name] = copy
+    for name, damage in DAMAGE.items():
+        runs[name] = tmp_path / name
+        shutil.copytree(finished_run, runs[name])
+        damage(runs[name])
     return {"tmp": tmp_path, "empty": empty, "finished": finished_run, **runs}
+
+
+def _scatter(run: Path) -> None:
+    """Bytes flipped here and there in every file of the checkpoint, its digests left as saved."""
+    for i, file in enumerate(sorted(p for p in checkpoint.checkpoint_path(run).rglob("*")
+                                    if p.is_file() and p.name != checkpoint.MANIFEST)):
+        data = bytearray(file.read_bytes())
+        for at in range(i % 7, len(data), 97):
+            data[at] ^= 0x5A
+        file.write_bytes(bytes(data))
+
+
+DAMAGE = {  # copies of the finished run, each damaged so
+    "no_metrics": lambda run: (run / "metrics.jsonl").unlink(),
+    "no_digests": lambda run: next(checkpoint.checkpoint_path(run).glob(f"*/{checkpoint.MANIFEST}")).unlink(),
+    "emptied_checkpoint": lambda run: [p.unlink() for p in checkpoint.checkpoint_path(run).rglob("*") if p.is_file()],
+    "scattered": _scatter,
+    "bad_summary": lambda run: (run / "summary.json").write_text('{"status": "fini'),
+}
 
 
 ARGV_CASES = [case for case in CASES_LIST if case.argv is not None]

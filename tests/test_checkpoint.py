@@ -114,7 +114,9 @@ def test_any_changed_byte_of_a_saved_round_is_refused_not_restored(tmp_path):
     assert index >= 3  # array data, array metadata, the meta record at least
 
 
-def test_a_missing_file_is_refused_and_a_round_saved_without_digests_still_restores(tmp_path):
+def test_a_missing_file_is_refused_and_a_round_without_digests_is_never_read(tmp_path):
+    """Deleting a round's digests.json must not turn its check off: with no round that has its digests the
+    checkpoint is refused in one line (Orbax never reads it, so no absl warning or traceback either)."""
     checkpoint.save(tmp_path / "c", _state(), 0)
     data = next(p for p in _saved_files(tmp_path / "c" / "0") if p.parent.name == "d")
     kept = data.read_bytes()
@@ -122,11 +124,30 @@ def test_a_missing_file_is_refused_and_a_round_saved_without_digests_still_resto
     with pytest.raises(UserError, match=f"truncated or corrupted.*{data.name}.*missing"):
         checkpoint.restore(tmp_path / "c", _state())
     data.write_bytes(kept)
-    (tmp_path / "c" / "0" / checkpoint.MANIFEST).unlink()  # as checkpoints written before the digests
-    state, t, _ = checkpoint.restore(tmp_path / "c", _state())
-    assert t == 0
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state())):
-        np.testing.assert_array_equal(a, b)
+    (tmp_path / "c" / "0" / checkpoint.MANIFEST).unlink()
+    with pytest.raises(UserError, match="holds round 0 without its digests.json .* cannot be checked against damage"):
+        checkpoint.restore(tmp_path / "c", _state())
+    for file in _saved_files(tmp_path / "c"):  # every file of the round deleted, its folder left
+        file.unlink()
+    with pytest.raises(UserError, match="holds round 0 without its digests.json"):
+        checkpoint.restore(tmp_path / "c", _state())
+
+
+def test_a_save_cut_short_before_its_digests_restores_the_round_before(tmp_path):
+    """The older round is deleted only once the newer one has its digests: a kill between Orbax's rename and
+    the digests leaves both, the one with digests restores, and the next save replaces the other."""
+    path = tmp_path / "c"
+    checkpoint.save(path, _state(), 1, {"seconds": 1.0})
+    kept = tmp_path / "kept"
+    shutil.copytree(path / "1", kept)
+    checkpoint.save(path, _state(width=3), 2, {"seconds": 2.0})
+    (path / "2" / checkpoint.MANIFEST).unlink()
+    shutil.copytree(kept, path / "1")  # as it stood before round 2's digests were written
+    _, t, meta = checkpoint.restore(path, _state())
+    assert (t, meta) == (1, {"seconds": 1.0})
+    checkpoint.save(path, _state(), 2, {"seconds": 2.5})  # the rerun round saves again over the leftover
+    _, t, meta = checkpoint.restore(path, _state())
+    assert (t, meta) == (2, {"seconds": 2.5}) and sorted(p.name for p in path.iterdir()) == ["2"]
 
 
 def test_refusing_a_damaged_round_starts_no_background_work_that_could_outlive_the_error(tmp_path, monkeypatch):

@@ -524,7 +524,7 @@ def test_half_normalization_is_torchvisions_half_and_reaches_the_setup():
     want = x.astype(np.float64) / 127.5 - 1.0
     np.testing.assert_allclose(with_normalization(images, 'half').normalize(x), want, atol=1e-6)
     overrides = ['method_name=fedavg', 'model.name=mlp', 'partition.scheme=iid', 'partition.num_clients=2',
-                 'partition.min_size=1']
+                 'partition.min_size=1', 'train.batch_size=8']
     for how, expected in (('half', want), ('dataset', (x / 255.0 - np.array(images.mean)) / np.array(images.std))):
         exp = build_experiment(config_lib.build(overrides=[*overrides, f'data.normalization={how}']), dataset=images)
         np.testing.assert_allclose(np.asarray(exp.engine.method.setup.normalize(x)), expected, atol=1e-5)

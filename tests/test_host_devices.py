@@ -39,6 +39,9 @@ def test_auto_is_one_device_per_core_unless_chosen_elsewhere():
     assert host_devices.wanted("auto", 4, "XLA_FLAGS x", False) == (None, "auto: kept XLA_FLAGS x")
     assert host_devices.wanted("auto", 4, None, True)[0] is None  # several processes: one device each
     assert host_devices.wanted("3", 4, "XLA_FLAGS x", True) == (3, "devices.cpu=3")  # a number wins
+    assert host_devices.wanted("auto", 4, None, False, clients=3) == (3, "auto: one per client (3, fewer than the 4 "
+                                                                          "cores)")  # never more devices than clients
+    assert host_devices.wanted("auto", 4, None, False, clients=9) == (4, "auto: one per core (4)")
 
 
 def test_a_count_chosen_outside_the_config_is_found():
@@ -64,11 +67,11 @@ def test_a_resumed_run_may_change_the_device_count():
 def test_an_in_process_run_records_the_devices_that_ran(tmp_path, capsys):
     jax.devices()  # JAX has started: the setting cannot act, the record says what ran
     out = tmp_path / "run"
-    assert cli.main([*TINY, "--cpu-devices", "7", "--out", str(out)]) == 0
+    assert cli.main([*TINY, "--cpu-devices", "3", "--out", str(out)]) == 0
     resolved = json.loads((out / "config.json").read_text())["resolved"]["devices.cpu"]
     assert resolved["devices"] == jax.device_count() and resolved["backend"] == jax.default_backend()
-    assert resolved["requested"] == "7" and resolved["why"].endswith("not applied: JAX had started before the run")
-    assert f"devices: {jax.device_count()} {jax.default_backend()} (devices.cpu=7 not applied" in capsys.readouterr().out
+    assert resolved["requested"] == "3" and resolved["why"].endswith("not applied: JAX had started before the run")
+    assert f"devices: {jax.device_count()} {jax.default_backend()} (devices.cpu=3 not applied" in capsys.readouterr().out
 
 
 def _fresh_run(args, out):
@@ -90,13 +93,13 @@ def test_the_training_command_runs_a_cnn_on_one_host_device_per_core_by_default(
            "10", "--offline", "--no-progress", "--client-mapping", "map", "partition.train_per_client=40",
            "partition.test_per_client=10"]
     stdout, resolved = _fresh_run(cnn, tmp_path / "cnn")
-    assert resolved == {"requested": "auto", "why": f"auto: one per core ({cores})", "backend": "cpu",
-                        "devices": cores}
-    assert f"devices: {cores} cpu (auto: one per core ({cores}))" in stdout, stdout
+    devices, why = host_devices.wanted("auto", cores, None, False, clients=4)  # (a machine of more cores than clients)
+    assert resolved == {"requested": "auto", "why": why, "backend": "cpu", "devices": devices}
+    assert f"devices: {devices} cpu ({why})" in stdout, stdout
 
 
 def test_the_training_command_runs_an_mlp_on_one_host_device_per_core_too(tmp_path):
     cores = os.cpu_count()
     stdout, resolved = _fresh_run(TINY, tmp_path / "mlp")
-    assert resolved == {"requested": "auto", "why": f"auto: one per core ({cores})", "backend": "cpu",
-                        "devices": cores}
+    devices, why = host_devices.wanted("auto", cores, None, False, clients=5)
+    assert resolved == {"requested": "auto", "why": why, "backend": "cpu", "devices": devices}

@@ -3,7 +3,10 @@
 - Bad input: one line ``error: ...`` that says what to do, exit 2 (a
   `UserError`, including argparse's own complaints).
 - Ctrl-C or SIGTERM: a line saying what was kept, exit 130 or 143 (128 +
-  the signal's number; runs/stop_signals.py).
+  the signal's number; core/stop_signals.py), within seconds; a closed
+  standard output stops a command the same way, exit 141
+  (commands/standard_output.py).
+- A full disk: one line naming the folder and how to go on, exit 2.
 - Anything else is a bug: one line ``error: internal error ...`` naming the
   file that holds the traceback (``error.log`` in the command's output
   folder, else a temporary file), exit 1. No traceback on the screen.
@@ -12,18 +15,32 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Callable
 
 from fedjax_pfl.core.errors import UserError, one_line
-from fedjax_pfl.runs.stop_signals import NAMES, exit_status, signal_of, terminating
+from fedjax_pfl.commands.standard_output import GuardedOutput, guarded_stdout
+from fedjax_pfl.core.disk_space import NoSpaceError, is_no_space
+from fedjax_pfl.core.stop_signals import GRACE, NAMES, exit_status, signal_of, terminating
 
 BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, TERMINATED = 2, 1, 130, 143  # (130, 143: exit_status of SIGINT, SIGTERM)
 ERROR_LOG = "error.log"
+
+
+def _exit_after(seconds: float, status: int) -> None:
+    """End the process with ``status`` in ``seconds`` unless it has ended by then (threads joined at exit, e.g. a
+    figure being drawn, would otherwise hold a stopped command)."""
+    def end():
+        time.sleep(seconds)
+        os._exit(status)
+
+    threading.Thread(target=end, daemon=True, name="fedjax_pfl-exit").start()
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -70,24 +87,37 @@ class Command:
     """Runs a command's body and turns how it ended into an exit status (see the module docstring).
 
     ``folder``: where error.log goes; the body sets it once it knows its
-    output folder.
+    output folder. ``output``: the guard of the command's stdout
+    (commands/standard_output.py), whose ``stop`` the body sets to its run's
+    `StopRequest`. ``own_process``: the command is the process (its
+    ``main`` was called with no arguments), which then ends within
+    `GRACE` seconds of a stop signal even when threads would hold its exit.
     """
 
-    def __init__(self, interrupted: str):
+    def __init__(self, interrupted: str, own_process: bool = False):
         self.interrupted = interrupted
+        self.own_process = own_process
         self.folder: Path | None = None
+        self.output: GuardedOutput | None = None
 
     def run(self, body: Callable[[], int]) -> int:
         try:
-            with terminating():
+            with terminating(self.interrupted), guarded_stdout() as self.output:
                 return body()
         except UserError as e:
             print("error: " + one_line(e), file=sys.stderr)
             return BAD_INPUT
         except KeyboardInterrupt as e:
             print(f"{NAMES.get(signal_of(e), 'stopped')}: {self.interrupted}", file=sys.stderr)
+            if self.own_process:
+                sys.stderr.flush()
+                _exit_after(GRACE, exit_status(signal_of(e)))
             return exit_status(signal_of(e))
         except Exception as e:  # noqa: BLE001 -- a bug: one line here, the traceback in error.log
+            if is_no_space(e):  # not a bug: the disk is full (a run stops with its own line: runs/run_writer.py)
+                print("error: " + one_line(NoSpaceError(self.folder or Path.cwd(), one_line(e)[:300],
+                                                        then="run the command again")), file=sys.stderr)
+                return BAD_INPUT
             log = write_error_log(self.folder)
             print(f"error: internal error ({one_line(e)}); the traceback is in {log}; please report it",
                   file=sys.stderr)

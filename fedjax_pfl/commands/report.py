@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """The command's exit status (commands/command.py): 0, 2 on bad input, 1 on an internal error."""
-    command = Command("interrupted; the report was not written")
+    command = Command("interrupted; the report was not written", own_process=argv is None)
 
     def body() -> int:
         args = build_parser().parse_args(argv)

@@ -16,18 +16,20 @@ it); 1 for an internal error, its traceback in RUN/error.log.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from fedjax_pfl.core import declared
 from fedjax_pfl.engine import distributed
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
+from fedjax_pfl.commands import open_files
 from fedjax_pfl.commands.command import Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import check_same_method, saved_run
 from fedjax_pfl.runs.single_run import run_single
-from fedjax_pfl.runs.stop_request import StopRequest
+from fedjax_pfl.core.stop_request import StopRequest
 from fedjax_pfl.runs.sweep import run_sweep
 
 DEFAULT_NOTE = ("defaults: the FedAS paper's CIFAR-10 setting (the official files, else the project's JPEG copy "
@@ -146,18 +148,38 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     """Run one configuration end to end (a sweep when it lists seeds or values); returns the summary.
 
     ``observe(rounds_done)``: called after every compiled call (runs/loop.py); ``stop``: the Ctrl-C and
-    SIGTERM handling (runs/stop_request.py; its ``requested`` says afterwards whether one came);
+    SIGTERM handling (core/stop_request.py; its ``requested`` says afterwards whether one came);
     ``start_over``: replace the run the output folder holds.
     """
     settle(cfg)
-    host_devices.apply(cfg.devices.cpu)  # before JAX starts (if it has not: else left as is)
+    host_devices.apply(cfg.devices.cpu, known_clients(cfg))  # before JAX starts (if it has not: else left as is)
+    if cfg.seeds or cfg.sweep:
+        open_files.ensure(sweep_runs(cfg), cfg.log.tensorboard)
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
         return run_sweep(cfg, progress, resume, observe, stop, start_over)
     return run_single(cfg, progress, resume, observe, stop, start_over)
 
 
+def known_clients(cfg: config_lib.RunConfig) -> int | None:
+    """The run's client count before its data are read: partition.num_clients, except for a folder that brings
+    its own clients (a natural partition of anything but generated data)."""
+    natural = cfg.partition.scheme == "natural" and cfg.data.name != "synthetic"
+    return None if natural else cfg.partition.num_clients
+
+
+def sweep_runs(cfg: config_lib.RunConfig) -> int:
+    """How many runs (folders) a sweep config makes: its seeds times its grid points."""
+    runs = len(cfg.seeds) or 1
+    for values in cfg.sweep.values():
+        runs *= max(len(values), 1) if isinstance(values, (list, tuple)) else 1
+    return runs
+
+
 def settle(cfg: config_lib.RunConfig) -> None:
-    """Validate ``cfg`` (names resolved in place) and fix its output folder (default: runs/<method>-<data>-<time>)."""
+    """Validate ``cfg`` (names resolved in place) and fix its output folder (default: runs/<method>-<data>-<time>);
+    a data folder is recorded as an absolute path, so the run resumes from any working directory."""
+    if cfg.data.data_dir:
+        cfg.data.data_dir = os.path.abspath(os.path.expanduser(cfg.data.data_dir))
     validate(cfg)
     kind = "sweep" if cfg.seeds or cfg.sweep else ""
     cfg.out = cfg.out or str(default_run_folder(cfg.method_name, cfg.data.name, kind))
@@ -170,18 +192,21 @@ def main(argv=None, observe=None) -> int:
 
     ``observe(rounds_done)`` is called after every compiled call (see `run`).
     """
-    command = Command("interrupted; nothing more was written (a run with checkpoints continues with --resume)")
+    command = Command("interrupted; nothing more was written (a run with checkpoints continues with --resume)",
+                      own_process=argv is None)
 
     def body() -> int:
         args, overrides = parse_args(argv)
         if args.help:
             print(build_parser().format_help() + ("\n" + method_help(args.method) if args.method else ""), end="")
             return 0
+        host_devices.check_environment()  # JAX_PLATFORMS, XLA_FLAGS: before JAX starts
         distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id)
         cfg = config_from_args(args, overrides)
         settle(cfg)
         command.folder = Path(cfg.out)
         stop = StopRequest()
+        command.output.stop = stop
         run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
             start_over=args.start_over)
         return stop.exit_status if stop.requested else 0

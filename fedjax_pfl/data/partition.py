@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.data.min_size_repair import lift_small_clients, lift_small_clients_top_k
 
 Partition = list[np.ndarray]
 
@@ -61,6 +62,18 @@ def _check_clients(labels: np.ndarray, num_clients: int) -> int:
 
 def _num_classes(*label_arrays: np.ndarray) -> int:
     return int(max(int(a.max()) for a in label_arrays if a.size)) + 1
+
+
+def indices_by_owner(owner, num_clients: int | None = None) -> Partition:
+    """Per-client sorted sample indices from a per-sample client id (-1: unused), for clients 0 .. num_clients-1
+    (default: the largest id + 1); one sort of the pool, whatever the number of clients.
+
+    Examples:
+        >>> [p.tolist() for p in indices_by_owner(np.array([1, 0, 1, -1, 2]))]
+        [[1], [0, 2], [4]]
+    """
+    owner = np.asarray(owner, np.int64)
+    return _from_owner(owner, int(owner.max()) + 1 if num_clients is None else int(num_clients))
 
 
 def _from_owner(owner: np.ndarray, num_clients: int) -> Partition:
@@ -165,7 +178,7 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int =
 
     `max_classes_per_client` = k keeps only each client's k largest classes of
     the draw (ties: lower class id); the other samples stay unused. The repair
-    then respects the limit (`_repair_top_classes`). k >= the number of classes
+    then respects the limit (data/min_size_repair.py). k >= the number of classes
     (or None) gives exactly the plain partition. pFedKD-WCL's MNIST: "each
     client predominantly holds data from a subset of digits"; the authors'
     script (HengruiH/pFedKD utils/MNIST_dirichlet.py) draws Dir(alpha) over the
@@ -198,17 +211,16 @@ def dirichlet(labels, num_clients: int, alpha: float, seed: int, min_size: int =
     num_classes = _num_classes(labels)
     if max_classes_per_client is not None and max_classes_per_client < num_classes:
         owner = _keep_top_classes(owner, labels, num_clients, num_classes, int(max_classes_per_client))
-        _repair_top_classes(owner, labels, num_clients, num_classes, int(max_classes_per_client), min_size, rng)
+        stuck = lift_small_clients_top_k(owner, labels, num_clients, num_classes, int(max_classes_per_client),
+                                         min_size, rng)
+        if stuck.size:
+            held = int(np.count_nonzero(owner == stuck[0]))
+            raise UserError(
+                f"dirichlet with max_classes_per_client={max_classes_per_client}: {stuck.size} client(s) cannot reach "
+                f"min_size {min_size} (client {stuck[0]} holds {held}): no class it may hold has samples to spare; "
+                "lower min_size, raise max_classes_per_client, or use fewer clients.")
         return _from_owner(owner, num_clients)
-    sizes = np.bincount(owner, minlength=num_clients)
-    for r in np.flatnonzero(sizes < min_size):
-        while sizes[r] < min_size:
-            donor = int(np.argmax(sizes))
-            give = min(min_size - sizes[r], sizes[donor] - min_size)
-            moved = rng.choice(np.flatnonzero(owner == donor), give, replace=False)
-            owner[moved] = r
-            sizes[donor] -= give
-            sizes[r] += give
+    lift_small_clients(owner, num_clients, min_size, rng)
     return _from_owner(owner, num_clients)
 
 
@@ -229,41 +241,6 @@ def _keep_top_classes(owner: np.ndarray, labels: np.ndarray, num_clients: int, n
     owner = owner.copy()
     owner[(owner >= 0) & ~keep[np.maximum(owner, 0), labels]] = -1
     return owner
-
-
-def _repair_top_classes(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int, k: int,
-                        min_size: int, rng: np.random.Generator) -> None:
-    """Lift clients below `min_size` without giving any client more than k classes (in place).
-
-    A small client takes, one class at a time, samples of a class it may hold
-    (its own classes; any class while it holds fewer than k): first unused
-    samples (its held classes first, then the most plentiful), else random
-    samples from the client with the most to spare of such a class (which keeps
-    at least `min_size`). Every move adds >= 1 sample, so a client needs at most
-    `min_size` moves; a client for which nothing is left stays small.
-    """
-    hist = _owner_histograms(owner, labels, num_clients, num_classes)
-    unused = np.bincount(labels[owner < 0], minlength=num_classes)
-    for r in np.flatnonzero(hist.sum(1) < min_size):
-        while (need := min_size - int(hist[r].sum())) > 0:
-            held = hist[r] > 0
-            allowed = held if held.sum() >= k else np.ones(num_classes, bool)
-            sizes = hist.sum(1)
-            free = np.where(allowed & (unused > 0), unused + held * labels.size, 0)  # held classes first
-            if free.max() > 0:
-                c = int(np.argmax(free))
-                pool, give = np.flatnonzero((owner < 0) & (labels == c)), min(need, int(unused[c]))
-                unused[c] -= give
-            else:
-                spare = np.minimum(hist, np.maximum(sizes - min_size, 0)[:, None]) * allowed
-                spare[r] = 0
-                donor, c = np.unravel_index(int(np.argmax(spare)), spare.shape)
-                if spare[donor, c] == 0:
-                    break
-                pool, give = np.flatnonzero((owner == donor) & (labels == c)), min(need, int(spare[donor, c]))
-                hist[donor, c] -= give
-            owner[rng.choice(pool, give, replace=False)] = r
-            hist[r, c] += give
 
 
 def pathological(labels, num_clients: int, classes_per_client: int, seed: int) -> Partition:

@@ -9,9 +9,9 @@ the shards of its own devices, so state that spans processes is never
 gathered into one) and ``meta`` (JSON: the leaf paths and shapes, and the
 caller's ``meta``, e.g. the seconds already spent). Every process calls
 `save` and `restore`. Orbax writes a round into a temporary folder and
-renames it when all processes are done, then deletes the older rounds: a
-crash while saving keeps the previous checkpoint (its leftover temporary
-folder is removed by the next save).
+renames it when all processes are done; the older rounds are deleted once the
+new one has its digests (below): a crash while saving keeps the previous
+checkpoint (its leftover temporary folder is removed by the next save).
 
 Restoring needs a template with the same tree structure (a freshly
 initialised state); leaves are checked by path and shape and placed like the
@@ -27,18 +27,28 @@ Digests: Orbax restores some damaged array files without complaint (a byte
 flipped in the data of a run's checkpoint resumed it with wrong weights), and
 on others leaves reads running that print a traceback after the error. So
 once a round is saved, process 0 writes `MANIFEST` into its folder: the size
-and SHA-256 of every file there; `restore` checks them before Orbax reads a
-byte and refuses a changed, truncated or missing file. A round saved before
-the digests existed (no `MANIFEST`) restores as before.
+and SHA-256 of every file there; only then are the older rounds deleted (by
+this module: Orbax keeps them all). `restore` reads the newest round that has
+its `MANIFEST` and checks every file before Orbax reads a byte: a changed,
+truncated or missing file is refused. A round without one is never read: a
+newer one is a save cut short between Orbax's rename and the digests (the
+round before it restores, and the next save removes it); when no round has
+digests (deleted, or saved by a version before them) the checkpoint is
+refused, since its files cannot be checked.
 
 Orbax is imported on first use (it costs a noticeable fraction of a second).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
+import resource
+import shutil
 from pathlib import Path
 
 import jax
@@ -47,7 +57,6 @@ import numpy as np
 from fedjax_pfl.core.errors import UserError
 
 FOLDER = "checkpoint"
-KEEP = 1  # saved rounds kept (Orbax deletes older ones only after the newest is complete)
 MANIFEST = "digests.json"  # in each saved round's folder: {relative path: [size, sha256]} of its other files
 
 
@@ -57,7 +66,7 @@ def checkpoint_path(out: Path) -> Path:
 
 
 def exists(path: Path) -> bool:
-    """Whether ``path`` holds a completed checkpoint (a round's folder, not a temporary one)."""
+    """Whether ``path`` holds a saved round (a round's folder, not a temporary one; `restore` checks it)."""
     return bool(_round_folders(path))
 
 
@@ -76,7 +85,7 @@ def _manager(path: Path, saving: bool):
     thread of its own, which a process exiting on an error must not leave running)."""
     import orbax.checkpoint as ocp
 
-    options = ocp.CheckpointManagerOptions(max_to_keep=KEEP, enable_async_checkpointing=False, create=saving,
+    options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=False, create=saving,
                                            cleanup_tmp_directories=saving)
     return ocp.CheckpointManager(Path(path).absolute(), options=options)
 
@@ -87,23 +96,86 @@ def _round_folders(path: Path) -> list[int]:
     return [int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir()] if path.is_dir() else []
 
 
-def _latest_round(path: Path) -> int:
-    """The newest completed round saved in ``path``."""
-    return max(_round_folders(path))
+def _checked_rounds(path: Path) -> list[int]:
+    """The saved rounds of ``path`` that have their `MANIFEST`, oldest first."""
+    return sorted(t for t in _round_folders(path) if (Path(path) / str(t) / MANIFEST).is_file())
+
+
+def latest_round(path: Path) -> int | None:
+    """The round `restore` would read from ``path`` (the newest with its digests), read from the folder names
+    alone (a resume checks its records against it before loading data), or None."""
+    checked = _checked_rounds(path)
+    return checked[-1] if checked else None
+
+
+def _remove_rounds(path: Path, keep: int | None) -> None:
+    """Delete the round folders of ``path`` but ``keep`` (process 0 only)."""
+    for t in _round_folders(path):
+        if t != keep:
+            shutil.rmtree(Path(path) / str(t), ignore_errors=True)
+
+
+def _all_processes_reach(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+ROOM = 1 << 18  # bytes a saved round takes beyond its arrays (metadata, digests), with room to spare
+
+
+def check_room(path: Path, state) -> None:
+    """OSError ENOSPC (before Orbax writes a byte) when the disk holding ``path`` has less room than the arrays of
+    ``state`` take, or they exceed the file-size limit: Orbax's own failure on a full disk comes with a traceback
+    from each of its threads."""
+    need = ROOM + sum(int(np.prod(np.shape(leaf), dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+                      for leaf in jax.tree.leaves(state))
+    folder = next(p for p in (Path(path).absolute(), *Path(path).absolute().parents) if p.exists())
+    free = shutil.disk_usage(folder).free
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if need > free:
+        raise OSError(errno.ENOSPC, f"No space left on device: the checkpoint needs about {need} bytes, {free} free",
+                      str(path))
+    if limit != resource.RLIM_INFINITY and need > limit:
+        raise OSError(errno.EFBIG, f"File too large: the checkpoint needs about {need} bytes, past the file-size "
+                      f"limit of {limit}", str(path))
+
+
+@contextlib.contextmanager
+def _orbax_quiet():
+    """Orbax's threads log each failure of theirs (with its traceback) through absl before the error reaches the
+    caller, which reports it once: their logs are held back to critical ones while Orbax works."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
-    """Save ``state`` (any pytree of arrays) after round ``round_index``; every process calls it."""
+    """Save ``state`` (any pytree of arrays) after round ``round_index``; every process calls it. Only the new
+    round is kept once it has its digests. A disk without room for it: OSError (`check_room`), nothing written."""
     import orbax.checkpoint as ocp
 
+    check_room(path, state)
     names, leaves = _paths_and_leaves(state)
     record = {"paths": names, "shapes": [list(np.shape(leaf)) for leaf in leaves],
               "nodes": jax.tree_util.tree_structure(state).num_nodes, "meta": meta or {}}
-    with _manager(path, saving=True) as manager:
+    if jax.process_index() == 0:  # a round without digests (a save cut short) or from a later, abandoned run:
+        checked = _checked_rounds(path)  # Orbax would skip saving at or before it
+        for t in _round_folders(path):
+            if t >= round_index or t not in checked:
+                shutil.rmtree(Path(path) / str(t), ignore_errors=True)
+    _all_processes_reach(f"fedjax_pfl checkpoint {round_index}")
+    with _orbax_quiet(), _manager(path, saving=True) as manager:
         manager.save(round_index, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                          meta=ocp.args.JsonSave(record)))
+                                                          meta=ocp.args.JsonSave(record)), force=True)
     if jax.process_index() == 0:  # Orbax's save returns once every process's files are in place
         _write_manifest(Path(path) / str(round_index))
+        _remove_rounds(path, keep=round_index)
 
 
 def _sha256(file: Path) -> str:
@@ -129,8 +201,6 @@ def _write_manifest(folder: Path) -> None:
 def _check_manifest(path: Path, folder: Path) -> None:
     """UserError naming the first file of ``folder`` that is missing or differs from its `MANIFEST`."""
     manifest = folder / MANIFEST
-    if not manifest.is_file():
-        return  # saved before the digests existed
     try:
         expected = json.loads(manifest.read_text())
     except ValueError as e:
@@ -197,12 +267,19 @@ def restore(path: Path, template, num_clients: int | None = None):
     path = Path(path)
     if not exists(path):
         raise UserError(f"no checkpoint at {path}; run without --resume to start afresh")
+    checked = _checked_rounds(path)
+    if not checked:
+        saved = max(_round_folders(path))
+        raise UserError(f"checkpoint {path} holds round {saved} without its {MANIFEST} (deleted, or saved by a "
+                        "version before checkpoints recorded their digests), so its files cannot be checked against "
+                        "damage; it cannot be resumed: start the run afresh (in place with --start-over, or in a new "
+                        "--out)")
     names, leaves = _paths_and_leaves(template)
     nodes = jax.tree_util.tree_structure(template).num_nodes
     try:
-        round_index = _latest_round(path)
+        round_index = checked[-1]
         _check_manifest(path, path / str(round_index))  # before Orbax reads a byte or starts a thread
-        with _manager(path, saving=False) as manager:
+        with _orbax_quiet(), _manager(path, saving=False) as manager:
             record = manager.restore(round_index, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             if record["paths"] != names:
                 raise UserError(f"checkpoint {path} was written by a different method or model; "

@@ -9,19 +9,25 @@ the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
 from the data (`Engine.packed_width`), ``map``; chunk sizes only below the
 number of clients each device maps, `clients_per_device`) on
 the engine's own devices and runs it once on the run's real state for the
-round about to run; the candidates within 25% of the
-best run once more and each keeps its faster time. A candidate that fails
-(out of memory) is recorded with its error and left out.
+round about to run, shortened (`shortened`: every client keeps the same share
+of its samples, the largest `TIMED_BATCHES` batches an epoch, so each takes a
+few steps, costing what they cost in the real round); the candidate's round
+is estimated as that time over the share of client-steps the shortened round
+took under that mapping (sizes keep their proportions, so padding counts as
+it will). The first candidate's estimate is the run's first estimate of its
+time, reported at once. The candidates within 25% of the best run once more
+and each keeps its faster time. A candidate that fails (out of memory) is
+recorded with its error and left out.
 
 The numbers do not depend on the choice: the timed rounds run on copies
 that are thrown away, then the run goes on from the same state with the
 winner, so its results are exactly those of a run given the winning mapping
 (and every mapping computes the same per-client numbers:
 tests/test_mapping_choice.py, tests/test_engine.py). The cost is one compile
-and one or two rounds per candidate, once per run (or per resumed run), and
-it is bounded: the backend's default (client_mapping.default_mapping) is
-timed first, and the others only when their estimated cost (each: a compile
-as long as the default's and `SLOWER` of its rounds) is at most `BUDGET` of
+and one or two shortened rounds per candidate, once per run (or per resumed
+run), and it is bounded: the backend's default (client_mapping.default_mapping)
+is timed first, and the others only when their estimated cost (each: a compile
+as long as the default's and `SLOWER` of its shortened rounds) is at most `BUDGET` of
 the run's remaining time at the default's speed, and only while the time
 spent stays within that budget; the record says what it cost and what it
 left untimed. Runs with fewer than `MIN_ROUNDS` rounds left, and
@@ -31,12 +37,17 @@ untimed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from fedjax_pfl.engine import client_mapping, sharding
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.engine import sharding
+from fedjax_pfl.kernels import local_training
+from fedjax_pfl.outputs.wall_time import clock
 
 CPU_CANDIDATES = (("map", None), ("chunked", 4), ("vmap", None))
 ACCELERATOR_CANDIDATES = (("vmap", None), ("chunked", 8), ("chunked", 32), ("map", None))
@@ -78,17 +89,56 @@ def clients_per_device(engine) -> int:
     return -(-training_clients(engine) // sharding.mesh_size(engine.mesh))
 
 
+TIMED_BATCHES = 2  # the shortened round: the largest client keeps this many batches per epoch
+
+
+def _cut(data, sizes):
+    """``data`` (ClientData, maybe with an experiment axis first) with each client's first ``sizes`` samples."""
+    cut = (slice(None),) * data.n.ndim + (slice(0, max(int(np.max(sizes)), 1)),)
+    return type(data)(data.x[cut], data.y[cut], jnp.broadcast_to(jnp.asarray(sizes, data.n.dtype), data.n.shape))
+
+
+def shortened(engine, mapping: str, chunk: int | None, data=None):
+    """(an engine like ``engine`` mapped by ``mapping`` whose clients keep a share of their samples, the share of
+    client-steps its round takes under that mapping, ``data`` cut alike): the largest client keeps
+    `TIMED_BATCHES` batches per epoch and every client the same fraction of its samples (at least one), so the
+    clients' sizes keep their proportions and a mapping's padding stays what it is. A round of it takes about
+    ``share`` of a round of ``engine``; a client's steps cost what they cost in the real round (same batch)."""
+    train, test, val = engine.client_data
+    setup = engine.method.setup
+    n = np.asarray(train.n).astype(np.int64)
+    fraction = min(1.0, TIMED_BATCHES * setup.batch_size / max(int(n.max(initial=0)), 1))
+    config = dataclasses.replace(engine.config, client_mapping=mapping, chunk_size=chunk or engine.config.chunk_size)
+    if fraction >= 1.0:
+        return engine_lib.Engine(engine.method, train, test, config, val=val), 1.0, data
+    kept = np.where(n > 0, np.maximum(1, np.ceil(fraction * n)), 0).astype(np.int64)
+    timing = engine_lib.Engine(engine.method, _cut(train, kept), test, config, val=val)
+    devices = sharding.mesh_size(timing.mesh)
+
+    def sequential(sizes):
+        steps = np.sort(np.asarray(local_training.real_steps(sizes, setup.batch_size, setup.local_epochs,
+                                                             setup.drop_last)))[::-1]
+        return max(int(client_mapping.step_counts(jnp.asarray(steps), timing.mapping, timing.config.chunk_size,
+                                                  devices)[0]), 1)
+
+    cut_data = None if data is None else (_cut(data[0], kept), data[1])
+    return timing, sequential(kept) / sequential(n), cut_data
+
+
 def choose_mapping(engine, server, clients, key, round_index: int = 0, values: dict | None = None,
                    options: list[tuple[str, int | None]] | None = None, rounds_left: int | None = None,
                    report=None, batched: bool = False, data=None):
     """(the fastest candidate's engine, record) for the round ``round_index`` with ``key`` on this state.
 
+    Each candidate is compiled and timed on a `shortened` round (a few steps per client, whatever the clients'
+    sizes), and its round is estimated as that time over the share of client-steps the shortened round takes.
     ``server`` and ``clients`` are read, never donated or changed. The record
-    (JSON-ready) holds every candidate's compile and round seconds (or its
-    error), the chosen label, mapping and chunk size, and the seconds the
-    choice took in all. With ``rounds_left``, the candidates after the first
-    are timed only within `BUDGET` (the record's ``skipped`` says why not). ``report(line)``, when given,
-    hears which candidate is being compiled and timed, before each (a CNN's vmap can take minutes on a CPU).
+    (JSON-ready) holds every candidate's compile seconds, the shortened round's seconds (``timed_s``), its
+    share (``share``) and the estimated round (``round_s``), or its error, the chosen label, mapping and chunk
+    size, and the seconds the choice took in all. With ``rounds_left``, the candidates after the first are timed
+    only within `BUDGET` (the record's ``skipped`` says why not). ``report(line)``, when given, hears which
+    candidate is being compiled and timed, before each (a CNN's vmap can take minutes on a CPU), and the first
+    estimate of the run's time as soon as the first is timed.
     ``batched``: the arguments carry the experiment axis of a sweep's program (``key``: the experiments' run
     keys, ``data``: their own client data or None), and the candidates are timed on that program's round
     (`Engine.compiled_round_batched`): vmapping over experiments changes each candidate's cost unevenly, so
@@ -103,7 +153,7 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
         if i >= 1 and rounds_left is not None and timed:
             first = record[next(iter(timed))]
             run_s = rounds_left * first["round_s"]
-            cost = (len(options) - 1) * (first["compile_s"] + SLOWER * first["round_s"])
+            cost = (len(options) - 1) * (first["compile_s"] + SLOWER * first["timed_s"])
             spent = time.perf_counter() - began
             if i == 1 and cost > BUDGET * run_s:
                 skipped = (f"timing {len(options) - 1} more would cost ~{cost:.0f} s, over {BUDGET:.0%} of the "
@@ -116,28 +166,41 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
         if report is not None:
             report(f"client mapping auto: compiling and timing {name} ({i + 1} of {len(options)}) ...")
         try:
-            candidate = engine.with_mapping(mapping, chunk)
+            timing, share, timing_data = shortened(engine, mapping, chunk, data if batched else None)
             start = time.perf_counter()
-            run = (candidate.compiled_round_batched(server, clients, key, round_index, values, data) if batched
-                   else candidate.compiled_round(server, clients, key, round_index, values))
+            run = (timing.compiled_round_batched(server, clients, key, round_index, values, timing_data) if batched
+                   else timing.compiled_round(server, clients, key, round_index, values))
             compile_s = time.perf_counter() - start
-            record[name] = {"compile_s": round(compile_s, 3), "round_s": round(_seconds(run), 4)}
+            seconds = _seconds(run)
+            record[name] = {"compile_s": round(compile_s, 3), "timed_s": round(seconds, 4), "share": round(share, 5),
+                            "round_s": round(seconds / share, 4)}
         except Exception as e:  # noqa: BLE001 (out of memory, a mapping the method cannot take: not a candidate)
             record[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        timed[name], runs[name] = (candidate, mapping, chunk), run
+        timed[name], runs[name] = (mapping, chunk), (run, share)
+        if report is not None and len(timed) == 1:
+            report(first_estimate(name, record[name], rounds_left))
     if not timed:
         raise RuntimeError(f"client_mapping=auto: every candidate failed: {record}")
     best = min(record[n]["round_s"] for n in timed)
-    for name in [n for n in timed if record[n]["round_s"] <= RETIME_WITHIN * best]:
-        record[name]["round_s"] = round(min(record[name]["round_s"], _seconds(runs[name])), 4)
+    for name in [n for n in timed if record[n]["round_s"] <= RETIME_WITHIN * best] if len(timed) > 1 else ():
+        run, share = runs[name]
+        record[name]["round_s"] = round(min(record[name]["round_s"], _seconds(run) / share), 4)
     runs.clear()
     chosen = min(timed, key=lambda n: record[n]["round_s"])
-    winner, mapping, chunk = timed[chosen]
-    out = {"requested": "auto", "chosen": chosen, "mapping": mapping, "chunk_size": chunk, "timed": True,
+    mapping, chunk = timed[chosen]
+    winner = engine.with_mapping(mapping, chunk)
+    out = {"requested": "auto", "chosen": chosen, "mapping": winner.mapping, "chunk_size": chunk, "timed": True,
            "devices": sharding.mesh_size(engine.mesh), "timed_round": int(round_index), "candidates": record,
            "seconds": round(time.perf_counter() - began, 2)}
     return winner, out if skipped is None else {**out, "skipped": skipped}
+
+
+def first_estimate(name: str, timed: dict, rounds_left: int | None) -> str:
+    """The line that gives a run's first wall-time estimate, from the first candidate's shortened round."""
+    whole = f"; about {clock(rounds_left * timed['round_s'])} for the {rounds_left} rounds left" if rounds_left else ""
+    return (f"client mapping auto: {name} takes about {timed['round_s']:.3g} s a round here (a shortened round of "
+            f"{timed['share']:.2%} of its client-steps took {timed['timed_s']:.3g} s){whole}")
 
 
 def untimed(engine, requested: str, why: str) -> dict:
@@ -175,7 +238,8 @@ def describe(record: dict) -> str:
     parts = [f"{n} {c['round_s']:.3g} s" if "round_s" in c else f"{n} failed" for n, c in record["candidates"].items()]
     skipped = f"; not the others: {record['skipped']}" if "skipped" in record else ""
     took = f"reused: {record['reused']}" if "reused" in record else f"choosing took {record['seconds']:.1f} s"
-    return f"client mapping auto: {record['chosen']} (one round each: {', '.join(parts)}; {took}{skipped}){padding}"
+    return (f"client mapping auto: {record['chosen']} (a round each, estimated from a shortened one: "
+            f"{', '.join(parts)}; {took}{skipped}){padding}")
 
 
 def with_padding(engine, record: dict, round_key, round_index: int) -> dict:

@@ -18,6 +18,7 @@ metrics.jsonl wrote it, so every number reads back exactly;
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import lzma
@@ -168,10 +169,25 @@ class MetricsLog:
         self._file = open(self.path, "a")
 
     def write(self, record: dict) -> None:
+        """Append ``record``'s line; a write that fails (a full disk) is cut off again, so the file never ends in
+        part of a line, and the record is not counted."""
+        start = self._file.tell()
+        try:
+            self._file.write(line(record))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError:
+            self._file = self._reopened_at(start)
+            raise
         self.records.append(record)
-        self._file.write(line(record))
-        self._file.flush()
-        os.fsync(self._file.fileno())
+
+    def _reopened_at(self, size: int):
+        """The file cut back to ``size`` bytes (what a failed write added removed), open for appending again."""
+        with contextlib.suppress(OSError):
+            self._file.close()  # (its buffer may still hold the failed line: dropped with the handle)
+        with contextlib.suppress(OSError):
+            os.truncate(self.path, size)
+        return open(self.path, "a")
 
     def close(self) -> None:
         self._file.close()

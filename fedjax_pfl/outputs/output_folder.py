@@ -10,6 +10,7 @@ never writes into such a folder.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +29,40 @@ def default_run_folder(method: str, dataset: str, kind: str = "") -> Path:
     return Path(f"runs/{method}-{dataset}{'-' + kind if kind else ''}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+# Characters the paths a run writes inside its folder take beyond it, with room to spare: the longest is a
+# checkpoint's temporary folder, e.g. checkpoint/40.orbax-checkpoint-tmp-1733350000000000/state/array_metadatas/...
+INSIDE_RUN_FOLDER = 200
+NAME_MAX, PATH_MAX = 255, 4096  # POSIX systems' usual limits, where the file system does not say
+
+
+def _limit(folder: Path, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(folder, name))
+    except (OSError, ValueError, AttributeError):
+        return default
+
+
+def check_length(out: Path, flag: str = "--out") -> None:
+    """UserError when a name in ``out`` is longer than its file system allows, or ``out`` (made absolute) leaves
+    too little room for the paths a run writes inside it (`INSIDE_RUN_FOLDER`) under the system's path limit."""
+    absolute = Path(os.path.abspath(out))
+    existing = next((p for p in (absolute, *absolute.parents) if os.path.isdir(p)), Path("/"))
+    name_max = _limit(existing, "PC_NAME_MAX", NAME_MAX)
+    long = next((part for part in absolute.parts if len(os.fsencode(part)) > name_max), None)
+    if long is not None:
+        raise UserError(f"{flag} holds a folder name of {len(os.fsencode(long))} characters ({long[:12]}...), more "
+                        f"than the {name_max} this file system allows for one name; choose a shorter {flag}")
+    path_max = _limit(existing, "PC_PATH_MAX", PATH_MAX)
+    length = len(os.fsencode(str(absolute)))
+    if length + INSIDE_RUN_FOLDER > path_max:
+        raise UserError(f"{flag} is {length} characters long as an absolute path; the files a run writes inside it "
+                        f"need {INSIDE_RUN_FOLDER} more, past the {path_max} this system allows for a path: choose a "
+                        f"shorter {flag}")
+
+
 def check_writable(out: Path, flag: str = "--out") -> None:
-    """``out`` is a folder, or can be made one, that this process may write in."""
+    """``out`` is a folder, or can be made one, that this process may write in (`check_length` first)."""
+    check_length(out, flag)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{flag} {out} is a file, not a folder; choose another {flag}")

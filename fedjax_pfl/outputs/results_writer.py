@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fedjax_pfl.outputs import run_folder, tables
+from fedjax_pfl.core.disk_space import is_no_space
 from fedjax_pfl.outputs.tensorboard_log import TensorBoardLog
 
 NO_MATPLOTLIB = ("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]'; "
@@ -69,13 +70,19 @@ class ResultsWriter:
             tables.write_clients_csv(self.out / "clients.csv", self._clients)
         self._refresh(force=True)
 
-    def close(self) -> None:
+    def close(self) -> list[BaseException]:
+        """Bring metrics.csv and the figures up to date and wait for them -> the errors of figures not drawn
+        (each printed as a warning, but a full disk's: the caller reports that once)."""
         try:
-            self._refresh()
-            self._drawer.shutdown(wait=True)
-            for job in self._jobs:
-                if job.exception() is not None:
-                    print(f"warning: figures in {self.out / 'plots'} not drawn: {job.exception()!r}", file=sys.stderr)
+            try:
+                self._refresh()
+            finally:
+                self._drawer.shutdown(wait=True)
+            failed = [job.exception() for job in self._jobs if job.exception() is not None]
+            for error in failed:
+                if not is_no_space(error):
+                    print(f"warning: figures in {self.out / 'plots'} not drawn: {error!r}", file=sys.stderr)
+            return failed
         finally:
             if self.tensorboard is not None:
                 self.tensorboard.close()

@@ -39,19 +39,22 @@ def find_runs(paths) -> list[Path]:
     return runs
 
 
-def _read_json(path: Path):
+def _read_json(path: Path, fix: str = "restore it from a backup, or leave this run out"):
+    """The JSON in ``path``; None when it does not exist; UserError naming it when it cannot be read or parsed
+    (``fix``: what to do then)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
+    except (ValueError, UnicodeDecodeError) as e:  # (json's JSONDecodeError is a ValueError)
+        raise UserError(f"{path} is damaged (not JSON: {e}); {fix}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}; {fix}") from None
 
 
 def read_config(run_dir: Path) -> dict:
     """The run's configuration (the ``config`` part of config.json)."""
-    try:
-        data = _read_json(Path(run_dir) / "config.json")
-    except json.JSONDecodeError:
-        data = None
+    data = _read_json(Path(run_dir) / "config.json")
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UserError(f"{run_dir}/config.json is missing or not written by python -m fedjax_pfl.train; "
                         "pass run folders written by it")
@@ -77,7 +80,14 @@ def read_partition(run_dir: Path) -> dict | None:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    return _read_json(Path(run_dir) / "summary.json")
+    """The run's summary.json, None before the run stopped; UserError when it is damaged (the status it holds is
+    lost: deleting it makes the run count as unfinished)."""
+    summary = _read_json(Path(run_dir) / "summary.json", "delete it (the run then counts as unfinished) or restore "
+                         "it from a backup")
+    if summary is not None and not (isinstance(summary, dict) and isinstance(summary.get("status"), str)):
+        raise UserError(f"{run_dir}/summary.json holds no run status (not written by python -m fedjax_pfl.train); "
+                        "delete it (the run then counts as unfinished) or restore it from a backup")
+    return summary
 
 
 def read_records(run_dir: Path) -> list[dict]:

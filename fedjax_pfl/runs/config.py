@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import importlib.util
 import inspect
 import json
 import math
@@ -23,6 +24,7 @@ import yaml
 
 from fedjax_pfl.core import declared
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.outputs.tensorboard_log import MISSING as TENSORBOARD_MISSING
 
 setting = declared.declare
 
@@ -119,6 +121,9 @@ class DataConfig:
                           choices=_sources)
     synthetic_size_factor: int = setting(1, "synthetic: client sizes x this (FedProx: 1; pFedKD-WCL's authors' "
                                          "generator: 5)", at_least=1)
+    synthetic_samples_per_client: int | None = setting(None, "synthetic: every client's size (train and test "
+                                                        "together), e.g. for 100,000 clients of even size",
+                                                        at_least=2, none="FedProx's lognormal sizes")
     normalization: str = setting("dataset", "'dataset': its per-channel mean/std; 'half': (x/255 - 0.5) / 0.5 "
                                  "(PFLlib's data)", choices=_normalizations)
 
@@ -268,6 +273,7 @@ def declarations() -> list[tuple[str, declared.FieldInfo]]:
 # error, instead of overflowing inside JAX.
 MAX_WHOLE = 2**31 - 1
 MAX_FLOAT = 3.4028234663852886e38  # float32's largest
+MIN_FLOAT = 1.1754943508222875e-38  # float32's smallest normal: below it a value is 0 (or, flushed, 0 on devices)
 
 
 def to_dict(cfg) -> dict:
@@ -277,6 +283,13 @@ def to_dict(cfg) -> dict:
 def fingerprint(cfg: RunConfig) -> str:
     """The config's values as one string: equal strings, equal configs."""
     return json.dumps(to_dict(cfg), sort_keys=True, default=repr)
+
+
+def check_float32(value, where: str) -> None:
+    """UserError for a number that is not 0 but is 0 in float32 (e.g. an lr of 1e-50: the run would not move)."""
+    if isinstance(value, float) and value != 0 and abs(value) < MIN_FLOAT:
+        raise UserError(f"{where}={value!r} is 0 in float32, the precision the run computes in (its smallest normal "
+                        f"number is {MIN_FLOAT:.4g}); give a value at least that large")
 
 
 def _coerce(value, annotation, where: str):
@@ -310,6 +323,8 @@ def _coerce(value, annotation, where: str):
         if not math.isfinite(value) or abs(value) > (MAX_WHOLE if annotation is int else MAX_FLOAT):
             size = f"{MAX_WHOLE} (int32)" if annotation is int else f"{MAX_FLOAT:.4g} (float32)"
             raise UserError(f"{where} must be finite and at most {size} in size, got {value!r}")
+        if annotation is float:
+            check_float32(value, where)
         if annotation is int and float(value) != int(value):
             raise UserError(f"{where} must be a whole number, got {value!r}")
         return annotation(value)
@@ -370,11 +385,40 @@ def load_yaml(path: str | Path) -> dict:
     return copy.deepcopy(_parse_yaml(path, stat.st_mtime_ns, stat.st_size))
 
 
+class _RepeatedKey(yaml.YAMLError):
+    def __init__(self, key, first: int, again: int):
+        super().__init__(f"{key!r} at line {again} repeats the key of line {first}")
+        self.key, self.first, self.again = key, first, again
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last silently: two
+    ``train:`` blocks would run only the second)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = lines.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: YAML itself refuses it below
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _RepeatedKey(key, first, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
+
+
 @functools.lru_cache(maxsize=64)
 def _parse_yaml(path: Path, mtime_ns: int, size: int) -> dict:
     try:
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+    except _RepeatedKey as e:
+        raise UserError(f"{path} gives the key {e.key!r} twice, at line {e.first} and at line {e.again} (YAML would "
+                        "keep only the second); merge them into one") from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -485,10 +529,20 @@ def check_partition_parameters(p: PartitionConfig) -> None:
                "leave it empty")
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported (found without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # (ValueError: a module set to None in sys.modules, i.e. blocked)
+        return False
+
+
 def validate_values(cfg: RunConfig) -> None:
     """Reject values that make no sense, whatever the entry point (one-line UserErrors): each setting
     against its declaration, then the rules between settings."""
     check_declared(cfg)
+    for key, value in [*_flatten(to_dict(cfg)).items(), *((f"method.{k}", v) for k, v in cfg.method.items())]:
+        check_float32(value, key)
     t, p, d = cfg.train, cfg.partition, cfg.data
     check_partition_parameters(p)
     _check(t.lr_schedule == "exponential" or t.lr_decay == 1.0,
@@ -499,6 +553,12 @@ def validate_values(cfg: RunConfig) -> None:
            "partition.test_from=split (or split_train) and no train_per_client / test_per_client")
     _check(d.synthetic_size_factor == 1 or d.name == "synthetic",
            f"data.synthetic_size_factor applies to data.name=synthetic only, not {d.name!r}; leave it at 1")
+    _check(d.synthetic_samples_per_client is None or d.name == "synthetic",
+           f"data.synthetic_samples_per_client applies to data.name=synthetic only, not {d.name!r}; leave it empty")
+    _check(d.synthetic_samples_per_client is None or d.synthetic_size_factor == 1,
+           "data.synthetic_size_factor scales the lognormal client sizes; with data.synthetic_samples_per_client "
+           "set, leave it at 1")
+    _check(not cfg.log.tensorboard or _installed("tensorboardX"), TENSORBOARD_MISSING)
     _check(t.augment == "none" or d.name != "synthetic",
            f"train.augment={t.augment} crops and flips images; data.name=synthetic has feature vectors: leave it none")
 

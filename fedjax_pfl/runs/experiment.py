@@ -17,7 +17,7 @@ import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.data import client_data, files, partition
+from fedjax_pfl.data import client_data, client_limits, files, partition, synthetic
 from fedjax_pfl.data.pfllib_partition import pfllib_dirichlet_split
 from fedjax_pfl.data.dataset import Dataset, with_normalization
 from fedjax_pfl.data.registry import load_dataset
@@ -79,8 +79,8 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
     if p.scheme == "natural":
         if not dataset.is_federated:
             raise UserError(f"partition 'natural' needs a dataset with its own clients (synthetic, pfllib), not {dataset.name}")
-        train_idx = _by_owner(dataset.client_ids_train)
-        test_idx = _by_owner(dataset.client_ids_test)
+        train_idx = partition.indices_by_owner(dataset.client_ids_train)
+        test_idx = partition.indices_by_owner(dataset.client_ids_test, len(train_idx))
         x_train, y_train, x_test, y_test = dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test
     elif p.test_from == "official":
         train_idx = _scheme(dataset.y_train, p, seed)
@@ -111,9 +111,14 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         raise UserError(f"partition.test_from must be 'split', 'split_train' or 'official', got {p.test_from!r}")
     if len(train_idx) != p.num_clients and p.scheme != "natural":
         raise UserError(f"partition produced {len(train_idx)} clients, expected {p.num_clients}")
-    val = None
+    val = val_idx = None
     if p.val_fraction > 0:  # stratified, from the train split only: test data never pick a setting
         train_idx, val_idx = partition.split_train_test(train_idx, y_train, 1.0 - p.val_fraction, seed + 3)
+    parts = {"train": train_idx, "test": test_idx, **({"val": val_idx} if val_idx is not None else {})}
+    client_limits.check_client_arrays_fit({k: np.array([len(i) for i in v]) for k, v in parts.items()},
+                                        x_train.shape[1:], x_train.dtype, dataset.name.startswith("synthetic"),
+                                        host_copies())
+    if val_idx is not None:
         val = client_data.stack_clients(x_train, y_train, val_idx)
     info = {"dataset": dataset.name, "seed": seed, **dataclasses.asdict(p)}
     summary = partition.summary(train_idx, y_train, dataset.num_classes, test_idx, y_test, info=info)
@@ -126,14 +131,16 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
     )
 
 
+def host_copies() -> int:
+    """How many copies of the client data the engine keeps: one per host device of this process when there are
+    several (engine/sharding.py's `place_client_data`), else one."""
+    devices = jax.local_devices()
+    return len(devices) if jax.process_count() == 1 and len(devices) > 1 and devices[0].platform == "cpu" else 1
+
+
 def data_seed(cfg: config_lib.RunConfig) -> int:
     """The seed of the partition and of generated data: ``data_seed``, else ``seed``."""
     return cfg.seed if cfg.data_seed is None else cfg.data_seed
-
-
-def _by_owner(owner):
-    owner = np.asarray(owner)
-    return [np.flatnonzero(owner == c) for c in range(int(owner.max()) + 1)]
 
 
 def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
@@ -276,7 +283,13 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
     read: list = []
     if dataset is None:
         extra = ({"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg),
-                  "size_factor": cfg.data.synthetic_size_factor} if cfg.data.name == "synthetic" else {})
+                  "size_factor": cfg.data.synthetic_size_factor,
+                  "samples_per_client": cfg.data.synthetic_samples_per_client} if cfg.data.name == "synthetic" else {})
+        if cfg.data.name == "synthetic":  # before a sample is drawn
+            train, test = synthetic.planned_sizes(cfg.partition.num_clients, data_seed(cfg),
+                                                  cfg.data.synthetic_samples_per_client,
+                                                  size_factor=cfg.data.synthetic_size_factor)
+            client_limits.check_synthetic_fits(train, test, synthetic.DIMENSION, cfg.partition.scheme, host_copies())
         explicit_dir = bool(cfg.data.data_dir) and cfg.data.source == "files"
         try:
             with files.recording_reads() as read:
@@ -295,6 +308,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
     method = algorithm(setup, config_lib.method_options(algorithm.hparams_type, cfg.method))
     check_body_head_split(method)
     data = partition_dataset(dataset, cfg.partition, data_seed(cfg))
+    client_limits.check_batch_size(cfg.train.batch_size, data.train.n)
     num_clients = data.train.num_clients
     t = cfg.train
     engine_cfg = engine_lib.EngineConfig(

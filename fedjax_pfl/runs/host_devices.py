@@ -31,7 +31,9 @@ import os
 
 import jax
 
+from fedjax_pfl.core import jax_environment
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.data import files
 
 AUTO = "auto"
 FORCE_FLAG = "--xla_force_host_platform_device_count"
@@ -58,8 +60,9 @@ def chosen_outside(environ, configured: int) -> str | None:
     return f"XLA_FLAGS {flag}" if flag else None
 
 
-def wanted(setting, cpu_count: int, outside: str | None, several_processes: bool):
-    """(host device count to set, or None to leave JAX's, and why) for ``devices.cpu = setting``."""
+def wanted(setting, cpu_count: int, outside: str | None, several_processes: bool, clients: int | None = None):
+    """(host device count to set, or None to leave JAX's, and why) for ``devices.cpu = setting``; ``clients``:
+    the run's client count, when known (auto sets no more devices than clients)."""
     count = parse(setting)
     if count is not None:
         return count, f"devices.cpu={count}"
@@ -67,16 +70,32 @@ def wanted(setting, cpu_count: int, outside: str | None, several_processes: bool
         return None, f"auto: kept {outside}"
     if several_processes:
         return None, "auto: one device per process (several processes)"
+    if clients is not None and clients < cpu_count:
+        return clients, f"auto: one per client ({clients}, fewer than the {cpu_count} cores)"
     return cpu_count, f"auto: one per core ({cpu_count})"
 
 
-def apply(setting) -> dict:
-    """Set JAX's host device count for ``devices.cpu = setting`` if JAX has not started; -> `record`."""
+def check_count(setting, clients: int | None) -> None:
+    """UserError before JAX starts for more host devices than clients: the engine pads the clients to a multiple
+    of the devices and holds their data once per device (engine/sharding.py), so 64 devices make a 6-client run's
+    data arrays 64 x 64 / 6 times as large, and none of the extra devices has a client to train."""
+    count = parse(setting)
+    if count is not None and clients is not None and count > clients:
+        raise UserError(f"devices.cpu={count} is more host devices than the run's {clients} clients (each device "
+                        "holds a copy of the client data, padded to a client per device); use --cpu-devices "
+                        f"{clients} or fewer, or leave it auto")
+
+
+def apply(setting, clients: int | None = None) -> dict:
+    """Set JAX's host device count for ``devices.cpu = setting`` if JAX has not started (`check_count` first;
+    ``clients``: the run's client count, when known); -> `record`."""
+    check_environment()
+    check_count(setting, clients)
     configured = jax.config.jax_num_cpu_devices
     if configured == _applied.get("set"):  # an earlier run of this process set it (reproduce: one per cell)
         configured = -1
     count, why = wanted(setting, os.cpu_count() or 1, chosen_outside(os.environ, configured),
-                        jax.distributed.is_initialized())
+                        jax.distributed.is_initialized(), clients)
     if count is not None:
         try:
             jax.config.update("jax_num_cpu_devices", count)
@@ -88,9 +107,20 @@ def apply(setting) -> dict:
 
 
 def record() -> dict:
-    """What ran (config.json's resolved "devices.cpu"): the setting, why, the backend and its device count."""
+    """What ran (config.json's resolved "devices.cpu"): the setting, why, the backend and its device count (the
+    first call starts JAX's backend: a platform it cannot start is a `UserError`)."""
+    try:
+        backend, devices = jax.default_backend(), jax.device_count()
+    except (RuntimeError, AssertionError) as e:
+        raise UserError(jax_environment.start_failure(os.environ, f"{type(e).__name__}: {e}")) from None
     return {"requested": _applied.get("requested"), "why": _applied.get("why", "not applied (run from Python)"),
-            "backend": jax.default_backend(), "devices": jax.device_count()}
+            "backend": backend, "devices": devices}
+
+
+def check_environment() -> None:
+    """``JAX_PLATFORMS`` and ``XLA_FLAGS`` tried before JAX starts here (core/jax_environment.py), each once per
+    environment (remembered in the cache folder)."""
+    jax_environment.check(os.environ, files.cache_dir() / "environments")
 
 
 def describe(entry: dict) -> str:

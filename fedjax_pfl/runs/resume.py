@@ -7,7 +7,8 @@ mismatch is a one-line `UserError` raised before anything in the folder
 changes. metrics.jsonl keeps the records up to the checkpoint's round and
 loses none: a damaged line that held a later round (a write cut short by a
 kill) is dropped, as that round runs again; a damaged line that held an
-earlier one stops the resume with the line's number and how to repair it.
+earlier one, or a missing file or record of a round up to the checkpoint's,
+stops the resume with what is lost and how to repair it.
 Reads only.
 """
 
@@ -95,4 +96,24 @@ def check_metrics(out: Path, saved: dict, done: int) -> list[str]:
                             "(e.g. from a backup), or delete it to resume without that evaluation")
         warnings.append(f"warning: {metrics.path} line {number} is damaged (a write cut short); it held a round after "
                         f"the checkpoint's round {done}, which runs again")
+    present = {r["round"] for r in metrics.records}
+    lost = [r for r in evaluated if r <= done and r not in present]
+    if lost:
+        what = ("is missing" if not metrics.path.exists() else
+                f"lacks the record{'s' if len(lost) > 1 else ''} of round{'s' if len(lost) > 1 else ''} "
+                f"{_rounds_text(lost)}")
+        raise UserError(f"{metrics.path} {what}, though the checkpoint is after round {done}: resuming would drop "
+                        f"{'them' if len(lost) > 1 else 'it'} from the run's history and summary; restore the file "
+                        "(e.g. from a backup), or start the run afresh (in place with --start-over, or in a new --out)")
     return warnings
+
+
+def _rounds_text(rounds: list[int]) -> str:
+    """'3', '1-3', '1-3, 5' for sorted round numbers."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

@@ -15,6 +15,8 @@ run folder, from every process.
 
 from __future__ import annotations
 
+import errno
+import resource
 import time
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from fedjax_pfl.core.errors import one_line
 from fedjax_pfl.outputs import metrics_file
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.outputs import run_output
+from fedjax_pfl.core.disk_space import NoSpaceError, is_no_space
 from fedjax_pfl.outputs.metrics_file import read_metrics
 from fedjax_pfl.outputs.results_writer import ResultsWriter
 
@@ -49,6 +52,13 @@ def write_start(files: Path, cfg, data_files, partition_summary: dict, saved: di
         run_output.write_json(files / "config.json", record)
         run_output.write_json(files / "partition.json", partition_summary)
     except OSError as e:
+        if is_no_space(e):
+            raise NoSpaceError(files, "writing config.json and partition.json", "nothing of the run was changed",
+                               "run the command again") from None
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise UserError(f"cannot write the run folder {files}: {e.strerror} (this process may open "
+                            f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); raise the limit (ulimit -n) or run "
+                            "fewer seeds or grid points at once") from None
         raise UserError(f"cannot write the run folder {files}: {e.strerror or e}; choose another --out") from None
 
 
@@ -75,6 +85,8 @@ class RunWriter:
         self.status: dict = {"status": "running"}
         self.error: UserError | None = None  # why the run failed (DivergedError), raised by the caller
         self.snapshots = 0
+        self.doing = "starting"  # what the writer writes now (named when the disk fills)
+        self.out_of_space: BaseException | None = None  # the write that found the disk full, once one did
         self.step_sizes = step_size_options(get_method(cfg.method_name).hparams_type)  # named if it diverges
 
     @property
@@ -91,6 +103,7 @@ class RunWriter:
     def record(self, metrics: dict, evaluations: dict, first: int, stop: int) -> None:
         """The host outputs of one call (rounds ``first .. stop-1``): checks, then one line per evaluation."""
         per_round = records_lib.rounds_of_call(metrics, stop - first)
+        self.doing = f"writing metrics.jsonl after round {stop}"
         try:
             records_lib.check_rounds(per_round, self.step_sizes)
             for t in sorted(evaluations):
@@ -103,11 +116,13 @@ class RunWriter:
 
     def checkpoint(self, state, rounds_done: int) -> None:
         """Save ``state`` after round ``rounds_done`` (counted from 1, the checkpoint folder's name)."""
+        self.doing = f"saving the checkpoint after round {rounds_done}"
         checkpoint.save(checkpoint.checkpoint_path(self.out), state, rounds_done,
                         {"seconds": self.seconds(), "rounds_done": rounds_done})
 
     def snapshot(self, per_client: dict | None) -> None:
         """clients.csv (from ``per_client``, when given), metrics.csv and the figures."""
+        self.doing = "writing clients.csv, metrics.csv and the figures"
         self.results.snapshot(per_client)
         self.snapshots += per_client is not None
 
@@ -120,8 +135,21 @@ class RunWriter:
         """The loop stopped on ``error``: Ctrl-C pressed twice (interrupted) or anything else (failed)."""
         if isinstance(error, KeyboardInterrupt):
             self.stopped({"status": "interrupted"})
+        elif is_no_space(error):
+            self.out_of_space = error
+            self.stopped({"status": "failed", "error": f"no space left on the disk ({self.doing})"})
         else:
             self.stopped({"status": "failed", "error": one_line(error)})
+
+    def no_space_error(self) -> NoSpaceError:
+        """The one line a run stopped by a full disk ends with: what it was writing and what it keeps."""
+        done = self.records[-1]["round"] if self.records else 0
+        saved = checkpoint.latest_round(checkpoint.checkpoint_path(self.out))
+        kept = (f"the run stopped; metrics.jsonl keeps its records up to round {done}" if done else "the run stopped")
+        if saved is None:
+            return NoSpaceError(self.out, self.doing, kept + ", and it has no checkpoint yet",
+                                "start it afresh in place with --start-over")
+        return NoSpaceError(self.out, self.doing, f"{kept} and its checkpoint after round {saved}")
 
     def abort(self) -> None:
         """summary.json at once (status interrupted), from another thread, when the process must end now."""
@@ -130,9 +158,26 @@ class RunWriter:
         run_output.write_json(self.files / "summary.json", summary)
 
     def finish(self) -> dict:
-        """Close the files and write summary.json; returns the summary."""
-        self.log.close()
-        summary = {**self.status, **run_output.final_summary(self.log.records)}
-        run_output.write_json(self.files / "summary.json", summary)
-        self.results.close()
-        return summary
+        """Close the files and write summary.json; returns the summary. On a full disk what fits is written and
+        what does not is left as it was; `NoSpaceError` then, unless the run already stopped for it."""
+        self.doing = "writing summary.json, metrics.csv and the figures"
+        full = None
+        for step in (self.log.close, self._write_summary, self.results.close):
+            try:
+                failed = step()
+            except Exception as e:  # noqa: BLE001 (a full disk: the other files are still written where they fit)
+                if not is_no_space(e):
+                    raise
+                failed = [e]
+            full = full or next((e for e in failed or () if is_no_space(e)), None)
+        if full is not None and self.out_of_space is None:
+            self.out_of_space = full
+            self.stopped({"status": "failed", "error": f"no space left on the disk ({self.doing})"})
+            raise self.no_space_error()
+        return self.summary()
+
+    def summary(self) -> dict:
+        return {**self.status, **run_output.final_summary(self.log.records)}
+
+    def _write_summary(self) -> None:
+        run_output.write_json(self.files / "summary.json", self.summary())

@@ -29,7 +29,7 @@ from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
-from fedjax_pfl.runs.stop_request import StopRequest
+from fedjax_pfl.core.stop_request import StopRequest
 
 
 def run_folder_of(cfg: config_lib.RunConfig) -> Path:
@@ -76,8 +76,11 @@ def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = 
 def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, stop: StopRequest) -> dict:
     """`run_single` with the run folder ``out`` (checkpoint, resume) and ``files``, where this process writes."""
     saved = resume_lib.saved_run(out) if resume else None
-    if saved is not None:
-        resume_lib.check_same_config(saved, cfg)  # before any data is read
+    if saved is not None:  # before any data is read
+        resume_lib.check_same_config(saved, cfg)
+        saved_round = checkpoint.latest_round(checkpoint.checkpoint_path(out))
+        for warning in resume_lib.check_metrics(out, saved, saved_round) if saved_round is not None else ():
+            print(warning, file=sys.stderr)
     began = time.perf_counter()
     for key, why in resolved_notes(cfg).items():  # what 'auto' became: data.name, model.name
         print(f"{key}: {why}", flush=True)
@@ -95,8 +98,6 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
         done = int(meta["rounds_done"])
         history = resume_lib.check_resume(saved, cfg, done, exp.partition_summary,
                                           run_output.read_json(out / "partition.json"))
-        for warning in resume_lib.check_metrics(out, saved, done):
-            print(warning, file=sys.stderr)
         seconds_done = float(meta["seconds"])
     exp.engine, choice = mapping_choice.choose_or_default(
         exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
@@ -115,13 +116,15 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
             run_calls(program, [writer], planner, done, stop, display, observe)
     except BaseException as e:
         writer.crashed(e)
+        if writer.out_of_space is not None:  # one line: what it was writing, what is kept, how to go on
+            raise writer.no_space_error() from None
         raise
     finally:
         display.close()
         summary = writer.finish()
     if writer.error is not None:
         raise writer.error
-    report_end(out, writer, summary, cfg.eval.model, stop.name if stop.requested else None)
+    report_end(out, writer, summary, cfg.eval.model, (stop.reason or stop.name) if stop.requested else None)
     return summary
 
 

@@ -11,7 +11,7 @@ for Ctrl-C, 143 for SIGTERM: `exit_status`). A second one stops at once: an
 thread does not answer within `ABORT_AFTER` seconds, the ``abort``
 callbacks (they write the summary) and the end of the process, with the same
 exit status. Outside a run's rounds (loading data, compiling)
-runs/stop_signals.py's `terminating` turns SIGTERM into an `Interrupted` as
+core/stop_signals.py's `terminating` turns SIGTERM into an `Interrupted` as
 Python turns Ctrl-C into a KeyboardInterrupt, so every command ends the same
 way on either.
 
@@ -34,7 +34,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from fedjax_pfl.runs.stop_signals import NAMES, SIGNALS, Interrupted, exit_status
+from fedjax_pfl.core.stop_signals import NAMES, SIGNALS, Interrupted, exit_status, signals_read
 
 ABORT_AFTER = 3.0  # seconds the main thread has to answer a second Ctrl-C before the process ends
 
@@ -52,6 +52,8 @@ class StopRequest:
         self._active = False
         self._previous: dict | None = None
         self._previous_fd = self._pipe = None
+        self.rounds_began = False  # a run's rounds have begun (the first `with` block entered)
+        self.reason: str | None = None  # why the stop was requested, when not by a signal (`request`)
 
     @property
     def name(self) -> str:
@@ -63,15 +65,21 @@ class StopRequest:
         """130 after Ctrl-C, 143 after SIGTERM (`exit_status`)."""
         return exit_status(self.signum or signal.SIGINT)
 
+    def request(self, signum: int, reason: str) -> None:
+        """Stop as the first stop signal does, for ``reason`` (e.g. standard output closed), from any thread."""
+        self.reason = reason
+        self._first(signum)
+
     def acknowledgment(self) -> str:
         """What the first stop signal does, in one line."""
         again = "Ctrl-C or SIGTERM again stops at once, keeping only what was saved"
+        name = self.reason or self.name
         if self.in_flight is None:
-            return f"{self.name}: stopping before the next round ({again})"
+            return f"{name}: stopping before the next round ({again})"
         last, total = self.in_flight
         if last >= total:
-            return f"{self.name}: round {total} is the last; stopping once it is done ({again})"
-        return (f"{self.name}: stopping after round {last} of {total}, with a checkpoint and the summary; continue "
+            return f"{name}: round {total} is the last; stopping once it is done ({again})"
+        return (f"{name}: stopping after round {last} of {total}, with a checkpoint and the summary; continue "
                 f"later with --resume ({again})")
 
     def _first(self, signum: int) -> None:
@@ -93,22 +101,12 @@ class StopRequest:
 
     def _watch(self, read_end: int) -> None:
         """The watcher thread: one byte per signal, written by the C-level handler at once."""
-        while True:
-            try:
-                data = os.read(read_end, 64)
-            except OSError:
-                data = b""
-            if not data:
-                os.close(read_end)
-                return
-            for number in data:
-                if number not in SIGNALS:
-                    continue
-                self._seen += 1
-                if self._seen == 1:
-                    self._first(number)
-                else:
-                    threading.Thread(target=self._abort_unless_answered, args=(number,), daemon=True).start()
+        for number in signals_read(read_end):
+            self._seen += 1
+            if self._seen == 1:
+                self._first(number)
+            else:
+                threading.Thread(target=self._abort_unless_answered, args=(number,), daemon=True).start()
 
     def _abort_unless_answered(self, signum: int) -> None:
         tqdm.write(f"{NAMES[signum]} again: stopping now", file=sys.stderr)
@@ -122,6 +120,7 @@ class StopRequest:
             os._exit(self.exit_status)
 
     def __enter__(self):
+        self.rounds_began = True
         if threading.current_thread() is not threading.main_thread():
             return self
         self._previous = {number: signal.signal(number, self._handle) for number in SIGNALS}
