@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import its own folder and any lower layer):
 
-    core -> data, models, outputs -> kernels -> losses, aggregation -> methods -> engine -> runs -> commands
+    core -> process -> data, models, outputs -> kernels -> losses, aggregation -> methods -> engine -> runs -> commands
          -> papers -> the command modules (train, reproduce, report)
 
 Every import counts, at module level or inside a function.
@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fedjax_pfl"
 # group -> rank; groups of one rank may not import each other
 RANKS = {
     "core": 0,
+    "process": 0.5,
     "data": 1, "models": 1, "outputs": 1,
     "kernels": 2,
     "losses": 3, "aggregation": 3,

@@ -3,7 +3,7 @@
 - Bad input: one line ``error: ...`` that says what to do, exit 2 (a
   `UserError`, including argparse's own complaints).
 - Ctrl-C or SIGTERM: a line saying what was kept, exit 130 or 143 (128 +
-  the signal's number; core/stop_signals.py), within seconds; a closed
+  the signal's number; process/stop_signals.py), within seconds; a closed
   standard output stops a command the same way, exit 141
   (commands/standard_output.py).
 - A full disk: one line naming the folder and how to go on, exit 2.
@@ -26,8 +26,8 @@ from typing import Callable
 
 from fedjax_pfl.core.errors import UserError, one_line
 from fedjax_pfl.commands.standard_output import GuardedOutput, guarded_stdout
-from fedjax_pfl.core.disk_space import NoSpaceError, is_no_space
-from fedjax_pfl.core.stop_signals import GRACE, NAMES, exit_status, signal_of, terminating
+from fedjax_pfl.process.disk_space import NoSpaceError, is_no_space
+from fedjax_pfl.process.stop_signals import GRACE, NAMES, exit_status, signal_of, terminating
 
 BAD_INPUT, INTERNAL_ERROR, INTERRUPTED, TERMINATED = 2, 1, 130, 143  # (130, 143: exit_status of SIGINT, SIGTERM)
 ERROR_LOG = "error.log"

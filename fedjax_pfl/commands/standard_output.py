@@ -24,8 +24,8 @@ import threading
 from typing import Iterator
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.core.stop_request import StopRequest
-from fedjax_pfl.core.stop_signals import Interrupted
+from fedjax_pfl.process.stop_request import StopRequest
+from fedjax_pfl.process.stop_signals import Interrupted
 
 
 class GuardedOutput:

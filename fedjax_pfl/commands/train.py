@@ -29,7 +29,7 @@ from fedjax_pfl.runs.experiment import validate
 from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.runs.resume import check_same_method, saved_run
 from fedjax_pfl.runs.single_run import run_single
-from fedjax_pfl.core.stop_request import StopRequest
+from fedjax_pfl.process.stop_request import StopRequest
 from fedjax_pfl.runs.sweep import run_sweep
 
 DEFAULT_NOTE = ("defaults: the FedAS paper's CIFAR-10 setting (the official files, else the project's JPEG copy "
@@ -148,7 +148,7 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     """Run one configuration end to end (a sweep when it lists seeds or values); returns the summary.
 
     ``observe(rounds_done)``: called after every compiled call (runs/loop.py); ``stop``: the Ctrl-C and
-    SIGTERM handling (core/stop_request.py; its ``requested`` says afterwards whether one came);
+    SIGTERM handling (process/stop_request.py; its ``requested`` says afterwards whether one came);
     ``start_over``: replace the run the output folder holds.
     """
     settle(cfg)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fedjax_pfl.outputs import run_folder, tables
-from fedjax_pfl.core.disk_space import is_no_space
+from fedjax_pfl.process.disk_space import is_no_space
 from fedjax_pfl.outputs.tensorboard_log import TensorBoardLog
 
 NO_MATPLOTLIB = ("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]'; "

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from fedjax_pfl.core.stop_signals import exit_status, signal_of
+from fedjax_pfl.process.stop_signals import exit_status, signal_of
 
 TRAIN_MODULE = "fedjax_pfl.train"
 POLL_SECONDS = 0.5

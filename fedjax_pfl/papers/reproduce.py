@@ -244,7 +244,7 @@ def run_rows(program: Program, progress: bool, observe=None) -> tuple[int, list[
     failed). Where their method cannot run as rows exactly (the engine's one-line reason), each cell runs on
     its own instead."""
     from fedjax_pfl.engine.federations import CannotPool
-    from fedjax_pfl.core.stop_request import StopRequest
+    from fedjax_pfl.process.stop_request import StopRequest
     from fedjax_pfl.runs.sweep import run_federations
 
     stop, failed = StopRequest(), []

@@ -3,7 +3,7 @@
 - a run's config (config.py), the experiment it builds (experiment.py), one run (single_run.py) or a sweep of
   seeds and values on an experiment axis (sweep.py), both through the one
   round loop (loop.py, with call_planner.py and progress.py for what the
-  screen shows; Ctrl-C and SIGTERM: core/stop_request.py);
+  screen shows; Ctrl-C and SIGTERM: process/stop_request.py);
 - what a run writes while it trains (run_writer.py, records.py; the files
   themselves are outputs/) and how it continues (resume.py).
 

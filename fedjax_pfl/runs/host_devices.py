@@ -31,7 +31,7 @@ import os
 
 import jax
 
-from fedjax_pfl.core import jax_environment
+from fedjax_pfl.process import jax_environment
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data import files
 
@@ -118,7 +118,7 @@ def record() -> dict:
 
 
 def check_environment() -> None:
-    """``JAX_PLATFORMS`` and ``XLA_FLAGS`` tried before JAX starts here (core/jax_environment.py), each once per
+    """``JAX_PLATFORMS`` and ``XLA_FLAGS`` tried before JAX starts here (process/jax_environment.py), each once per
     environment (remembered in the cache folder)."""
     jax_environment.check(os.environ, files.cache_dir() / "environments")
 

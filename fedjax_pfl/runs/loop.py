@@ -28,7 +28,7 @@ from fedjax_pfl.engine import round_progress
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
-from fedjax_pfl.core.stop_request import StopRequest
+from fedjax_pfl.process.stop_request import StopRequest
 
 
 class Program(Protocol):

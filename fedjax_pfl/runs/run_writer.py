@@ -29,7 +29,7 @@ from fedjax_pfl.core.errors import one_line
 from fedjax_pfl.outputs import metrics_file
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.outputs import run_output
-from fedjax_pfl.core.disk_space import NoSpaceError, is_no_space
+from fedjax_pfl.process.disk_space import NoSpaceError, is_no_space
 from fedjax_pfl.outputs.metrics_file import read_metrics
 from fedjax_pfl.outputs.results_writer import ResultsWriter
 

@@ -29,7 +29,7 @@ from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
-from fedjax_pfl.core.stop_request import StopRequest
+from fedjax_pfl.process.stop_request import StopRequest
 
 
 def run_folder_of(cfg: config_lib.RunConfig) -> Path:

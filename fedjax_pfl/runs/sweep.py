@@ -69,7 +69,7 @@ from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.runs.single_run import training_clients
-from fedjax_pfl.core.stop_request import StopRequest
+from fedjax_pfl.process.stop_request import StopRequest
 
 STATE_COPIES = 4
 

@@ -5,7 +5,7 @@ convention: 130, 143). `terminating` makes SIGTERM raise `Interrupted` (a
 KeyboardInterrupt) as Python makes Ctrl-C raise KeyboardInterrupt, so a
 command stopped while it loads data or compiles ends the same way on either
 (commands/command.py), and within seconds even inside a long compile; during
-a run's rounds core/stop_request.py handles both.
+a run's rounds process/stop_request.py handles both.
 """
 
 from __future__ import annotations

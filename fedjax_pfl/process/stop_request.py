@@ -11,7 +11,7 @@ for Ctrl-C, 143 for SIGTERM: `exit_status`). A second one stops at once: an
 thread does not answer within `ABORT_AFTER` seconds, the ``abort``
 callbacks (they write the summary) and the end of the process, with the same
 exit status. Outside a run's rounds (loading data, compiling)
-core/stop_signals.py's `terminating` turns SIGTERM into an `Interrupted` as
+process/stop_signals.py's `terminating` turns SIGTERM into an `Interrupted` as
 Python turns Ctrl-C into a KeyboardInterrupt, so every command ends the same
 way on either.
 
@@ -34,7 +34,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from fedjax_pfl.core.stop_signals import NAMES, SIGNALS, Interrupted, exit_status, signals_read
+from fedjax_pfl.process.stop_signals import NAMES, SIGNALS, Interrupted, exit_status, signals_read
 
 ABORT_AFTER = 3.0  # seconds the main thread has to answer a second Ctrl-C before the process ends
 
