@@ -201,6 +201,17 @@ def test_readme_lists_every_method_with_its_module(hooks):
         assert (ROOT / module).is_file(), module
 
 
+def test_readme_stays_under_120_lines_with_its_two_commands():
+    """A newcomer reads the README in one sitting: under 120 lines, the install-and-train and
+    install-and-test commands among them, the test command the one CI runs."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(readme) < 120, f"README.md has {len(readme)} lines"
+    test_command = 'pip install -e ".[test]" && FEDJAX_PFL_DATA_DIR=../shared/data python -m pytest -q -n 2'
+    assert test_command in readme and "python -m pytest -q -n 2" in (ROOT / ".ci" / "run").read_text()
+    assert any(line.startswith("pip install -e") and "python -m fedjax_pfl.train --method fedas" in line
+               for line in readme)
+
+
 def test_method_docstrings_leave_the_option_list_to_the_declarations():
     """A method page lists its options from the options dataclass; a hand-written list in the module docstring
     would drift from it."""
