@@ -287,7 +287,7 @@ CASES_LIST: list[Case] = [
     Case('data_dir_missing-reproduce', 'data dir missing',
          'error: --data-dir {tmp}/nonexistent is not a folder; pass the folder that holds the dataset files or leave it out',
          _argv(*REPRODUCE, 'data.name=mnist', '--data-dir', '{tmp}/nonexistent'), command='reproduce'),
-    # the unclean endings of issue 74 that a command line shows
+    # unclean endings that a command line shows: damaged records, environment, input past the limits
     Case('yaml_key_twice', 'a YAML preset with two train: blocks (plain YAML keeps the second silently)',
          "error: {tmp}/twice.yaml gives the key 'train' twice, at line 1 and at line 4 (YAML would keep only the second); merge them into one",
          _argv('--method', 'fedavg', *TINY, '--config', '{tmp}/twice.yaml')),
