@@ -36,7 +36,7 @@ import time
 import jax
 
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.engine import sharding
+from fedjax_pfl.engine import client_mapping, sharding
 
 CPU_CANDIDATES = (("map", None), ("chunked", 4), ("vmap", None))
 ACCELERATOR_CANDIDATES = (("vmap", None), ("chunked", 8), ("chunked", 32), ("map", None))
@@ -134,7 +134,7 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     runs.clear()
     chosen = min(timed, key=lambda n: record[n]["round_s"])
     winner, mapping, chunk = timed[chosen]
-    out = {"requested": "auto", "chosen": chosen, "mapping": mapping, "chunk_size": chunk, "timed": True,
+    out = {"requested": client_mapping.AUTO, "chosen": chosen, "mapping": mapping, "chunk_size": chunk, "timed": True,
            "devices": sharding.mesh_size(engine.mesh), "timed_round": int(round_index), "candidates": record,
            "seconds": round(time.perf_counter() - began, 2)}
     return winner, out if skipped is None else {**out, "skipped": skipped}
@@ -189,7 +189,7 @@ def choose_or_default(engine, requested: str, rounds_left: int, server, clients,
     """`choose_mapping` when ``requested`` is 'auto' and timing is worth it (`worth_timing`), else this engine
     with an `untimed` record. ``report``, ``values``, ``batched`` and ``data``: as `choose_mapping`'s."""
     round_key = engine_lib.round_keys(key[0], round_index)[0] if batched else key  # batched: the first run's
-    if requested != "auto":
+    if requested != client_mapping.AUTO:
         return engine, with_padding(engine, untimed(engine, requested, "set by train.client_mapping"), round_key,
                                     round_index)
     if not worth_timing(rounds_left):
