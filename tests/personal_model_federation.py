@@ -38,9 +38,10 @@ def model():
     return MODEL
 
 
-def setup(optimizer=None, epochs=E):
-    return local_setup(model=MODEL, optimizer=optimizer or optax.sgd(LR, momentum=0.9), lr=LR, batch_size=B,
-                       local_epochs=epochs, normalize=normalize)
+def setup(optimizer=functools.partial(optax.sgd, momentum=0.9), epochs=E):
+    """``optimizer``: learning rate -> the local optimizer (run at LR)."""
+    return local_setup(model=MODEL, optimizer=optimizer, lr=LR, batch_size=B, local_epochs=epochs,
+                       normalize=normalize)
 
 
 def raw_data(seed=0):
