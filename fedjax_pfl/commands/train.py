@@ -150,6 +150,12 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     ``start_over``: replace the run the output folder holds.
     """
     settle(cfg)
+    return run_settled(cfg, progress, resume, observe, stop, start_over)
+
+
+def run_settled(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+                stop: StopRequest | None = None, start_over: bool = False) -> dict:
+    """`run` of a config `settle` has seen (the command settles it once, to name its folder first)."""
     host_devices.apply(cfg.devices.cpu)  # before JAX starts (if it has not: else left as is)
     if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
         return run_sweep(cfg, progress, resume, observe, stop, start_over)
@@ -182,8 +188,8 @@ def main(argv=None, observe=None) -> int:
         settle(cfg)
         command.folder = Path(cfg.out)
         stop = StopRequest()
-        run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
-            start_over=args.start_over)
+        run_settled(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
+                    start_over=args.start_over)
         return stop.exit_status if stop.requested else 0
 
     return command.run(body)
