@@ -34,7 +34,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from common import device_name, peak_memory_bytes  # noqa: E402 (benchmarks/ is on sys.path)
 
@@ -66,7 +65,8 @@ def compiled_round(variant: str, clients: int, per_client: int):
     from fedjax_pfl.engine import engine as engine_lib
     from fedjax_pfl.kernels import core_mixing
     from fedjax_pfl.methods.apple import APPLE, APPLEConfig
-    from fedjax_pfl.methods.base import LocalSetup
+    from fedjax_pfl.runs.config import TrainConfig
+    from fedjax_pfl.runs.experiment import engine_config, local_setup
     from fedjax_pfl.models.networks import build_model
 
     if variant not in VARIANTS:
@@ -75,14 +75,14 @@ def compiled_round(variant: str, clients: int, per_client: int):
     x = rng.integers(0, 256, size=(clients * per_client, 28, 28, 1), dtype=np.uint8)
     y = rng.integers(0, 10, size=clients * per_client).astype(np.int32)
     data = stack_clients(x, y, [np.arange(i * per_client, (i + 1) * per_client) for i in range(clients)])
-    setup = LocalSetup(model=build_model("mlp", (28, 28, 1), 10, hidden=(64,)), optimizer=optax.adam(1e-3),
-                       batch_size=100, local_epochs=10, normalize=lambda a: a.astype(jnp.float32) / 255.0 - 0.5)
+    setup = local_setup(TrainConfig(optimizer="adam", lr=1e-3, batch_size=100, local_epochs=10),
+                        build_model("mlp", (28, 28, 1), 10, hidden=(64,)), lambda a: a.astype(jnp.float32) / 255.0 - 0.5)
     original = core_mixing.weighted_rows
     if variant == "tensordot":
         core_mixing.weighted_rows = _tensordot_rows
     try:  # the mix's form is fixed when the round is traced
         eng = engine_lib.Engine(APPLE(setup, APPLEConfig(**PFLLIB_APPLE)), data, data,
-                                engine_lib.EngineConfig(clients_per_round=clients))
+                                engine_config(TrainConfig(), clients))
         server, state = eng.init(jax.random.key(0))
         start = time.perf_counter()
         compiled = eng._round.lower(server, state, eng.train, jax.random.key(1), jnp.int32(0), {}).compile()

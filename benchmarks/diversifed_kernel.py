@@ -166,12 +166,12 @@ def kernel_vs_naive(ns, sizes, repeats, budget_s):
 
 def round_share(quick: bool, repeats: int):
     """Seconds of one DiversiFed round and of its server kernel, paper shapes, random data."""
-    import optax
 
     from fedjax_pfl.engine import engine as engine_lib
     from fedjax_pfl.core import tree_ops
     from fedjax_pfl.data.client_data import stack_clients
-    from fedjax_pfl.methods.base import LocalSetup
+    from fedjax_pfl.runs.config import TrainConfig
+    from fedjax_pfl.runs.experiment import engine_config, local_setup
     from fedjax_pfl.methods.diversifed import DIVERSIFED
     from fedjax_pfl.models.networks import build_model
 
@@ -186,10 +186,10 @@ def round_share(quick: bool, repeats: int):
         y = rng.integers(0, 10, size=n * per_client).astype(np.int32)
         data = stack_clients(x, y, [np.arange(i * per_client, (i + 1) * per_client) for i in range(n)])
         model = build_model(model_name, shape, 10, **kw)
-        setup = LocalSetup(model=model, optimizer=optax.adam(1e-3), batch_size=100, local_epochs=10,
-                           normalize=lambda a: a.astype(jnp.float32) / 255.0 - 0.5)
+        setup = local_setup(TrainConfig(optimizer="adam", lr=1e-3, batch_size=100, local_epochs=10), model,
+                            lambda a: a.astype(jnp.float32) / 255.0 - 0.5)
         method = DIVERSIFED(setup)
-        eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(clients_per_round=n))
+        eng = engine_lib.Engine(method, data, data, engine_config(TrainConfig(), n))
         server, clients = eng.init(jax.random.key(0))
         start = time.perf_counter()
         server, clients, _ = eng.round(server, clients, jax.random.key(1), 0)

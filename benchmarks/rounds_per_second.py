@@ -42,12 +42,12 @@ def build(workload: dict, mapping: str):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
 
     from fedjax_pfl.engine import engine as engine_lib
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods import get_method
-    from fedjax_pfl.methods.base import LocalSetup
+    from fedjax_pfl.runs.config import TrainConfig
+    from fedjax_pfl.runs.experiment import engine_config, local_setup
     from fedjax_pfl.models.networks import build_model
 
     shape = SHAPES[workload["data"]]
@@ -60,14 +60,12 @@ def build(workload: dict, mapping: str):
     data = stack_clients(x, y, [np.arange(bounds[i], bounds[i + 1]) for i in range(N)])
     kwargs = {"hidden": tuple(workload["hidden"])} if workload.get("hidden") else {}
     model = build_model(workload["model"], shape, 10, **kwargs)
-    setup = LocalSetup(model=model, optimizer=optax.sgd(workload["lr"]), batch_size=workload["batch"],
-                       local_epochs=workload["epochs"], normalize=lambda a: a.astype(jnp.float32) / 255.0 - 0.5,
-                       make_optimizer=lambda lr=workload["lr"], **_: optax.sgd(lr), learning_rate=workload["lr"])
+    train = TrainConfig(lr=workload["lr"], batch_size=workload["batch"], local_epochs=workload["epochs"],
+                        client_mapping=mapping if mapping != "loop" else "vmap", chunk_size=workload.get("chunk", 10))
+    setup = local_setup(train, model, lambda a: a.astype(jnp.float32) / 255.0 - 0.5)
     method = get_method(workload["method"])(setup)
     S = max(1, round(N * workload["join_ratio"]))
-    cfg = engine_lib.EngineConfig(S, client_mapping=mapping if mapping != "loop" else "vmap",
-                                  chunk_size=workload.get("chunk", 10))
-    return engine_lib.Engine(method, data, data, cfg), sizes
+    return engine_lib.Engine(method, data, data, engine_config(train, S)), sizes
 
 
 def loop_round(engine, jitted):

@@ -161,10 +161,10 @@ def fedjax_blocks(spec: dict):
     from common import run_config
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.engine import mapping_choice
-    from fedjax_pfl.engine.engine import Engine, EngineConfig, clients_per_round, round_keys, summarize_evaluation
+    from fedjax_pfl.engine.engine import Engine, clients_per_round, round_keys, summarize_evaluation
     from fedjax_pfl.methods import get_method
     from fedjax_pfl.runs import config as config_lib
-    from fedjax_pfl.runs.experiment import build_setup
+    from fedjax_pfl.runs.experiment import build_setup, engine_config
 
     if spec["device"] == "gpu" and jax.default_backend() != "gpu":
         raise SystemExit(f"vs_pfl: --device gpu, but JAX's backend is {jax.default_backend()}")
@@ -176,8 +176,8 @@ def fedjax_blocks(spec: dict):
     train = stack_clients(dataset.x_train, dataset.y_train, clients)
     # the test images dealt 10 to a client (one evaluation batch each): every image evaluated once
     test_data = stack_clients(dataset.x_test, dataset.y_test, np.array_split(test, spec["clients"]))
-    engine = Engine(method, train, test_data, EngineConfig(
-        clients_per_round=clients_per_round(spec["clients"], spec["cohort"] / spec["clients"]),
+    engine = Engine(method, train, test_data, dataclasses.replace(
+        engine_config(cfg.train, clients_per_round(spec["clients"], spec["cohort"] / spec["clients"])),
         eval_batch_size=max(1, -(-len(test) // spec["clients"]))))
     key = jax.random.key(spec["seed"])
     server, client_states = engine.init(key)

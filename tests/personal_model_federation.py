@@ -23,8 +23,9 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
-from fedjax_pfl.methods.base import ClientRound, LocalSetup
+from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 SIZES = [7, 15, 1, 10, 12]  # ragged, a one-sample client; few distinct batch shapes (fewer compiles)
 N, B, E, S, C, LR = len(SIZES), 5, 2, 3, 4, 0.1
@@ -37,9 +38,10 @@ def model():
     return MODEL
 
 
-def setup(optimizer=None, epochs=E):
-    return LocalSetup(model=MODEL, optimizer=optimizer or optax.sgd(LR, momentum=0.9), batch_size=B,
-                      local_epochs=epochs, normalize=normalize, learning_rate=LR)
+def setup(optimizer=functools.partial(optax.sgd, momentum=0.9), epochs=E):
+    """``optimizer``: learning rate -> the local optimizer (run at LR)."""
+    return local_setup(model=MODEL, optimizer=optimizer, lr=LR, batch_size=B, local_epochs=epochs,
+                       normalize=normalize)
 
 
 def raw_data(seed=0):
@@ -113,7 +115,7 @@ def round_plan(key, t):
 def run_engine(method, mapping, rounds, key):
     x, y, idx = raw_data()
     train = stack_clients(x, y, idx)
-    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(S, client_mapping=mapping))
+    eng = engine_lib.Engine(method, train, train, engine_config(S, client_mapping=mapping))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     for t in range(rounds):

@@ -17,10 +17,10 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.methods.step_counted import random_batch_index
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.runs import config as config_lib
+from settings_records import local_setup
 
 SIZES = [7, 23, 13, 16, 12]
 C, B = 3, 5
@@ -37,8 +37,8 @@ def client_data(c=2):
 
 def setup(model_name="mlp", epochs=2, lr=0.1, shape=SHAPE, batch_size=B):
     kwargs = {"hidden": (6,)} if model_name == "mlp" else {}
-    return LocalSetup(model=build_model(model_name, shape, C, **kwargs), optimizer=optax.sgd(lr), batch_size=batch_size,
-                      local_epochs=epochs, normalize=normalize, learning_rate=lr)
+    return local_setup(model=build_model(model_name, shape, C, **kwargs), optimizer=optax.sgd, lr=lr,
+                       batch_size=batch_size, local_epochs=epochs, normalize=normalize)
 
 
 def method(name, local_setup=None, **options):

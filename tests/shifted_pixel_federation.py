@@ -22,8 +22,8 @@ from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 SIZES = [7, 20, 2, 15, 10]  # ragged, padded to 20; batch shapes 5 and 2 only (few reference compiles)
 B, E, S, C = 5, 2, 3, 4
@@ -44,8 +44,8 @@ def model():
 
 
 def method(name, options=None):
-    setup = LocalSetup(model=model(), optimizer=optax.sgd(LR, momentum=0.9), batch_size=B, local_epochs=E,
-                       normalize=normalize, learning_rate=LR)
+    setup = local_setup(model=model(), optimizer=functools.partial(optax.sgd, momentum=0.9), lr=LR, batch_size=B,
+                        local_epochs=E, normalize=normalize)
     cls = get_method(name)
     return cls(setup, cls.hparams_type(**(options or {})) if cls.hparams_type else None)
 
@@ -54,7 +54,7 @@ def engine(name, options=None, mapping="vmap", test_seed=0):
     m = method(name, options)
     x, y, idx = data()
     xt, yt, idxt = data(test_seed)
-    cfg = engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=2)
+    cfg = engine_config(S, client_mapping=mapping, chunk_size=2)
     return engine_lib.Engine(m, stack_clients(x, y, idx), stack_clients(xt, yt, idxt), cfg)
 
 

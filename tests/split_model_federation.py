@@ -6,6 +6,8 @@ with momentum 0.9 at lr 0.1, B=5, E=2, S=3 clients a round; each client's
 test data is its train data.
 """
 
+import functools
+
 import jax
 import numpy as np
 import optax
@@ -14,8 +16,8 @@ from uniform_clients import normalize, uniform_clients
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 SIZES = [7, 23, 1, 16, 12]
 C, B, E, S = 4, 5, 2, 3
@@ -26,9 +28,9 @@ def mlp():
     return build_model("mlp", SHAPE, C, hidden=(16,))
 
 
-def setup(model, optimizer=None):
-    return LocalSetup(model=model, optimizer=optimizer or optax.sgd(0.1, momentum=0.9), batch_size=B,
-                      local_epochs=E, normalize=normalize)
+def setup(model):
+    return local_setup(model=model, optimizer=functools.partial(optax.sgd, momentum=0.9), lr=0.1, batch_size=B,
+                       local_epochs=E, normalize=normalize)
 
 
 def raw(seed=0):
@@ -40,7 +42,7 @@ def engine(name, hparams=None, model=None):
     x, y, idx = raw()
     train = stack_clients(x, y, idx)
     method = get_method(name)(setup(model), hparams)
-    return engine_lib.Engine(method, train, train, engine_lib.EngineConfig(S, client_mapping="vmap"))
+    return engine_lib.Engine(method, train, train, engine_config(S, client_mapping="vmap"))
 
 
 def run(eng, rounds, key):

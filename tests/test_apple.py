@@ -21,15 +21,16 @@ from fedjax_pfl.kernels import core_mixing
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.apple import APPLE, APPLEConfig
-from fedjax_pfl.methods.base import ClientRound, LocalSetup
+from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 
 def _setup(epochs=1, lr=0.1, model_name="mlp"):
     kwargs = {"hidden": (8,)} if model_name == "mlp" else {}
     model = build_model(model_name, (6, 6, 1) if model_name == "mlp" else (8, 8, 3), 4, **kwargs)
-    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=ref.B, local_epochs=epochs,
-                      normalize=ref.normalize, learning_rate=lr)
+    return local_setup(model=model, optimizer=optax.sgd, lr=lr, batch_size=ref.B, local_epochs=epochs,
+                       normalize=ref.normalize)
 
 
 # ------------------------------------------------------------------- kernel
@@ -196,7 +197,7 @@ def test_bad_options_raise_user_error(options):
 
 def test_batchnorm_model_is_refused():
     model = build_model("resnet8", (8, 8, 3), 4)
-    setup = LocalSetup(model=model, optimizer=optax.sgd(0.1), batch_size=4, local_epochs=1, normalize=ref.normalize)
+    setup = local_setup(model=model, optimizer=optax.sgd, lr=0.1, batch_size=4, local_epochs=1, normalize=ref.normalize)
     with pytest.raises(UserError, match="BatchNorm"):
         APPLE(setup).init(jax.random.key(0), 3)
 
@@ -275,7 +276,7 @@ def test_engine_equals_per_client_loop(pfllib, core_step):
     ref_own, ref_p, ref_personal, ref_cores = _reference(method, 2, key, pfllib)
     xs, ys = ref.client_arrays(method.model.input_shape)
     data = ref.stacked(xs, ys)
-    eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
+    eng = engine_lib.Engine(method, data, data, engine_config(ref.S, client_mapping="vmap"))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     server, clients, _ = eng.run(server, clients, key, 2)

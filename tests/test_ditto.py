@@ -49,7 +49,7 @@ def test_ditto_engine_equals_per_client_loop():
 
 
 def test_ditto_lambda_zero_is_local_and_huge_lambda_stays_at_w():
-    setup = fed.setup(optax.sgd(fed.LR))
+    setup = fed.setup(optax.sgd)
     w = fed.model().init(jax.random.key(0))
     v0 = jax.tree.map(lambda a: a + 1.0, w)  # a personal model far from w
     server = {"variables": w}

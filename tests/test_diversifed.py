@@ -22,9 +22,10 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import diversifed, get_method
-from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
+from fedjax_pfl.methods.base import ClientRound, ServerRound
 from fedjax_pfl.methods.diversifed import DIVERSIFED, DiversiFedConfig
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 N, FEATURES, CLASSES = 6, 8, 3
 SIGMA = 25.0  # the kernel variant's scale for `_two_group_params` (63 parameters): within-group k ~ 1, across ~ 0.05
@@ -33,8 +34,8 @@ ALPHA05 = "configs/diversifed_fmnist_dirichlet0.5.yaml"
 
 def _setup(epochs=2, lr=0.05):
     model = build_model("mlp", (FEATURES,), CLASSES, hidden=(5,))
-    return LocalSetup(model=model, optimizer=optax.adam(lr), batch_size=4, local_epochs=epochs,
-                      normalize=lambda x: x.astype(jnp.float32))
+    return local_setup(model=model, optimizer=optax.adam, lr=lr, batch_size=4, local_epochs=epochs,
+                       normalize=lambda x: x.astype(jnp.float32))
 
 
 def _data(seed=0, sizes=(9, 12, 5, 10, 7, 11)):
@@ -199,7 +200,7 @@ def test_partial_participation_round():
     """Selected clients get anchors from all N stored models; the server stores their uploads."""
     data = _data()
     method = DIVERSIFED(_setup(), DiversiFedConfig(tau=0.5, eta=0.01))
-    eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(clients_per_round=3,
+    eng = engine_lib.Engine(method, data, data, engine_config(clients_per_round=3,
                                                                         client_mapping="vmap"))
     server, clients = eng.init(jax.random.key(0))
     server = {"params": _two_group_params(method, jax.random.key(1))}

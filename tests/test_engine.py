@@ -23,8 +23,8 @@ from fedjax_pfl.engine import client_mapping
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.methods import get_method, training
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 SIZES = [7, 23, 1, 16, 12]
 B, E, S = 5, 2, 3
@@ -47,8 +47,8 @@ def _normalize(x):
 
 
 def _setup(model):
-    return LocalSetup(model=model, optimizer=optax.sgd(0.1, momentum=0.9), batch_size=B, local_epochs=E,
-                      normalize=_normalize)
+    return local_setup(model=model, optimizer=functools.partial(optax.sgd, momentum=0.9), lr=0.1, batch_size=B,
+                       local_epochs=E, normalize=_normalize)
 
 
 _OPT = optax.sgd(0.1, momentum=0.9)
@@ -102,7 +102,7 @@ def _run_engine(method_name, model, mapping, rounds, key, sizes=SIZES):
     x, y, idx = _data(model.input_shape, sizes=sizes)
     train = stack_clients(x, y, idx)
     method = get_method(method_name)(_setup(model))
-    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=2))
+    eng = engine_lib.Engine(method, train, train, engine_config(S, client_mapping=mapping, chunk_size=2))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     for t in range(rounds):
@@ -203,7 +203,7 @@ def test_stragglers_and_dropped_uploads():
     x, y, idx = _data(model.input_shape)
     train = stack_clients(x, y, idx)
     method = get_method("fedavg")(_setup(model))
-    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(S, drop_fraction=1.0))
+    eng = engine_lib.Engine(method, train, train, engine_config(S, drop_fraction=1.0))
     server, clients = eng.init(jax.random.key(0))
     before = jax.tree.map(np.asarray, server)
     server, clients, _ = eng.round(server, clients, jax.random.key(1), 0)
@@ -235,7 +235,7 @@ def _skewed_engine(method_name, mapping, sizes=SKEWED, chunk_size=2):
     x, y, idx = _data(model.input_shape, sizes=sizes)
     train = stack_clients(x, y, idx)
     method = get_method(method_name)(_setup(model))
-    return engine_lib.Engine(method, train, train, engine_lib.EngineConfig(
+    return engine_lib.Engine(method, train, train, engine_config(
         4, client_mapping=mapping, chunk_size=chunk_size))
 
 
@@ -302,7 +302,7 @@ def _round_outputs(method_name, mapping, chunk_size, stream=True, **options):
     x, y, idx = _data(model.input_shape)
     train = stack_clients(x, y, idx)
     method = get_method(method_name)(_setup(model))
-    cfg = engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=chunk_size, straggler_fraction=0.4,
+    cfg = engine_config(S, client_mapping=mapping, chunk_size=chunk_size, straggler_fraction=0.4,
                                   drop_fraction=0.3, stream_chunks=stream, **options)
     eng = engine_lib.Engine(method, train, train, cfg)
     assert eng.streams == (mapping == "chunked" and stream)

@@ -24,6 +24,7 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.fedala import FedALAConfig
+from settings_records import engine_config
 
 
 def _reference_train(loss_fn, params, x, y, key, epochs, optimizer):
@@ -152,7 +153,7 @@ def test_engine_equals_per_client_loop(name):
     train = stack_clients(x, y, idx)
     method = get_method(name)(fed.setup(model), hp)
     eng = engine_lib.Engine(method, train, train,
-                            engine_lib.EngineConfig(fed.S, client_mapping="chunked", chunk_size=2))
+                            engine_config(fed.S, client_mapping="chunked", chunk_size=2))
     server, clients = fed.run(eng, 2, key)
     if name == "lgfedavg":
         fed.close(server["head"]["params"], glob["head"])

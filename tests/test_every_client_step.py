@@ -14,6 +14,7 @@ import pytest
 import plain_sgd_federation as plain_fed
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
+from settings_records import engine_config
 
 
 # A method whose every-client step counts, per client, the steps it took and records what it saw.
@@ -48,7 +49,7 @@ _COUNTING = Algorithm(name="counting", paper=Paper("Counting"), schedule=Schedul
 
 def _counting_engine(mapping="vmap"):
     train = plain_fed.train_data()
-    config = engine_lib.EngineConfig(2, client_mapping=mapping)
+    config = engine_config(2, client_mapping=mapping)
     return engine_lib.Engine(_COUNTING(plain_fed.setup()), train, train, config), train
 
 

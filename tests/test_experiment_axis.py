@@ -1,28 +1,28 @@
 """Experiments on a vmapped axis, traced hyperparameters and the lr schedule.
 
 Each experiment of a batched call must equal the single run with its seed or
-value; a method rebuilt with a traced value must equal the method built with
+value; a method reading a traced hyperparameter must equal the method built with
 that value as a Python number; a per-round lr factor must equal rounds run
 with the decayed lr given by hand.
 """
+
+import functools
 
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.engine import method_values
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import fedpac as fedpac_steps, get_method, gpfl as gpfl_steps
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.kernels.optim import make_optimizer
+from settings_records import engine_config, local_setup
 
 SIZES = [9, 30, 3, 17, 12, 21]
 
@@ -31,20 +31,19 @@ def _normalize(x):
     return x.astype(jnp.float32) / 255.0 - 0.5
 
 
-def _engine(method_name, options=None, lr=0.1, schedule=LrSchedule(), mapping="map"):
+def _engine(method_name, options=None, lr=0.1, mapping="map", **schedule):
+    """``schedule``: train.lr_schedule, lr_decay and rounds (default: a constant lr)."""
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, size=(sum(SIZES), 6, 6, 1), dtype=np.uint8)
     y = (x.reshape(len(x), -1).mean(1) > 127).astype(np.int32) + 2 * (x[:, 0, 0, 0] > 127)
     bounds = np.cumsum([0, *SIZES])
     data = stack_clients(x, y, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
     model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
-    factory = lambda lr=lr: make_optimizer("sgd", lr, momentum=0.5)  # noqa: E731
-    setup = LocalSetup(model=model, optimizer=factory(), batch_size=4, local_epochs=2, normalize=_normalize,
-                       make_optimizer=factory, learning_rate=lr)
+    setup = local_setup(model=model, optimizer=functools.partial(make_optimizer, "sgd", momentum=0.5), lr=lr,
+                        batch_size=4, local_epochs=2, normalize=_normalize)
     cls = get_method(method_name)
     method = cls(setup, cls.hparams_type(**(options or {})) if cls.hparams_type else None)
-    return engine_lib.Engine(method, data, data, engine_lib.EngineConfig(4, client_mapping=mapping, chunk_size=2,
-                                                                          lr_schedule=schedule))
+    return engine_lib.Engine(method, data, data, engine_config(4, client_mapping=mapping, chunk_size=2, **schedule))
 
 
 def _close(a, b, tol=2e-5):
@@ -99,13 +98,13 @@ def test_each_grid_point_equals_the_run_built_with_that_value():
 def test_traced_value_unknown_name_is_a_user_error():
     eng = _engine("fedavg")
     with pytest.raises(UserError, match="cannot vary mu"):
-        method_values.with_values(eng.method, {"mu": 0.1})
-    assert "mu" in method_values.traceable_names(get_method("fedprox"))
-    assert "finetune_epochs" not in method_values.traceable_names(get_method("fedprox"))
+        eng.method_at({"mu": 0.1}, 0)
+    assert "mu" in get_method("fedprox").hyperparameter_names
+    assert "finetune_epochs" not in get_method("fedprox").hyperparameter_names
 
 
 def test_exponential_lr_decay_equals_rounds_with_the_decayed_lr_by_hand():
-    decayed = _engine("fedavg", schedule=LrSchedule("exponential", 0.5, 3))
+    decayed = _engine("fedavg", lr_decay=0.5, rounds=3)
     server, clients, metrics, _ = _single(decayed, 4, rounds=3)
     plain = _engine("fedavg")
     init_key, key = jax.random.split(jax.random.key(4))
@@ -117,7 +116,7 @@ def test_exponential_lr_decay_equals_rounds_with_the_decayed_lr_by_hand():
 
 
 def test_decay_one_is_the_plain_program_and_cosine_factors():
-    eng = _engine("fedavg", schedule=LrSchedule("exponential", 1.0, 5))
+    eng = _engine("fedavg", lr_decay=1.0, rounds=5)
     assert eng.method_at({}, 3) is eng.method
     cosine = LrSchedule("cosine", 1.0, 4)
     got = [float(cosine.factor(t)) for t in range(4)]
@@ -135,10 +134,10 @@ def test_schedule_decays_the_run_optimizer_and_leaves_gpfl_guidance_at_train_lr(
     """Round 2 of a 0.5-per-round decay from lr 0.1: the run's optimizer steps 0.025, FedPAC's head with
     head_optimizer=run too (PFLlib's one optimizer); GPFL's valve and embeddings step train.lr, 0.1, as the
     authors' undecayed CoV_opt and GCE_opt, while its body and head take the decayed run optimizer."""
-    schedule = LrSchedule("exponential", 0.5, 3)
-    gpfl = _engine("gpfl", schedule=schedule).method_at({}, 2)
-    assert float(gpfl.setup.learning_rate) == pytest.approx(0.025)
-    assert float(gpfl.setup.initial_learning_rate) == pytest.approx(0.1)
+    schedule = {"lr_decay": 0.5, "rounds": 3}
+    gpfl = _engine("gpfl", **schedule).method_at({}, 2)
+    assert float(gpfl.lr) == pytest.approx(0.025)
+    assert float(gpfl.base_lr) == pytest.approx(0.1)
     params = {"body": {"w": jnp.ones(3)}, "head": {"w": jnp.ones(2)}, "gce": jnp.ones((2, 3)), "cov": {"w": jnp.ones(4)}}
     step = _first_step(gpfl_steps.training_optimizer(gpfl), params)
     mu = gpfl.hparams.mu  # the valve's and embeddings' weight decay: lr * (g + mu * p) with g = p = 1
@@ -147,7 +146,7 @@ def test_schedule_decays_the_run_optimizer_and_leaves_gpfl_guidance_at_train_lr(
             np.testing.assert_allclose(np.asarray(leaf), -lr, rtol=1e-6, err_msg=part)
     head = {"w": jnp.ones(2)}
     pac_run = fedpac_steps.head_optimizer(
-        _engine("fedpac", {"head_optimizer": "run"}, schedule=schedule).method_at({}, 2))
-    pac_authors = fedpac_steps.head_optimizer(_engine("fedpac", schedule=schedule).method_at({}, 2))
+        _engine("fedpac", {"head_optimizer": "run"}, **schedule).method_at({}, 2))
+    pac_authors = fedpac_steps.head_optimizer(_engine("fedpac", **schedule).method_at({}, 2))
     np.testing.assert_allclose(np.asarray(_first_step(pac_run, head)["w"]), -0.025, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(_first_step(pac_authors, head)["w"]), -0.1 * (1 + 5e-4), rtol=1e-6)

@@ -27,6 +27,7 @@ from fedjax_pfl.kernels.adaptive_aggregation import layer_paths
 from fedjax_pfl.methods import fedala, get_method
 from fedjax_pfl.methods.fedala import FedALAConfig
 from fedjax_pfl.runs import config as config_lib
+from settings_records import engine_config
 
 
 def _ala(method, local, glob, weights, started, data, key):
@@ -91,7 +92,7 @@ def test_fedala_updates_and_evaluates_clients_that_were_not_selected():
     this round changed anyway."""
     method = plain_fed.method("fedala", layers=1)
     train = plain_fed.train_data()
-    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(2, client_mapping="vmap"))
+    eng = engine_lib.Engine(method, train, train, engine_config(2, client_mapping="vmap"))
     key = jax.random.key(3)
     server, clients = eng.init(key)
     for t in range(3):

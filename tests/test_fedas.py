@@ -20,9 +20,10 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import fedas, get_method, shared_body, training
-from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
+from fedjax_pfl.methods.base import ClientRound, ServerRound
 from fedjax_pfl.methods.fedas import FEDAS, FedASConfig
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 C = 4
 SHAPE = (6, 6, 1)
@@ -40,8 +41,7 @@ def _model():
 
 
 def _setup(model, epochs=2, lr=0.1):
-    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=B, local_epochs=epochs,
-                      normalize=_normalize)
+    return local_setup(model=model, optimizer=optax.sgd, lr=lr, batch_size=B, local_epochs=epochs, normalize=_normalize)
 
 
 def _data(seed=0):
@@ -211,7 +211,7 @@ def _run_engine(method_name, options, rounds=2, straggler_fraction=0.0, drop_fra
     data = _data()
     cls = get_method(method_name)
     method = cls(_setup(model), config.method_options(cls.hparams_type, options))
-    cfg = engine_lib.EngineConfig(clients_per_round=3, client_mapping="vmap",
+    cfg = engine_config(clients_per_round=3, client_mapping="vmap",
                                   straggler_fraction=straggler_fraction, drop_fraction=drop_fraction)
     eng = engine_lib.Engine(method, data, data, cfg)
     key = jax.random.key(seed)
@@ -358,8 +358,8 @@ def _fmnist_clients(data_dir, count=3, n=480, classes=(0, 3, 7)):
 def _traces_after_training(ds, normalize, clients, epochs, lr, init_scale, form):
     """Fisher trace of each client after `epochs[i]` local epochs from one shared start."""
     model = build_model("mlp", ds.input_shape, ds.num_classes, hidden=(64,))
-    setup = LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=16, local_epochs=max(epochs),
-                       normalize=normalize)
+    setup = local_setup(model=model, optimizer=optax.sgd, lr=lr, batch_size=16, local_epochs=max(epochs),
+                        normalize=normalize)
     method = FEDAS(setup, FedASConfig(fisher=form))
     v0 = jax.jit(model.init)(jax.random.key(0))
     v0 = {**v0, "params": jax.tree.map(lambda a: a * init_scale, v0["params"])}

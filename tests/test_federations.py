@@ -16,6 +16,7 @@ lanes, each lone run one client at a time.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +29,8 @@ from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine.federations import Federation, FederationRows, refusal
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 ROUNDS = 2
 METHODS = ["fedavg", "fedas", "fedpac", "ditto", "fedper", "fedala"]
@@ -59,9 +60,9 @@ def _federations():
 
 
 def _method(name, augment=None):
-    setup = LocalSetup(model=build_model("mlp", (4, 4, 1), 3, hidden=(6,)), optimizer=optax.sgd(0.1, momentum=0.5),
-                       batch_size=5, local_epochs=2, normalize=lambda a: a.astype(jnp.float64) / 255.0 - 0.5,
-                       learning_rate=0.1, augment=augment)
+    setup = local_setup(model=build_model("mlp", (4, 4, 1), 3, hidden=(6,)),
+                        optimizer=functools.partial(optax.sgd, momentum=0.5), lr=0.1, batch_size=5, local_epochs=2,
+                        normalize=lambda a: a.astype(jnp.float64) / 255.0 - 0.5, augment=augment)
     return get_method(name)(setup)
 
 
@@ -87,14 +88,14 @@ def _assert_equal(got, want, what, tol=1e-10):
 def test_each_federation_of_a_pool_equals_its_lone_run(name, float64):
     method, federations, seeds = _method(name), _federations(), [0, 1, 2, 3]
     keys = [jax.random.split(jax.random.key(s)) for s in seeds]
-    pool = FederationRows(method, federations, engine_lib.EngineConfig(1, client_mapping="packed:3"))
+    pool = FederationRows(method, federations, engine_config(1, client_mapping="packed:3"))
     assert pool.mapping == "packed:3" and len(pool.groups) == 3  # the first and the fourth share a server step
     servers, clients = _as_float64(pool.init(jnp.stack([k[0] for k in keys])))
     servers, clients, metrics, evaluations = pool.run_rounds(servers, clients, jnp.stack([k[1] for k in keys]), 0,
                                                              ROUNDS, ROUNDS, 1)
     for f, federation in enumerate(federations):
         eng = engine_lib.Engine(method, federation.train, federation.test,
-                                engine_lib.EngineConfig(federation.clients_per_round, client_mapping="map"))
+                                engine_config(federation.clients_per_round, client_mapping="map"))
         server, lone_clients = _as_float64(eng.init(keys[f][0]))
         server, lone_clients, lone_metrics, lone_evaluations = eng.run_rounds(server, lone_clients, keys[f][1], 0,
                                                                               ROUNDS, ROUNDS, 1)
@@ -118,7 +119,7 @@ def test_a_pool_equals_itself_under_every_client_mapping(float64):
     keys = jax.random.split(jax.random.key(0), (len(federations), 2))
     results = []
     for mapping in ("map", "vmap", "chunked", "packed:2"):
-        pool = FederationRows(method, federations, engine_lib.EngineConfig(1, client_mapping=mapping, chunk_size=3))
+        pool = FederationRows(method, federations, engine_config(1, client_mapping=mapping, chunk_size=3))
         servers, clients = _as_float64(pool.init(keys[:, 0]))
         servers, clients, metrics, _ = pool.run_rounds(servers, clients, keys[:, 1], 0, ROUNDS, ROUNDS, 1)
         results.append((servers, clients, [m["train_loss"] for m in metrics]))
@@ -145,7 +146,7 @@ def test_what_cannot_be_rows_exactly_is_refused_in_one_line():
         (_method("fedavg"), [federations[0], Federation(federations[2].train, federations[2].test,
                                                         federations[2].train, 3)], "validation data"),
     ]
-    config = engine_lib.EngineConfig(1)
+    config = engine_config(1)
     for method, feds, message in cases:
         why = refusal(method, feds, config)
         assert why is not None and message in why and "\n" not in why, (method.name, why)

@@ -23,10 +23,11 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import fedfomo, get_method
-from fedjax_pfl.methods.base import ClientRound, LocalSetup
+from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.methods.fedfomo import FEDFOMO, FedFomoConfig
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.data.validation_split import split_train_validation, validation_mask
+from settings_records import engine_config, local_setup
 
 
 def _tree(rng, scale=1.0):
@@ -86,8 +87,8 @@ def test_no_better_model_keeps_the_baseline():
 
 def _setup(epochs=1, hidden=(8,), lr=0.1):
     model = build_model("mlp", (6, 6, 1), 4, hidden=hidden)
-    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=ref.B, local_epochs=epochs,
-                      normalize=ref.normalize)
+    return local_setup(model=model, optimizer=optax.sgd, lr=lr, batch_size=ref.B, local_epochs=epochs,
+                       normalize=ref.normalize)
 
 
 def _client_and_noisy_server(method, step, noise):
@@ -334,7 +335,7 @@ def test_engine_equals_per_client_loop(offer_average, federations, pfllib):
     data = ref.stacked(xs, ys)
     method = get_method("fedfomo")(_setup(), FedFomoConfig(offer_average=offer_average,
                                                            num_federations=federations, **options))
-    eng = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(ref.S, client_mapping="vmap"))
+    eng = engine_lib.Engine(method, data, data, engine_config(ref.S, client_mapping="vmap"))
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)
     server, clients, _ = eng.run(server, clients, key, rounds)

@@ -23,10 +23,11 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import fedpac, get_method
-from fedjax_pfl.methods.base import ClientRound, LocalSetup, ServerRound
+from fedjax_pfl.methods.base import ClientRound, ServerRound
 from fedjax_pfl.kernels.classifier_combination import prototype_losses, qp_matrices
 from fedjax_pfl.methods.fedpac import FEDPAC, FEDPAC_PROTO, FedPACConfig
 from fedjax_pfl.models.networks import build_model
+from settings_records import local_setup
 
 
 # ------------------------------------------------------------ references --
@@ -67,8 +68,8 @@ def np_qp_matrix(V, H, i):
 
 
 def _setup(model, batch_size=5, epochs=2):
-    return LocalSetup(model=model, optimizer=optax.sgd(0.05, momentum=0.5), batch_size=batch_size,
-                      local_epochs=epochs, normalize=lambda x: x.astype(jnp.float32))
+    return local_setup(model=model, optimizer=functools.partial(optax.sgd, momentum=0.5), lr=0.05,
+                       batch_size=batch_size, local_epochs=epochs, normalize=lambda x: x.astype(jnp.float32))
 
 
 def _vector_client(rng, n, n_max, d, num_classes, classes=None):

@@ -16,10 +16,10 @@ import pytest
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models import initialization
 from fedjax_pfl.models.networks import build_model, model_names
 from fedjax_pfl.runs import config as config_lib
+from settings_records import local_setup
 
 
 def _input_shape(name):
@@ -105,7 +105,7 @@ def test_torch_init_is_seeded():
 def test_gpfl_valve_starts_as_torch_with_torch_init():
     d = 8
     model = build_model("mlp", (6, 6, 1), 4, hidden=(d,), init="torch")
-    setup = LocalSetup(model=model, optimizer=optax.sgd(0.1), batch_size=5, local_epochs=1, normalize=lambda x: x)
+    setup = local_setup(model=model, optimizer=optax.sgd, lr=0.1, batch_size=5, local_epochs=1, normalize=lambda x: x)
     cls = get_method("gpfl")
     server, _ = jax.jit(cls(setup, cls.hparams_type()).init, static_argnums=1)(jax.random.key(0), 3)
     for path, layer in _layers(server["cov"]):

@@ -10,8 +10,8 @@ from fedjax_pfl.data import partition
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 
 def test_majority_baseline_equals_a_per_client_loop_and_reads_the_run_partition(tmp_path):
@@ -31,9 +31,9 @@ def test_majority_baseline_equals_a_per_client_loop_and_reads_the_run_partition(
     summary = partition.summary(train_idx, y, 5, test_idx)
     (tmp_path / "partition.json").write_text(__import__("json").dumps(summary))
     assert abs(majority_baseline.from_run(tmp_path) - want) < 1e-12
-    setup = LocalSetup(model=build_model("mlp", (1,), 5, hidden=(4,)), optimizer=optax.sgd(0.1), batch_size=4,
-                       local_epochs=1, normalize=lambda v: v, learning_rate=0.1)
+    setup = local_setup(model=build_model("mlp", (1,), 5, hidden=(4,)), optimizer=optax.sgd, lr=0.1, batch_size=4,
+                        local_epochs=1, normalize=lambda v: v)
     engine = engine_lib.Engine(get_method("local")(setup), stack_clients(x, y, train_idx),
-                               stack_clients(x, y, test_idx), engine_lib.EngineConfig(10))
+                               stack_clients(x, y, test_idx), engine_config(10))
     assert abs(majority_baseline.from_engine(engine) - want) < 1e-12
     assert doctest.testmod(majority_baseline).failed == 0

@@ -9,6 +9,7 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import mapping_choice
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config
 from test_engine import S, _assert_close, _data, _reference, _setup
 
 MODEL = build_model("lenet", (16, 16, 1), 4, conv_impl="direct")
@@ -19,7 +20,7 @@ def _engine(mapping="auto"):
     x, y, idx = _data(MODEL.input_shape)
     train = stack_clients(x, y, idx)
     return engine_lib.Engine(get_method("fedavg")(_setup(MODEL)), train, train,
-                             engine_lib.EngineConfig(S, client_mapping=mapping, chunk_size=2))
+                             engine_config(S, client_mapping=mapping, chunk_size=2))
 
 
 def _start(engine, key):

@@ -12,6 +12,8 @@ not S x (largest count). Several devices equal one; a method that cannot
 pack says so and runs chunked; bad ``packed:W`` values are one-line errors.
 """
 
+import functools
+
 import dataclasses
 import warnings
 
@@ -21,16 +23,18 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_pfl.core import tree_ops
+from fedjax_pfl.core import declared, tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.engine import client_mapping, mapping_choice
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import packed_loops
 from fedjax_pfl.methods import get_method, training
-from fedjax_pfl.methods.base import ClientRound, LocalSetup, Schedule, ServerRound
+from fedjax_pfl.methods.base import ClientRound, Schedule, ServerRound
 from fedjax_pfl.methods.fedavg import FEDAVG
 from fedjax_pfl.models.networks import build_model
+from fedjax_pfl.runs.config import TrainConfig
+from settings_records import engine_config, local_setup
 from test_sharding import run_script
 
 # Dirichlet-like: one large client, a one-batch client (3 < B), an empty one, the rest in between
@@ -62,8 +66,8 @@ def _normalize(x):
 
 
 def _method(name):
-    setup = LocalSetup(model=MODEL, optimizer=optax.sgd(0.1, momentum=0.5), batch_size=B, local_epochs=E,
-                       normalize=_normalize, learning_rate=0.1)
+    setup = local_setup(model=MODEL, optimizer=functools.partial(optax.sgd, momentum=0.5), lr=0.1, batch_size=B,
+                        local_epochs=E, normalize=_normalize)
     return get_method(name)(setup)
 
 
@@ -73,7 +77,7 @@ def _as_float64(tree):
 
 def _engine(name, mapping):
     train = _train()
-    return engine_lib.Engine(_method(name), train, train, engine_lib.EngineConfig(S, client_mapping=mapping))
+    return engine_lib.Engine(_method(name), train, train, engine_config(S, client_mapping=mapping))
 
 
 def _rounds(eng, evaluate=True):
@@ -271,7 +275,7 @@ def test_a_method_that_cannot_pack_says_why_in_one_line_and_runs_chunked():
     method = _UNPACKABLE(_method("fedavg").setup)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(S, client_mapping="packed:2",
+        eng = engine_lib.Engine(method, train, train, engine_config(S, client_mapping="packed:2",
                                                                               chunk_size=2))
     assert eng.mapping == "chunked" and eng.eval_mapping == "chunked"
     note = "method 'unpackable' cannot run packed:2 (its client update waits on a host callback): chunked:2 instead"
@@ -288,29 +292,31 @@ def test_bad_packed_widths_are_one_line_user_errors(mapping, message):
     with pytest.raises(UserError, match=message) as raised:
         client_mapping.parse(mapping)
     assert "\n" not in str(raised.value)
-    with pytest.raises(UserError):
-        engine_lib.EngineConfig(S, client_mapping=mapping)
+    with pytest.raises(UserError, match="train.client_mapping"):  # the setting's check, before any engine
+        declared.check_fields(TrainConfig(client_mapping=mapping), "train.")
 
 
 TWO_DEVICES = """
+import dataclasses
 import jax, jax.numpy as jnp, numpy as np, optax
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
+from fedjax_pfl.runs.config import TrainConfig
+from fedjax_pfl.runs.experiment import engine_config, local_setup
 assert jax.device_count() == 2, jax.devices()
 sizes = [23, 3, 0, 11, 16, 7, 30]
 rng = np.random.default_rng(0)
 x = rng.integers(0, 256, (sum(sizes), 4, 4, 1), dtype=np.uint8)
 y = rng.integers(0, 3, sum(sizes)).astype(np.int32)
 data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
-setup = LocalSetup(model=build_model("mlp", (4, 4, 1), 3, hidden=(6,)), optimizer=optax.sgd(0.1, momentum=0.5),
-                   batch_size=5, local_epochs=2, normalize=lambda a: a.astype(jnp.float32) / 255.0)
+setup = local_setup(TrainConfig(lr=0.1, momentum=0.5, batch_size=5, local_epochs=2),
+                    build_model("mlp", (4, 4, 1), 3, hidden=(6,)), lambda a: a.astype(jnp.float32) / 255.0)
 
 def run(shard):
     eng = engine_lib.Engine(get_method("fedas")(setup), data, data,
-                            engine_lib.EngineConfig(6, client_mapping="packed:2", shard=shard))
+                            dataclasses.replace(engine_config(TrainConfig(client_mapping="packed:2"), 6), shard=shard))
     assert (eng.mesh is not None) == shard and eng.mapping == "packed:2"
     server, clients = eng.init(jax.random.key(0))
     server, clients, metrics = eng.round(server, clients, jax.random.key(1), 1)  # round 1: FedAS aligns

@@ -7,6 +7,8 @@ XLA update the lanes' state in place. Read from the optimised HLO on the CPU
 (XLA's copy insertion is the same pass on every backend).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,8 +19,8 @@ from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import packed_loops
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 LANES, CLIENTS = 3, 7
 
@@ -67,12 +69,12 @@ def test_a_packed_round_adds_no_copy_of_parameters_to_what_a_per_client_loop_has
     x = rng.integers(0, 256, (sum(sizes), 4, 4, 1), dtype=np.uint8)
     y = rng.integers(0, 3, sum(sizes)).astype(np.int32)
     data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
-    setup = LocalSetup(model=build_model("mlp", (4, 4, 1), 3, hidden=(37,)), optimizer=optax.sgd(0.1, momentum=0.5),
-                       batch_size=5, local_epochs=2, normalize=lambda a: a.astype(jnp.float32) / 255.0,
-                       learning_rate=0.1)
+    setup = local_setup(model=build_model("mlp", (4, 4, 1), 3, hidden=(37,)),
+                        optimizer=functools.partial(optax.sgd, momentum=0.5), lr=0.1, batch_size=5, local_epochs=2,
+                        normalize=lambda a: a.astype(jnp.float32) / 255.0)
     found = {}
     for mapping, lanes in (("packed:3", 3), ("map", None)):
-        eng = engine_lib.Engine(get_method("fedavg")(setup), data, data, engine_lib.EngineConfig(4,
+        eng = engine_lib.Engine(get_method("fedavg")(setup), data, data, engine_config(4,
                                                                                                 client_mapping=mapping))
         server, clients = eng.init(jax.random.key(0))
         text = jax.jit(eng._round_impl).lower(server, clients, eng.train, jax.random.key(1), jnp.int32(0),

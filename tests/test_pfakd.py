@@ -23,9 +23,10 @@ from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs.experiment import build_experiment
 from fedjax_pfl.methods import get_method, pfakd
-from fedjax_pfl.methods.base import ClientRound, LocalSetup
+from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.methods.pfakd import PFAKD, PFAKD_AT, PFAKDATConfig, PFAKDConfig, pfakd_objective
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 LR, B, E = 0.05, 5, 2
 
@@ -35,8 +36,8 @@ def _normalize(x):
 
 
 def _setup(model, batch_size=B, epochs=E):
-    return LocalSetup(model=model, optimizer=optax.sgd(LR, momentum=0.9), batch_size=batch_size,
-                      local_epochs=epochs, normalize=_normalize)
+    return local_setup(model=model, optimizer=functools.partial(optax.sgd, momentum=0.9), lr=LR, batch_size=batch_size,
+                       local_epochs=epochs, normalize=_normalize)
 
 
 def _random_clients(input_shape, sizes, num_classes=4, seed=0):
@@ -272,7 +273,7 @@ def test_teacher_is_the_received_body_at_every_step(monkeypatch):
 
 def _run_engine(method, data, rounds=2, clients_per_round=3, mapping="vmap"):
     """Rounds of the real engine (selection, vmapped clients, n_i-weighted body mean)."""
-    engine = engine_lib.Engine(method, data, data, engine_lib.EngineConfig(clients_per_round, mapping))
+    engine = engine_lib.Engine(method, data, data, engine_config(clients_per_round, client_mapping=mapping))
     key = jax.random.key(11)
     server, clients = engine.init(key)
     for t in range(rounds):

@@ -23,16 +23,17 @@ from fedjax_pfl.kernels import hypernetwork as hn
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods.base import LocalSetup, ServerRound
+from fedjax_pfl.methods.base import ServerRound
 from fedjax_pfl.methods import pfedhn
 from fedjax_pfl.methods.pfedhn import PFEDHN, PFedHNConfig
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 
 def _setup(lr=0.1):
     model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
-    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=ref.B, local_epochs=1,
-                      normalize=ref.normalize, learning_rate=lr)
+    return local_setup(model=model, optimizer=optax.sgd, lr=lr, batch_size=ref.B, local_epochs=1,
+                       normalize=ref.normalize)
 
 
 def _dot(a, b):
@@ -158,7 +159,7 @@ def _reference(method, rounds, key):
 def _engine(method, clients_per_round=ref.S, mapping="vmap"):
     xs, ys = ref.client_arrays(method.model.input_shape)
     data = ref.stacked(xs, ys)
-    return engine_lib.Engine(method, data, data, engine_lib.EngineConfig(clients_per_round, client_mapping=mapping))
+    return engine_lib.Engine(method, data, data, engine_config(clients_per_round, client_mapping=mapping))
 
 
 def _method(aggregate, local_steps=3):
@@ -221,14 +222,14 @@ def test_sequential_on_the_experiment_axis_equals_single_runs():
 MULTI_DEVICE = textwrap.dedent("""
     import jax, numpy as np, sys
     sys.path.insert(0, "tests")
-    import test_pfedhn as t, pfl_reference as ref
+    import test_pfedhn as t, pfl_reference as ref, settings_records as records
     from fedjax_pfl.engine import engine as engine_lib
     assert jax.device_count() == 2, jax.devices()
     xs, ys = ref.client_arrays(t._setup().model.input_shape)
     data = ref.stacked(xs, ys)
     out = []
     for shard in (False, True):  # 5 clients: padded to 6 rows on 2 devices
-        eng = engine_lib.Engine(t._method("sequential", 2), data, data, engine_lib.EngineConfig(ref.S, shard=shard))
+        eng = engine_lib.Engine(t._method("sequential", 2), data, data, records.engine_config(ref.S, shard=shard))
         assert (eng.mesh is not None) == shard
         server, clients = eng.init(jax.random.key(0))
         server, clients, _, evals = eng.run_rounds(server, clients, jax.random.key(1), 0, 2, 2, 1)

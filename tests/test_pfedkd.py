@@ -16,10 +16,11 @@ from fedjax_pfl.kernels import kd_server
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method, step_counted
-from fedjax_pfl.methods.base import ClientRound, LocalSetup
+from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.methods.pfedkd import PFedKDConfig
 from fedjax_pfl.methods.step_counted import random_batch, random_batch_index
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config, local_setup
 
 C = 3  # classes of the small problems
 
@@ -155,8 +156,8 @@ def _data(seed=0):
 
 
 def _setup(model, lr=0.1, steps=4, batch_size=5):
-    return LocalSetup(model=model, optimizer=optax.sgd(lr), batch_size=batch_size, local_epochs=steps, learning_rate=lr,
-                      normalize=lambda x: x.astype(jnp.float32) / 255.0 - 0.5)
+    return local_setup(model=model, optimizer=optax.sgd, lr=lr, batch_size=batch_size, local_epochs=steps,
+                       normalize=lambda x: x.astype(jnp.float32) / 255.0 - 0.5)
 
 
 def _method(name="pfedkd", **options):
@@ -254,7 +255,7 @@ def test_round_takes_one_sgd_step_with_the_weighted_mean_gradient(direction):
     method = _method(alpha=0.1, temperature=1.5, server_lr=0.7, server_kl=direction)
     x, y, idx = _data()
     train = stack_clients(x, y, idx)
-    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(3, client_mapping="vmap"))
+    eng = engine_lib.Engine(method, train, train, engine_config(3, client_mapping="vmap"))
     server, clients = eng.init(jax.random.key(0))
     w0 = jax.tree.map(np.asarray, server)
     server, clients, metrics = eng.round(server, clients, jax.random.key(1), 0)

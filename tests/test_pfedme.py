@@ -28,7 +28,7 @@ def test_pfedme_client_update_equals_reference_loop():
     lamda, plr, k_inner, eta, steps = 2.0, 0.05, 3, 0.1, 3
     method = _method("pfedme", lamda=lamda, personal_lr=plr, K=k_inner, local_steps=steps,
                      weight_decay=0.0)  # the decay: test_pfedme_inner_step_has_the_authors_weight_decay
-    assert method.setup.learning_rate == pytest.approx(eta)
+    assert method.lr == pytest.approx(eta)
     data = step_ref.client(method, 2)
     server, clients = method.init(jax.random.key(0), 6)
     client = jax.tree.map(lambda a: a[2], clients)

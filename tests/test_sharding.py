@@ -34,21 +34,23 @@ SCRIPT = textwrap.dedent("""
     from fedjax_pfl.engine import engine as engine_lib, sharding
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods import get_method
-    from fedjax_pfl.methods.base import LocalSetup
     from fedjax_pfl.models.networks import build_model
+    from fedjax_pfl.runs.config import TrainConfig
+    from fedjax_pfl.runs.experiment import engine_config, local_setup
+    from dataclasses import replace
     assert jax.device_count() == 8, jax.devices()
     rng = np.random.default_rng(0)
     sizes = rng.integers(2, 9, 20)
     x = rng.integers(0, 256, (sum(sizes), 4, 4, 1), dtype=np.uint8)
     y = rng.integers(0, 3, sum(sizes)).astype(np.int32)
     data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
-    setup = LocalSetup(model=build_model("mlp", (4, 4, 1), 3, hidden=(6,)), optimizer=optax.sgd(0.1),
-                       batch_size=4, local_epochs=1, normalize=lambda a: a.astype(jnp.float32) / 255.0)
+    setup = local_setup(TrainConfig(lr=0.1, batch_size=4, local_epochs=1),
+                        build_model("mlp", (4, 4, 1), 3, hidden=(6,)), lambda a: a.astype(jnp.float32) / 255.0)
 
     def run(method, devices, mapping):
         sharding.client_mesh = lambda d=None: jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), ("clients",))
         eng = engine_lib.Engine(get_method(method)(setup), data, data,
-                                engine_lib.EngineConfig(7, client_mapping=mapping, shard=devices > 1))
+                                replace(engine_config(TrainConfig(client_mapping=mapping), 7), shard=devices > 1))
         server, clients = eng.init(jax.random.key(0))
         if devices > 1:
             assert eng.padded_clients % devices == 0 and eng.padded_clients >= 20
@@ -83,8 +85,10 @@ TWO_DEVICES = textwrap.dedent("""
     from fedjax_pfl.engine import engine as engine_lib, sharding
     from fedjax_pfl.data.client_data import stack_clients
     from fedjax_pfl.methods import get_method
-    from fedjax_pfl.methods.base import LocalSetup
     from fedjax_pfl.models.networks import build_model
+    from fedjax_pfl.runs.config import TrainConfig
+    from fedjax_pfl.runs.experiment import engine_config, local_setup
+    from dataclasses import replace
     assert jax.device_count() == 2, jax.devices()
     rng = np.random.default_rng(1)
     sizes = rng.integers(3, 12, 7)  # 7 clients: padded to 8 rows; 5 a round: a repeated row dropped
@@ -93,12 +97,13 @@ TWO_DEVICES = textwrap.dedent("""
     data = stack_clients(x, y, np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1]))
     # momentum: each client builds its optimizer state from the server's message inside the devices' map
     # (zeros_like of the server state once failed there: its sharding named the mesh outside shard_map)
-    setup = LocalSetup(model=build_model("fedavgcnn", (16, 16, 1), 3), optimizer=optax.sgd(0.05, momentum=0.5),
-                       batch_size=4, local_epochs=1, normalize=lambda a: a.astype(jnp.float32) / 255.0)
+    setup = local_setup(TrainConfig(lr=0.05, momentum=0.5, batch_size=4, local_epochs=1),
+                        build_model("fedavgcnn", (16, 16, 1), 3), lambda a: a.astype(jnp.float32) / 255.0)
 
     def run(method, mapping, shard):
         eng = engine_lib.Engine(get_method(method)(setup), data, data,
-                                engine_lib.EngineConfig(5, client_mapping=mapping, chunk_size=2, shard=shard))
+                                replace(engine_config(TrainConfig(client_mapping=mapping, chunk_size=2), 5),
+                                        shard=shard))
         server, clients = eng.init(jax.random.key(0))
         if shard:  # each device maps its own clients (shard_map), no vmap over the devices
             jaxpr = str(jax.make_jaxpr(eng._round_impl)(server, clients, eng.train, jax.random.key(1), 0, {}))

@@ -9,6 +9,7 @@ import pytest
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.runs import config as config_lib
+from settings_records import local_setup
 from test_pfedkd import _method
 
 
@@ -51,11 +52,9 @@ def _bn_setup():
 
     import optax
 
-    from fedjax_pfl.methods.base import LocalSetup
-
+    
     model = types.SimpleNamespace(init=lambda key: {"params": {"w": jnp.zeros(2)}, "batch_stats": {"m": jnp.zeros(2)}})
-    return LocalSetup(model=model, optimizer=optax.sgd(0.1), batch_size=4, local_epochs=1, normalize=lambda x: x,
-                      learning_rate=0.1)
+    return local_setup(model=model, optimizer=optax.sgd, lr=0.1, batch_size=4, local_epochs=1, normalize=lambda x: x)
 
 
 @pytest.mark.parametrize("name,options", [("fedavg", {"local_steps": 3}), ("fedprox", {"local_steps": 3, "mu": 0.5})])

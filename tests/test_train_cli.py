@@ -466,7 +466,7 @@ def test_eval_model_global_is_the_global_body_with_the_own_head(uninterrupted):
     local = method.eval_variables(server, client, None, key)
     same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
     same(local, client["variables"])
-    global_method = method.rebuilt(dataclasses.replace(method.setup, eval_model="global"), method.hparams)
+    global_method = method.algorithm(dataclasses.replace(method.setup, eval_model="global"), method.options)
     glob = global_method.eval_variables(server, client, None, key)
     same(glob["params"]["body"], server["body"]["params"])
     same(glob["params"]["head"], client["variables"]["params"]["head"])

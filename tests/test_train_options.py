@@ -22,6 +22,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method, method_names, training
 from fedjax_pfl.methods.base import ClientRound, Schedule
 from fedjax_pfl.models.networks import build_model
+from settings_records import engine_config
 from test_engine import _OPT, _assert_close, _data, _setup, _sgd_step, _weighted_mean64
 
 MODEL = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
@@ -81,7 +82,7 @@ def test_drop_last_counts_real_steps_in_the_engine():
     x, y, idx = _data(MODEL.input_shape, sizes=sizes)
     train = stack_clients(x, y, idx)
     method = _local_method("fedavg", drop_last=True)
-    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(3, client_mapping="map"))
+    eng = engine_lib.Engine(method, train, train, engine_config(3, client_mapping="map"))
     server, clients = eng.init(jax.random.key(0))
     _, _, metrics = eng.round(server, clients, jax.random.key(1), 0)
     b, e = method.setup.batch_size, method.setup.local_epochs
@@ -91,7 +92,7 @@ def test_drop_last_counts_real_steps_in_the_engine():
 
 def test_drop_last_does_not_apply_to_random_batch_methods():
     with pytest.raises(UserError, match="drop_last does not apply"):
-        get_method("pfedme")(dataclasses.replace(_setup(MODEL), drop_last=True, learning_rate=0.1))
+        get_method("pfedme")(dataclasses.replace(_setup(MODEL), drop_last=True, lr=0.1))
 
 
 # ------------------------------------------------------- persistent_optimizer
@@ -129,7 +130,7 @@ def test_persistent_momentum_fedavg_engine_keeps_each_clients_buffer():
     x, y, idx = _data(MODEL.input_shape, sizes=sizes)
     train = stack_clients(x, y, idx)
     method = _local_method("fedavg", persistent_optimizer=True)
-    eng = engine_lib.Engine(method, train, train, engine_lib.EngineConfig(len(sizes), client_mapping="vmap"))
+    eng = engine_lib.Engine(method, train, train, engine_config(len(sizes), client_mapping="vmap"))
     key = jax.random.key(5)
     init_key, run_key = jax.random.split(key)
     server, clients = eng.init(init_key)
@@ -190,8 +191,8 @@ def test_persistent_plain_sgd_equals_fresh_optimizer(name, kept):
     hparams = get_method(name).hparams_type(head_momentum=0.0) if name == "fedpac" else None
     out = []
     for on in (False, True):
-        setup = dataclasses.replace(_setup(MODEL), optimizer=optax.sgd(0.1), learning_rate=0.1, persistent_optimizer=on)
-        eng = engine_lib.Engine(get_method(name)(setup, hparams), train, train, engine_lib.EngineConfig(3))
+        setup = dataclasses.replace(_setup(MODEL), optimizer=optax.sgd, lr=0.1, persistent_optimizer=on)
+        eng = engine_lib.Engine(get_method(name)(setup, hparams), train, train, engine_config(3))
         server, clients = eng.init(jax.random.key(0))
         server, clients, _ = eng.run(server, clients, jax.random.key(1), 2)
         out.append((server, clients["variables"]))
@@ -208,7 +209,7 @@ def test_persistent_momentum_changes_the_next_round_and_is_kept_per_client():
     out = []
     for on in (False, True):
         setup = dataclasses.replace(_setup(MODEL), persistent_optimizer=on)
-        eng = engine_lib.Engine(get_method("fedpac")(setup), train, train, engine_lib.EngineConfig(2))
+        eng = engine_lib.Engine(get_method("fedpac")(setup), train, train, engine_config(2))
         server, clients = eng.init(jax.random.key(0))
         selected = []
         for t in range(3):
@@ -232,8 +233,8 @@ def test_persistent_optimizer_refused_by_methods_that_train_their_own_way():
 def _engine(name, count, all_clients_train, sizes=(7, 23, 1, 16, 12), **setup_options):
     x, y, idx = _data(MODEL.input_shape, sizes=list(sizes))
     train = stack_clients(x, y, idx)
-    method = get_method(name)(dataclasses.replace(_setup(MODEL), learning_rate=0.1, **setup_options))
-    config = engine_lib.EngineConfig(count, all_clients_train=all_clients_train)
+    method = get_method(name)(dataclasses.replace(_setup(MODEL), lr=0.1, **setup_options))
+    config = engine_config(count, all_clients_train=all_clients_train)
     return engine_lib.Engine(method, train, train, config), train
 
 
@@ -283,7 +284,7 @@ def test_all_clients_train_refused_by_a_method_whose_server_step_ignores_uploade
     train = stack_clients(x, y, idx)
     with pytest.raises(UserError, match="'ignores_uploaded' does not support train.all_clients_train"):
         engine_lib.Engine(ignores_uploaded(_setup(MODEL)), train, train,
-                          engine_lib.EngineConfig(2, all_clients_train=True))
+                          engine_config(2, all_clients_train=True))
 
 
 @pytest.mark.parametrize("name", method_sample.sample(  # one of each optimizer-state layout

@@ -152,6 +152,12 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     ``start_over``: replace the run the output folder holds.
     """
     settle(cfg)
+    return run_settled(cfg, progress, resume, observe, stop, start_over)
+
+
+def run_settled(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+                stop: StopRequest | None = None, start_over: bool = False) -> dict:
+    """`run` of a config `settle` has seen (the command settles it once, to name its folder first)."""
     host_devices.apply(cfg.devices.cpu, known_clients(cfg))  # before JAX starts (if it has not: else left as is)
     if cfg.seeds or cfg.sweep:
         open_files.ensure(sweep_runs(cfg), cfg.log.tensorboard)
@@ -207,8 +213,8 @@ def main(argv=None, observe=None) -> int:
         command.folder = Path(cfg.out)
         stop = StopRequest()
         command.output.stop = stop
-        run(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
-            start_over=args.start_over)
+        run_settled(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
+                    start_over=args.start_over)
         return stop.exit_status if stop.requested else 0
 
     return command.run(body)

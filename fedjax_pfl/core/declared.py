@@ -41,7 +41,8 @@ class Spec:
     none: str | None = None  # what None means, when None is allowed (e.g. "train.lr")
     check: typing.Callable[[typing.Any], None] | None = None
     flag: str | bool | None = None
-    allowed_text: str | None = None  # the allowed values in words, where ``check`` decides them
+    allowed_text: str | typing.Callable[[], str] | None = None  # the allowed values in words (or a function
+    # returning them, for a list kept elsewhere), where ``check`` decides them
 
     def choice_values(self) -> tuple | None:
         return self.choices() if callable(self.choices) else self.choices
@@ -49,7 +50,7 @@ class Spec:
     def allowed(self) -> str:
         """The allowed values in words, e.g. 'in [0, 1]', '> 0', 'one of: a, b'."""
         if self.allowed_text:
-            return self.allowed_text
+            return self.allowed_text() if callable(self.allowed_text) else self.allowed_text
         choices = self.choice_values()
         if choices is not None:
             return "one of: " + ", ".join(map(str, choices))

@@ -33,8 +33,11 @@ import numpy as np
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.engine import dealing, packed_loops
 
+AUTO = "auto"  # this backend's measured default (`default_mapping`); train.client_mapping=auto times the candidates
 MAPPINGS = ("vmap", "map", "chunked", "packed")
 PACKED = "packed"
+# The values `parse` accepts, in words: the one list that the setting's help, its error and the docs show.
+ALLOWED = f"{AUTO}, {', '.join(MAPPINGS[:-1])}, {PACKED} or {PACKED}:W (W lanes, a whole number >= 1)"
 # The most lanes `packed_width` gives: on a CPU a few cores share the lanes' work; on an accelerator a step of
 # 128 lanes of B >= 16 samples is a batch of 2,048 or more, past which wider lanes only add padding.
 MAX_LANES = {"cpu": 8}
@@ -56,9 +59,8 @@ def parse(mapping: str) -> tuple[str, int | None]:
         (('packed', 24), ('packed', None), ('map', None))
     """
     name, colon, width = str(mapping).partition(":")
-    if name not in ("auto", *MAPPINGS) or (colon and name != PACKED):
-        raise UserError(f"unknown client mapping {mapping!r}; choose auto, vmap, map, chunked, packed or packed:W "
-                        "(W lanes, a whole number >= 1)")
+    if name not in (AUTO, *MAPPINGS) or (colon and name != PACKED):
+        raise UserError(f"unknown client mapping {mapping!r}; choose {ALLOWED}")
     if not colon:
         return name, None
     if not width.strip().isdigit() or int(width) < 1:
@@ -70,7 +72,7 @@ def parse(mapping: str) -> tuple[str, int | None]:
 def resolve(mapping: str) -> str:
     """The mapping ``mapping`` names ('auto': this backend's default), checked by `parse`; 'packed:W' written
     with W as a plain number."""
-    if mapping == "auto":
+    if mapping == AUTO:
         return default_mapping()
     name, lanes = parse(mapping)
     return name if lanes is None else f"{PACKED}:{lanes}"
@@ -102,9 +104,11 @@ def packed_width(counts, clients: int, devices: int = 1, backend: str | None = N
     return int(max(1, min(math.floor(total / largest), per_device, cap)))
 
 
-def map_clients(fn, mapping: str, chunk_size: int = 8):
-    """Return ``g(*stacked_args)`` applying ``fn`` to each client's slice."""
+def map_clients(fn, mapping: str, chunk_size: int | None = None):
+    """Return ``g(*stacked_args)`` applying ``fn`` to each client's slice (``chunk_size``: clients a chunk,
+    which ``chunked`` needs)."""
     mapping = resolve(mapping)
+    _check_chunks(mapping, chunk_size)
     if mapping == "vmap":
         return jax.vmap(fn)
     if is_packed(mapping):
@@ -121,13 +125,18 @@ def map_clients(fn, mapping: str, chunk_size: int = 8):
     return lambda *args: jax.lax.map(lambda a: fn(*a), args, batch_size=batch)
 
 
+def _check_chunks(mapping: str, chunk_size: int | None) -> None:
+    if mapping == "chunked" and chunk_size is None:
+        raise ValueError("the chunked mapping needs chunk_size (train.chunk_size)")
+
+
 def sorts_clients(mapping: str) -> bool:
     """Whether clients should reach this mapping sorted by cost (only chunks gain from it; packed lanes deal
     them themselves)."""
     return resolve(mapping) == "chunked"
 
 
-def executed_steps(steps, mapping: str, chunk_size: int = 8, devices: int = 1):
+def executed_steps(steps, mapping: str, chunk_size: int | None = None, devices: int = 1):
     """Client-steps a mapping computes for per-client trip counts ``steps`` [S]
     (already in the order the mapping sees them): ``map`` runs each client's own
     count, ``vmap`` every client to the largest, ``chunked`` each chunk (and the
@@ -145,7 +154,7 @@ def executed_steps(steps, mapping: str, chunk_size: int = 8, devices: int = 1):
     return step_counts(steps, mapping, chunk_size, devices)[1]
 
 
-def sequential_steps(steps, mapping: str, chunk_size: int = 8, devices: int = 1):
+def sequential_steps(steps, mapping: str, chunk_size: int | None = None, devices: int = 1):
     """Steps a mapping takes one after another for per-client trip counts ``steps`` [S] (as `executed_steps`):
     ``map`` the sum, ``vmap`` the largest, ``chunked`` the sum of the chunks' largest, ``packed:W`` the
     longest lane's load (the longest on any device). A round's time is about this many steps of its width.
@@ -158,14 +167,15 @@ def sequential_steps(steps, mapping: str, chunk_size: int = 8, devices: int = 1)
     return step_counts(steps, mapping, chunk_size, devices)[0]
 
 
-def step_counts(steps, mapping: str, chunk_size: int = 8, devices: int = 1):
-    """(`sequential_steps`, `executed_steps`) in one pass.
+def step_counts(steps, mapping: str, chunk_size: int | None = None, devices: int = 1):
+    """(`sequential_steps`, `executed_steps`) in one pass (``chunk_size``: as `map_clients`).
 
     Examples:
         >>> [int(c) for c in step_counts(jnp.array([10, 9, 4, 4, 1]), "packed:2")]
         [14, 28]
     """
     mapping = resolve(mapping)
+    _check_chunks(mapping, chunk_size)
     steps = jnp.asarray(steps, jnp.int32)
     count = steps.shape[0]
     if mapping == "map":

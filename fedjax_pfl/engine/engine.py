@@ -21,7 +21,7 @@ data in one call; the host reads metrics only when it asks for them.
 
 K rounds can be one call (`run_rounds`: a scan over rounds), and E runs of
 one configuration one program (`run_rounds_batched`: vmapped over a leading
-experiment axis; seeds, traced hyperparameters via `method_at`, optionally a
+experiment axis; seeds, hyperparameters (`Hyperparams`) via `method_at`, optionally a
 partition each). With the chunked mapping, the selected clients are gathered,
 trained and written back one chunk at a time, so memory beyond the client
 state is bounded by the chunk plus the stacked uploads.
@@ -39,42 +39,36 @@ import numpy as np
 
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.engine import client_mapping, method_values, round_progress, sequential_clients, sharding
+from fedjax_pfl.engine import client_mapping, round_progress, sequential_clients, sharding
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
-from fedjax_pfl.methods.base import ClientRound, Method, ServerRound
+from fedjax_pfl.methods.base import LR, ClientRound, Hyperparams, Method, ServerRound
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Round mechanics that are not a method's business."""
+    """Round mechanics that are not a method's business: a plain record, built by runs/ from the run's train
+    settings (runs/config.py declares each one's default and allowed values and checks them; tests that build
+    it by hand pass the values)."""
 
     clients_per_round: int
-    client_mapping: str = "auto"  # auto | vmap | map | chunked | packed | packed:W (client_mapping.py)
-    chunk_size: int = 8
-    straggler_fraction: float = 0.0  # selected clients that train 1..E//2 epochs
-    drop_fraction: float = 0.0  # selected clients whose upload is lost
-    all_clients_train: bool = False  # every client trains; only the round's sampled clients upload
+    client_mapping: str  # client_mapping.ALLOWED; 'auto': this backend's default
+    chunk_size: int  # clients vmapped at once under the chunked mapping
+    straggler_fraction: float  # selected clients that train 1..E//2 epochs
+    drop_fraction: float  # selected clients whose upload is lost
+    all_clients_train: bool  # every client trains; only the round's sampled clients upload
+    lr_schedule: LrSchedule  # train.lr by round index
+    # The engine's own knobs, no run settings:
     eval_batch_size: int = 256
     shard: bool = True  # split the client axis over all devices when there are several
-    lr_schedule: LrSchedule = LrSchedule()  # train.lr by round index (constant by default)
     # chunked: gather, train and scatter the selected clients chunk by chunk where the method allows it
     # (Schedule.needs_selected_state); False: gather all S first (the same numbers; more memory)
     stream_chunks: bool = True
     # single-round calls report local steps and finished clients to the host (round_progress.py; on several
     # devices each reports its own clients)
     progress: bool = False
-
-    def __post_init__(self):
-        client_mapping.resolve(self.client_mapping)
-        if self.clients_per_round < 1:
-            raise ValueError("clients_per_round must be >= 1")
-        for name in ("straggler_fraction", "drop_fraction"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
 
 
 def clients_per_round(num_clients: int, join_ratio: float) -> int:
@@ -165,15 +159,18 @@ def round_plan(key, n, num_clients: int, per_round: int, config: EngineConfig, s
 
 
 def method_at(method: Method, schedule: LrSchedule, values: dict, round_index) -> Method:
-    """``method`` of round ``round_index`` with ``values`` (method_values.py) and the lr ``schedule`` applied.
+    """``method`` reading round ``round_index``'s `Hyperparams`: ``values`` (name -> scalar, traced or not:
+    ``lr``, train.lr, and float options; missing ones are the method's bound values) with the lr
+    ``schedule``'s factor of the round applied to the lr.
 
-    With no values and a constant schedule this is the method itself, so
-    the compiled round is exactly the one of a plain run.
+    With no values and a constant schedule this is the method itself, so the
+    compiled round is exactly the one of a plain run.
     """
-    if not schedule.constant:
-        base = values.get(method_values.LR, method.setup.learning_rate)
-        values = {**values, method_values.LR: base * schedule.factor(round_index), method_values.INITIAL_LR: base}
-    return method_values.with_values(method, values)
+    if not values and schedule.constant:
+        return method
+    base = values.get(LR, method.setup.lr)
+    lr = base if schedule.constant else base * schedule.factor(round_index)
+    return method.with_hyperparams(Hyperparams(lr, base, {k: v for k, v in values.items() if k != LR}))
 
 
 def client_step_of(method: Method, round_index, report: bool = False):
@@ -229,7 +226,7 @@ class Engine:
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
         self.mapping, self.mapping_note = self._packed_or_fallback(client_mapping.resolve(config.client_mapping))
         # passes over every client (evaluation, `update_every_client`) map like training, lanes from their sizes
-        self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), config.eval_batch_size, 1)
+        self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), config.eval_batch_size, 1, False)
         self.every_client_mapping = self._all_clients_mapping(np.asarray(train.n), method.setup.batch_size,
                                                               method.setup.local_epochs, method.setup.drop_last)
         self.streams = self.mapping == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state
@@ -283,7 +280,7 @@ class Engine:
         training = self.num_clients if self.config.all_clients_train else self.config.clients_per_round
         return client_mapping.packed_width(steps, training, sharding.mesh_size(self.mesh))
 
-    def _all_clients_mapping(self, n, batch_size: int, epochs: int, drop_last: bool = False) -> str:
+    def _all_clients_mapping(self, n, batch_size: int, epochs: int, drop_last: bool) -> str:
         """The mapping of a pass over all N clients of sizes ``n`` (batches of ``batch_size``, ``epochs``): the
         training mapping, with lanes from these sizes when it is packed."""
         if not client_mapping.is_packed(self.mapping):
@@ -375,7 +372,7 @@ class Engine:
         ones are aggregated) all N clients train, the sampled ones first, and
         only the sampled ones count as uploaded (server steps weight uploads by
         ``info.uploaded``); the metrics' ``selected`` then lists all N. With
-        join_ratio 1 it is the default round. ``values``: traced scalars (`method_at`). ``report``: in-round
+        join_ratio 1 it is the default round. ``values``: the hyperparameters the round takes as an argument (`method_at`). ``report``: in-round
         progress callbacks (round_progress.py)."""
         cfg, method = self.config, self.method_at(values, round_index)
         selected, epochs, uploaded, keys, steps, order = self._round_plan(train.n, key)
@@ -450,7 +447,7 @@ class Engine:
         metrics stacked [count, ...] plus ``round`` and ``active``;
         ``evaluations`` maps each evaluated round to its per-client arrays.
         Equal to ``count`` calls of `round` (tests/test_engine.py). Donates
-        ``server`` and ``clients``. ``values``: traced scalars (`method_at`).
+        ``server`` and ``clients``. ``values``: the hyperparameters the round takes as an argument (`method_at`).
         """
         server, clients, metrics, evals = self._rounds(
             server, clients, self.train, self.eval_data, key, jnp.int32(first),

@@ -144,11 +144,11 @@ class FederationRows:
             training = fed.num_clients if config.all_clients_train else fed.clients_per_round
             shapes.setdefault((fed.num_clients, fed.clients_per_round, training), []).append(f)
         self.groups = [(shape, np.asarray(feds, np.int32)) for shape, feds in shapes.items()]
-        self.mapping = self._mapping(client_mapping.resolve(default_mapping() if config.client_mapping == "auto"
-                                                            else config.client_mapping))
+        auto = config.client_mapping == client_mapping.AUTO
+        self.mapping = self._mapping(client_mapping.resolve(default_mapping() if auto else config.client_mapping))
         s = method.setup
         self.eval_mapping = self._lanes(np.asarray(self.eval_data[0].n)[self.row_data], config.eval_batch_size, 1,
-                                        self.num_rows)
+                                        self.num_rows, False)
         self.every_client_mapping = self._lanes(np.asarray(self.train.n)[self.row_data], s.batch_size,
                                                 s.local_epochs, self.num_rows, s.drop_last)
         self._init = jax.jit(self._init_impl)
@@ -173,7 +173,7 @@ class FederationRows:
                                           s.drop_last)
         return f"{mapping}:{client_mapping.packed_width(np.asarray(steps), self.training_rows())}"
 
-    def _lanes(self, n, batch_size: int, epochs: int, rows: int, drop_last: bool = False) -> str:
+    def _lanes(self, n, batch_size: int, epochs: int, rows: int, drop_last: bool) -> str:
         """The mapping of a pass over every client (sizes ``n``): the training one, lanes from these sizes."""
         if not client_mapping.is_packed(self.mapping):
             return self.mapping

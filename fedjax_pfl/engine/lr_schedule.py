@@ -23,9 +23,11 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class LrSchedule:
-    kind: str = "exponential"  # 'exponential' | 'cosine'
-    decay: float = 1.0  # exponential factor per round
-    rounds: int = 1  # the run's length (cosine)
+    """train.lr_schedule, train.lr_decay and train.rounds (runs/config.py declares and checks them)."""
+
+    kind: str  # 'exponential' | 'cosine'
+    decay: float  # exponential factor per round
+    rounds: int  # the run's length (cosine)
 
     @property
     def constant(self) -> bool:

@@ -190,7 +190,8 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     chosen = min(timed, key=lambda n: record[n]["round_s"])
     mapping, chunk = timed[chosen]
     winner = engine.with_mapping(mapping, chunk)
-    out = {"requested": "auto", "chosen": chosen, "mapping": winner.mapping, "chunk_size": chunk, "timed": True,
+    out = {"requested": client_mapping.AUTO, "chosen": chosen, "mapping": winner.mapping, "chunk_size": chunk,
+           "timed": True,
            "devices": sharding.mesh_size(engine.mesh), "timed_round": int(round_index), "candidates": record,
            "seconds": round(time.perf_counter() - began, 2)}
     return winner, out if skipped is None else {**out, "skipped": skipped}
@@ -253,7 +254,7 @@ def choose_or_default(engine, requested: str, rounds_left: int, server, clients,
     """`choose_mapping` when ``requested`` is 'auto' and timing is worth it (`worth_timing`), else this engine
     with an `untimed` record. ``report``, ``values``, ``batched`` and ``data``: as `choose_mapping`'s."""
     round_key = engine_lib.round_keys(key[0], round_index)[0] if batched else key  # batched: the first run's
-    if requested != "auto":
+    if requested != client_mapping.AUTO:
         return engine, with_padding(engine, untimed(engine, requested, "set by train.client_mapping"), round_key,
                                     round_index)
     if not worth_timing(rounds_left):

@@ -20,7 +20,7 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: fl
         >>> round(float(updates[0]), 4)  # -lr * (grad + decay * w)
         -0.15
     """
-    if isinstance(lr, (int, float)) and lr <= 0:  # a traced lr (method_values.py) is checked before tracing
+    if isinstance(lr, (int, float)) and lr <= 0:  # a traced lr (a round's hyperparameter) is checked before tracing
         raise UserError(f"learning rate must be > 0, got {lr}")
     if name == "sgd":
         core = optax.sgd(lr, momentum=momentum or None)

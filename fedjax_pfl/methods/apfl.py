@@ -66,12 +66,9 @@ class APFLConfig(Options):
 
 
 def alpha_step_size(m):
-    """When bound: the step size of alpha (``alpha_lr``, else train.lr, which must then be known)."""
+    """The step size of alpha: ``alpha_lr``, else this round's train.lr."""
     hp = m.hparams
-    lr = hp.alpha_lr if hp.alpha_lr is not None else m.setup.learning_rate
-    if hp.adapt_alpha and lr is None:
-        raise ValueError("apfl adapts alpha with train.lr: set LocalSetup.learning_rate or method.alpha_lr")
-    return lr
+    return hp.alpha_lr if hp.alpha_lr is not None else m.lr
 
 
 # ---- state -------------------------------------------------------------------------------
@@ -130,7 +127,7 @@ def joint_optimizer(m):
     """The run's optimizer for w and v; projected SGD for alpha (or none when it is fixed)."""
     hp = m.hparams
     if hp.adapt_alpha:
-        alpha_tx = optim.projected_sgd(m.static, hp.alpha_decay, hp.alpha_schedule == "every_step")
+        alpha_tx = optim.projected_sgd(alpha_step_size(m), hp.alpha_decay, hp.alpha_schedule == "every_step")
     else:
         alpha_tx = optax.set_to_zero()
 
@@ -138,7 +135,7 @@ def joint_optimizer(m):
         model_labels = lambda tree: jax.tree.map(lambda _: "model", tree)  # noqa: E731
         return {"w": model_labels(params["w"]), "v": model_labels(params["v"]), "alpha": "alpha"}
 
-    return optax.multi_transform({"model": m.setup.optimizer, "alpha": alpha_tx}, labels)
+    return optax.multi_transform({"model": m.optimizer, "alpha": alpha_tx}, labels)
 
 
 # ---- round ---------------------------------------------------------------------------------
@@ -179,7 +176,6 @@ APFL = Algorithm(
                 url="https://arxiv.org/abs/2003.13461", code="MLOPTPSU/FedTorch"),
     hparams_type=APFLConfig,
     eval_models=("local",),  # each client's mixture of its v_i and its own copy of w (not FedAvg's global model)
-    static=alpha_step_size,
     init=init,
     client_update=client_update,
     server_update=fedavg.server_update,

@@ -172,10 +172,8 @@ def core_optimizer(m, num_clients: int):
     """The run's optimizer, or PFLlib's hand-written core step: core -= N lr p_ii grad (clientapple.py; the
     gradient through the mix already carries the p_ii)."""
     if m.hparams.core_step == "run":
-        return m.setup.optimizer
-    if m.setup.learning_rate is None:
-        raise ValueError("apple's core_step='pfllib' steps the core at N x train.lr: set LocalSetup.learning_rate")
-    return optax.sgd(num_clients * m.setup.learning_rate)
+        return m.optimizer
+    return optax.sgd(num_clients * m.lr)
 
 
 def client_update(m, server, client, data, key, info):

@@ -3,7 +3,8 @@
 A method's file declares one `Algorithm`: its name, `Paper`, options
 dataclass, evaluation protocols, the `Schedule` the engine must follow, and its
 functions, each taking the bound method ``m`` first (``m.setup``: model,
-optimizer, batch size, epochs; ``m.hparams``: its options; ``m.static``: what
+batch size, epochs; ``m.lr`` and ``m.optimizer``: this round's learning rate
+and the local optimizer at it; ``m.hparams``: its options; ``m.static``: what
 ``static`` derived from them once):
 
     init(m, key, N)                                -> server, clients      (every client leaf [N, ...])
@@ -40,8 +41,10 @@ scatters the result back. ``data`` is one client's ``(x [n_max, ...], y
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
+import typing
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -54,27 +57,44 @@ from fedjax_pfl.models.networks import Model
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class LocalSetup:
-    """What every client needs to train: model, optimizer, batch size, epochs.
+    """What every client needs to train: model, optimizer, learning rate, batch size, epochs.
 
-    ``normalize`` maps a stored batch (uint8 images or float features) to the
-    model's float32 input. The optimizer state is fresh at every local phase
-    unless ``persistent_optimizer`` (see `training.train_kept`).
+    A plain record: runs/ builds it from the run's train settings (runs/config.py
+    declares each one's default and allowed values and checks them); tests that
+    build it by hand pass every value. ``normalize`` maps a stored batch (uint8
+    images or float features) to the model's float32 input. ``optimizer`` is the
+    local optimizer as a function of the learning rate (as ``optax.sgd``): a
+    round's learning rate arrives with its `Hyperparams` (`Method.optimizer`).
+    The optimizer state is fresh at every local phase unless
+    ``persistent_optimizer`` (see `training.train_kept`).
     """
 
     model: Model
-    optimizer: optax.GradientTransformation
+    optimizer: Callable[[Any], optax.GradientTransformation]  # learning rate -> the local optimizer
+    lr: float  # train.lr: the learning rate before the schedule (a round's: `Method.lr`)
     batch_size: int
     local_epochs: int
     normalize: Callable[[jax.Array], jax.Array]
-    make_optimizer: Callable[..., optax.GradientTransformation] | None = None
-    share_batch_stats: bool = True  # BatchNorm statistics travel with a shared body
-    learning_rate: float | None = None  # train.lr, for methods that take SGD steps by hand (pFedKD, pFedMe, ...)
-    initial_learning_rate: float | None = None  # train.lr before the lr schedule; None: learning_rate
-    eval_model: str | None = None  # eval.model: one of the method's `eval_models`; None: its default
-    drop_last: bool = False  # train.drop_last: each epoch's partial batch is dropped (local_training)
-    persistent_optimizer: bool = False  # train.persistent_optimizer: clients keep their optimizer state
-    beyond_plain_sgd: tuple[str, ...] = ()  # the train settings that make `optimizer` more than SGD of learning_rate
-    augment: Callable | None = None  # train.augment: (key, stored batch) -> batch, before normalize (augmentation.py)
+    augment: Callable | None  # train.augment: (key, stored batch) -> batch, before normalize (augmentation.py)
+    drop_last: bool  # train.drop_last: each epoch's partial batch is dropped (local_training)
+    persistent_optimizer: bool  # train.persistent_optimizer: clients keep their optimizer state
+    share_batch_stats: bool  # train.share_batch_stats: BatchNorm statistics travel with a shared body
+    eval_model: str | None  # eval.model: one of the method's `eval_models`; None: its default
+    beyond_plain_sgd: tuple[str, ...]  # the train settings that make `optimizer` more than SGD of the lr
+
+
+class Hyperparams(NamedTuple):
+    """The values a compiled round takes as an argument (a pytree of scalars, traced there), as optax's
+    ``inject_hyperparams``: a grid varies them on an experiment axis in one program, and the lr schedule,
+    a function of the round index, gives each round its ``lr``. A method reads them as `Method.lr`,
+    `Method.base_lr`, `Method.optimizer` and the fields of ``m.hparams`` named in ``options``."""
+
+    lr: Any  # this round's learning rate: train.lr times the schedule's factor
+    base_lr: Any  # train.lr before the schedule
+    options: dict  # float options (`Algorithm.hyperparameter_names`) -> value, in place of the bound ones
+
+
+LR = "lr"  # the name train.lr goes by among a round's values (`Algorithm.hyperparameter_names`)
 
 
 class ClientRound(NamedTuple):
@@ -238,6 +258,16 @@ class Algorithm:
             return self.schedule
         return self.schedule(hparams if hparams is not None else self.hparams_type())
 
+    @property
+    def hyperparameter_names(self) -> tuple[str, ...]:
+        """``lr`` and the float options: the values a compiled round takes as arguments (`Hyperparams`),
+        which a grid may vary in one program."""
+        if self.hparams_type is None:
+            return (LR,)
+        hints = typing.get_type_hints(self.hparams_type)
+        return (LR, *(f.name for f in dataclasses.fields(self.hparams_type)
+                      if hints[f.name] in (float, typing.Optional[float])))
+
     def refuse_unsupported(self, persistent_optimizer: bool, beyond_plain_sgd: tuple[str, ...] = ()) -> None:
         """UserError for run settings this method would ignore: train.persistent_optimizer where it keeps no
         optimizer state, an optimizer beyond plain SGD (``beyond_plain_sgd``) where it takes its own."""
@@ -250,10 +280,12 @@ class Algorithm:
 
 
 class Method:
-    """An `Algorithm` bound to a run's `LocalSetup` and options: what the engine runs.
+    """An `Algorithm` bound to a run's `LocalSetup`, options and `Hyperparams`: what the engine runs.
 
     Each call passes itself to the algorithm's function of the same name, so a
-    function reads the setup as ``m.setup`` and the options as ``m.hparams``.
+    function reads the setup as ``m.setup``, the options as ``m.hparams`` and
+    the round's learning rate as ``m.lr`` (``m.optimizer``: the local optimizer
+    at it). The engine gives each round its values with `with_hyperparams`.
     """
 
     def __init__(self, algorithm: Algorithm, setup: LocalSetup, hparams: Any = None):
@@ -262,11 +294,46 @@ class Method:
             hparams = algorithm.hparams_type()
         self.algorithm = algorithm
         self.setup = setup
-        self.hparams = hparams
+        self.options = hparams  # as bound (concrete, checked)
+        self.hyperparams = Hyperparams(setup.lr, setup.lr, {})
         self.static = algorithm.static(self) if algorithm.static is not None else None
 
+    def with_hyperparams(self, hyperparams: Hyperparams) -> "Method":
+        """This method reading ``hyperparams`` (traced in a compiled round) in place of its bound values: the
+        same algorithm, setup, options and ``static`` (derived once from the bound values; their checks ran
+        there). A name beyond `Algorithm.hyperparameter_names` is a `UserError`."""
+        unknown = set(hyperparams.options) - set(self.algorithm.hyperparameter_names)
+        if unknown:
+            raise UserError(f"method {self.name!r} cannot vary {', '.join(sorted(unknown))} in one program; "
+                            f"it can vary: {', '.join(self.algorithm.hyperparameter_names)}")
+        view = copy.copy(self)
+        view.hyperparams = hyperparams
+        return view
+
     def __repr__(self) -> str:
-        return f"Method({self.name!r}, {self.hparams!r})"
+        return f"Method({self.name!r}, {self.options!r})"
+
+    @property
+    def hparams(self):
+        """The options, with the float options of `Hyperparams.options` read from there."""
+        if not self.hyperparams.options:
+            return self.options
+        return OptionValues(self.options, self.hyperparams.options)
+
+    @property
+    def lr(self):
+        """This round's learning rate (train.lr times the schedule's factor)."""
+        return self.hyperparams.lr
+
+    @property
+    def base_lr(self):
+        """train.lr before the schedule (learning rates a method keeps unscheduled, GPFL's guidance)."""
+        return self.hyperparams.base_lr
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        """The run's local optimizer at this round's learning rate."""
+        return self.setup.optimizer(self.lr)
 
     @property
     def name(self) -> str:
@@ -283,11 +350,7 @@ class Method:
 
     @property
     def schedule(self) -> Schedule:
-        return self.algorithm.schedule_of(self.hparams)
-
-    def rebuilt(self, setup: LocalSetup, hparams: Any) -> "Method":
-        """The same algorithm bound to another setup and options (engine/method_values.py)."""
-        return Method(self.algorithm, setup, hparams)
+        return self.algorithm.schedule_of(self.options)
 
     def init(self, key, num_clients: int):
         return self.algorithm.init(self, key, num_clients)
@@ -312,3 +375,18 @@ class Method:
 
     def round_diagnostics(self, server, new_server, uploads, info: ServerRound) -> dict:
         return self.algorithm.round_diagnostics(self, server, new_server, uploads, info)
+
+
+class OptionValues:
+    """A method's options read with some fields from elsewhere (`Hyperparams.options`: traced values); reads
+    only, as a method reads ``m.hparams``."""
+
+    def __init__(self, options, values: dict):
+        self._options, self._values = options, values
+
+    def __getattr__(self, name):
+        values = self.__dict__["_values"]
+        return values[name] if name in values else getattr(self.__dict__["_options"], name)
+
+    def __repr__(self) -> str:
+        return f"{self._options!r} with {sorted(self._values)} traced"

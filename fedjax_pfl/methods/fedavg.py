@@ -46,7 +46,7 @@ def train_steps(m, objective, server, client, data, key, info):
     if s.persistent_optimizer:
         raise UserError(f"method {m.name!r} with method.local_steps starts each round's optimizer fresh: "
                         "leave train.persistent_optimizer false")
-    variables, loss = optimizer_steps(objective, s.optimizer, server["variables"], data, key,
+    variables, loss = optimizer_steps(objective, m.optimizer, server["variables"], data, key,
                                       steps=straggler_steps(r, info.epochs, s.local_epochs), max_steps=r,
                                       batch_size=s.batch_size, normalize=s.normalize, augment=s.augment)
     return client, {"variables": variables, "loss": loss}

@@ -155,7 +155,7 @@ def head_optimizer(m):
     """The head epochs' optimizer: the authors' SGD, or the run's (head_optimizer='run')."""
     h = m.hparams
     if h.head_optimizer == "run":
-        return m.setup.optimizer
+        return m.optimizer
     return optim.make_optimizer("sgd", h.head_lr, h.head_momentum, h.head_weight_decay)
 
 

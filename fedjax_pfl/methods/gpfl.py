@@ -106,16 +106,12 @@ def init(m, key, num_clients):
 def training_optimizer(m):
     """The run's optimizer for body and head; plain SGD with weight decay mu at the run's initial lr for CoV and
     GCE."""
-    s = m.setup
-    lr = s.learning_rate if s.initial_learning_rate is None else s.initial_learning_rate
-    if lr is None:
-        raise ValueError("GPFL needs setup.learning_rate (train.lr) for its valve and embedding optimizer")
 
     def labels(params):
         return {k: jax.tree.map(lambda _: "guidance" if k in GUIDANCE else "model", v) for k, v in params.items()}
 
-    guidance = optax.chain(optax.add_decayed_weights(m.hparams.mu), optax.sgd(lr))
-    return optax.multi_transform({"model": s.optimizer, "guidance": guidance}, labels)
+    guidance = optax.chain(optax.add_decayed_weights(m.hparams.mu), optax.sgd(m.base_lr))
+    return optax.multi_transform({"model": m.optimizer, "guidance": guidance}, labels)
 
 
 def conditionals(m, server, client, data, round_index):

@@ -74,7 +74,7 @@ def init(m, key, num_clients):
 
 def inner_step_size(m) -> float:
     """alpha: ``method.alpha``, else train.lr."""
-    return m.hparams.alpha if m.hparams.alpha is not None else m.setup.learning_rate
+    return m.hparams.alpha if m.hparams.alpha is not None else m.lr
 
 
 def batch_loss(m, params, batch):

@@ -115,7 +115,7 @@ def generated(m, server, index):
 
 def client_update(m, server, client, data, key, info):
     """k clipped steps of the run's optimizer from the generated model; upload theta - theta_trained."""
-    optimizer = optax.chain(optax.clip_by_global_norm(GRAD_CLIP), m.setup.optimizer)
+    optimizer = optax.chain(optax.clip_by_global_norm(GRAD_CLIP), m.optimizer)
 
     def batch_loss(params, batch):
         return losses.cross_entropy(step_counted.logits(m, params, batch.x, train=True), batch.y, batch.mask)

@@ -69,12 +69,12 @@ def init(m, key, num_clients):
 
 
 def server_lr(m) -> float:
-    return m.hparams.server_lr if m.hparams.server_lr is not None else m.setup.learning_rate
+    return m.hparams.server_lr if m.hparams.server_lr is not None else m.lr
 
 
 def client_update(m, server, client, data, key, info):
     """R steps of the weighted combination loss on theta_i, then the KL gradient g_i at the global model."""
-    hp, normalize, optimizer = m.hparams, m.setup.normalize, m.setup.optimizer
+    hp, normalize, optimizer = m.hparams, m.setup.normalize, m.optimizer
     teacher = server["variables"]["params"]
 
     def loss_fn(params, batch):

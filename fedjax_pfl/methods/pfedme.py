@@ -75,7 +75,7 @@ def init(m, key, num_clients):
 def client_update(m, server, client, data, key, info):
     """R local steps: K inner steps of theta_i on f(theta) + (lamda/2) ||theta - w_local||^2, then
     w_local <- w_local - eta lamda (w_local - theta_i); upload w_local."""
-    hp, eta = m.hparams, m.setup.learning_rate
+    hp, eta = m.hparams, m.lr
 
     def batch_loss(params, batch):
         return losses.cross_entropy(step_counted.logits(m, params, batch.x, train=True), batch.y, batch.mask)

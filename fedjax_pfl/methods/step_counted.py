@@ -100,10 +100,7 @@ def straggler_steps(r: int, epochs, local_epochs: int):
 
 
 def check(m) -> None:
-    """When bound: these methods take SGD steps themselves (train.lr must be known) and draw a random batch per
-    step, so train.drop_last does not apply."""
-    if m.setup.learning_rate is None:
-        raise ValueError(f"{m.name} takes SGD steps itself: set LocalSetup.learning_rate (train.lr)")
+    """When bound: these methods draw a random batch per step, so train.drop_last does not apply."""
     if m.setup.drop_last:
         raise UserError(f"method {m.name!r} draws a random batch of B samples per step, not epochs of "
                         "batches: train.drop_last does not apply; leave it false")

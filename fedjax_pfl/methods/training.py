@@ -43,7 +43,7 @@ def train(m, objective, variables, data, key, epochs, *, part="all", optimizer=N
     ``variables`` on ``objective`` from a fresh state of ``optimizer`` (default the run's) -> (variables,
     mean loss)."""
     s = m.setup
-    return local_training.train(objective, optimizer or s.optimizer, variables, data, key, batch_size=s.batch_size,
+    return local_training.train(objective, optimizer or m.optimizer, variables, data, key, batch_size=s.batch_size,
                                 max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize,
                                 part=part, drop_last=s.drop_last, augment=s.augment)
 
@@ -68,7 +68,7 @@ def train_kept(m, objective, client, variables, data, key, epochs, state="opt_st
         return variables, loss, {}
     s = m.setup
     variables, loss, opt_state = local_training.train_with_state(
-        objective, optimizer or s.optimizer, variables, data, key, batch_size=s.batch_size,
+        objective, optimizer or m.optimizer, variables, data, key, batch_size=s.batch_size,
         max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize, part=part,
         drop_last=s.drop_last, opt_state=client[state], augment=s.augment)
     return variables, loss, {state: opt_state}
@@ -80,7 +80,7 @@ def with_optimizer_state(m, clients, variables, num_clients: int, state="opt_sta
     (persistent_optimizer only; ``optimizer``: the one `train_kept` will use, default the run's)."""
     if not m.setup.persistent_optimizer:
         return clients
-    fresh = (optimizer or m.setup.optimizer).init(tree_ops.trainable_of(variables, part))
+    fresh = (optimizer or m.optimizer).init(tree_ops.trainable_of(variables, part))
     return {**clients, state: tree_ops.broadcast(fresh, num_clients)}
 
 

@@ -58,6 +58,16 @@ def _client_mapping(value) -> None:
         raise UserError(f"train.client_mapping: {e}") from None
 
 
+def _client_mappings() -> str:
+    from fedjax_pfl.engine.client_mapping import ALLOWED
+    return ALLOWED
+
+
+def _optimizers():
+    from fedjax_pfl.kernels.optim import OPTIMIZERS
+    return OPTIMIZERS
+
+
 def _augmentations():
     from fedjax_pfl.kernels.augmentation import AUGMENTATIONS
     return AUGMENTATIONS
@@ -167,7 +177,7 @@ class TrainConfig:
     rounds: int = setting(40, "communication rounds", at_least=1, flag=True)
     local_epochs: int = setting(5, "local epochs per round (E)", at_least=1, flag=True)
     batch_size: int = setting(16, "local batch size (B)", at_least=1, flag=True)
-    optimizer: str = setting("sgd", "local optimizer", choices=("sgd", "adam"), flag=True)
+    optimizer: str = setting("sgd", "local optimizer", choices=_optimizers, flag=True)
     lr: float = setting(0.005, "local learning rate", more_than=0, flag=True)
     momentum: float = setting(0.0, "SGD momentum", at_least=0, less_than=1, flag=True)
     weight_decay: float = setting(0.0, "L2 weight decay of the local optimizer", at_least=0, flag=True)
@@ -176,7 +186,7 @@ class TrainConfig:
     drop_fraction: float = setting(0.0, "selected clients whose upload is lost", at_least=0, at_most=1)
     client_mapping: str = setting("auto", "how clients are mapped over in a round (auto: measured per backend; "
                                   "packed:W: W lanes, packed: W from the data)", check=_client_mapping,
-                                  allowed="auto, vmap, map, chunked, packed or packed:W (W >= 1)", flag=True)
+                                  allowed=_client_mappings, flag=True)
     chunk_size: int = setting(8, "clients vmapped at once under the chunked mapping", at_least=1)
     share_batch_stats: bool = setting(True, "BatchNorm statistics travel with the shared parameters")
     rounds_per_call: int = setting(0, "rounds fused into one compiled call (0: auto, calls of about 2 s)",
@@ -431,34 +441,34 @@ def _parse_yaml(path: Path, mtime_ns: int, size: int) -> dict:
     return data
 
 
-SWEEPABLE = ("train.lr", "method.")  # keys whose value may be a list: a grid run in one program (runs/sweep.py)
+def hyperparameter_name(key: str) -> str | None:
+    """The name setting ``key`` goes by among the values a compiled round takes as an argument
+    (methods/base.py `Hyperparams`): ``train.lr`` -> ``lr``, ``method.X`` -> ``X`` (its method says which of
+    its options can be: `Algorithm.hyperparameter_names`); None for the settings a round bakes in. A list at
+    such a key is a grid run in one program (runs/sweep.py)."""
+    from fedjax_pfl.methods.base import LR
+
+    section, _, name = key.partition(".")
+    return name if section == "method" else LR if key == f"train.{LR}" else None
 
 
 def take_sweep(mapping: dict, sweep: dict) -> dict:
-    """``mapping`` without its list values at SWEEPABLE keys, which go to ``sweep`` (a later
+    """``mapping`` without its list values at `hyperparameter_name` keys, which go to ``sweep`` (a later
     scalar for a key removes its list)."""
     out = {}
     for key, value in mapping.items():
-        inner = value if isinstance(value, dict) else None
-        if key == "train" and inner is not None and "lr" in inner:
-            inner = dict(inner)
-            lr = inner.pop("lr")
-            if isinstance(lr, list):
-                sweep["train.lr"] = lr
-            else:
-                sweep.pop("train.lr", None)
-                inner["lr"] = lr
-            value = inner
-        elif key == "method" and inner is not None:
-            value = {}
-            for name, v in inner.items():
-                if isinstance(v, list):
-                    sweep[f"method.{name}"] = v
-                else:
-                    sweep.pop(f"method.{name}", None)
-                    value[name] = v
-        elif key == "sweep":
+        if key == "sweep":
             continue
+        if isinstance(value, dict):
+            kept = {}
+            for name, v in value.items():
+                dotted = f"{key}.{name}"
+                if hyperparameter_name(dotted) is not None and isinstance(v, list):
+                    sweep[dotted] = v
+                    continue
+                sweep.pop(dotted, None)
+                kept[name] = v
+            value = kept
         out[key] = value
     return out
 
@@ -466,7 +476,7 @@ def take_sweep(mapping: dict, sweep: dict) -> dict:
 def build(config_file: str | None = None, overrides: list[str] = (), base: dict | None = None,
           start: dict | None = None) -> RunConfig:
     """Defaults [<- ``start``, a saved config when resuming] <- YAML preset <- ``base``
-    (e.g. command-line flags) <- dotted overrides. Lists at SWEEPABLE keys land in ``cfg.sweep``."""
+    (e.g. command-line flags) <- dotted overrides. Lists at `hyperparameter_name` keys land in ``cfg.sweep``."""
     cfg = RunConfig()
     sweep: dict = dict((start or {}).get("sweep") or {})
     layers = [start] if start else []

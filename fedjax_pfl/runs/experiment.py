@@ -8,6 +8,7 @@ so a typo costs no time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from pathlib import Path
 
@@ -159,27 +160,43 @@ def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
     model = build_model(m.name, dataset.input_shape, dataset.num_classes, conv_impl=m.conv_impl, init=m.init,
                         precision=t.precision, **model_kwargs)
 
-    def optimizer_factory(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, name=t.optimizer):
-        return make_optimizer(name, lr, momentum, weight_decay)
-
     if t.augment != "none" and len(dataset.input_shape) != 3:
         raise UserError(f"train.augment={t.augment} crops and flips images [H, W, C]; {dataset.name} has inputs of "
                         f"shape {tuple(dataset.input_shape)}: leave train.augment=none")
+    return local_setup(t, model, make_normalize(dataset), eval_model=cfg.eval.model)
+
+
+def local_setup(t: config_lib.TrainConfig, model, normalize, eval_model: str | None = None) -> LocalSetup:
+    """The `LocalSetup` of train settings ``t`` for ``model`` on batches mapped by ``normalize``: every value
+    from the settings, the optimizer a function of the learning rate (a round's comes with its hyperparameters)."""
     return LocalSetup(
         model=model,
-        optimizer=optimizer_factory(),
+        optimizer=functools.partial(make_optimizer, t.optimizer, momentum=t.momentum, weight_decay=t.weight_decay),
+        lr=t.lr,
         batch_size=t.batch_size,
         local_epochs=t.local_epochs,
-        normalize=make_normalize(dataset),
-        make_optimizer=optimizer_factory,
-        share_batch_stats=t.share_batch_stats,
-        learning_rate=t.lr,
-        initial_learning_rate=t.lr,
-        eval_model=cfg.eval.model,
-        drop_last=t.drop_last,
+        normalize=normalize,
         augment=augmentation(t.augment),
+        drop_last=t.drop_last,
         persistent_optimizer=t.persistent_optimizer,
+        share_batch_stats=t.share_batch_stats,
+        eval_model=eval_model,
         beyond_plain_sgd=beyond_plain_sgd(t),
+    )
+
+
+def engine_config(t: config_lib.TrainConfig, clients_per_round: int, progress: bool = False) -> engine_lib.EngineConfig:
+    """The `EngineConfig` of train settings ``t`` with ``clients_per_round`` sampled a round; ``progress``:
+    in-round progress callbacks (engine/round_progress.py)."""
+    return engine_lib.EngineConfig(
+        clients_per_round=clients_per_round,
+        client_mapping=t.client_mapping,
+        chunk_size=t.chunk_size,
+        straggler_fraction=t.straggler_fraction,
+        drop_fraction=t.drop_fraction,
+        all_clients_train=t.all_clients_train,
+        lr_schedule=LrSchedule(t.lr_schedule, t.lr_decay, t.rounds),
+        progress=progress,
     )
 
 
@@ -310,17 +327,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
     data = partition_dataset(dataset, cfg.partition, data_seed(cfg))
     client_limits.check_batch_size(cfg.train.batch_size, data.train.n)
     num_clients = data.train.num_clients
-    t = cfg.train
-    engine_cfg = engine_lib.EngineConfig(
-        clients_per_round=engine_lib.clients_per_round(num_clients, t.join_ratio),
-        client_mapping=t.client_mapping,
-        chunk_size=t.chunk_size,
-        straggler_fraction=t.straggler_fraction,
-        drop_fraction=t.drop_fraction,
-        lr_schedule=LrSchedule(t.lr_schedule, t.lr_decay, t.rounds),
-        all_clients_train=t.all_clients_train,
-        progress=progress,
-    )
+    engine_cfg = engine_config(cfg.train, engine_lib.clients_per_round(num_clients, cfg.train.join_ratio), progress)
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
     return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))
 

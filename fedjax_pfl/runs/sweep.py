@@ -7,8 +7,8 @@ with ``vary_data_with_seed``, each seed draws its own, which works where all
 partitions have the same array shapes, e.g. fixed client sizes), the model's shapes and the compiled program: the round is vmapped over a
 leading experiment axis (`Engine.run_rounds_batched`); each point's initial
 state comes from its own seed (vmapped init), its client sampling and batch
-order from its own round keys, and its grid values enter as traced scalars
-(method_values.py). Values that a method uses as Python numbers cannot be
+order from its own round keys, and its grid values enter the compiled round as
+its hyperparameters, a pytree argument (methods/base.py `Hyperparams`). Values that a method uses as Python numbers cannot be
 listed (one-line error).
 
 Each point writes its own run folder under ``--out`` (``seed3/``,
@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.engine import checkpoint, mapping_choice, method_values, sharding
+from fedjax_pfl.engine import checkpoint, mapping_choice, sharding
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine.federations import Federation, FederationRows
 from fedjax_pfl.outputs import run_output
@@ -87,14 +87,10 @@ class Point:
         return Path(self.cfg.out)
 
 
-def _traced_name(key: str) -> str:
-    return "lr" if key == "train.lr" else key.split(".", 1)[1]
-
-
 def expand(cfg: config_lib.RunConfig) -> list[Point]:
     """The points of a sweep config: grid (``cfg.sweep``) x seeds (``cfg.seeds`` or ``seed``)."""
-    allowed = method_values.traceable_names(get_method(cfg.method_name))
-    names = {key: _traced_name(key) for key in cfg.sweep}
+    allowed = get_method(cfg.method_name).hyperparameter_names
+    names = {key: config_lib.hyperparameter_name(key) for key in cfg.sweep}
     for key, name in names.items():
         if name not in allowed:
             raise UserError(f"{key} cannot be a list for method {cfg.method_name!r}: only {', '.join(allowed)} "
@@ -114,10 +110,8 @@ def expand(cfg: config_lib.RunConfig) -> list[Point]:
             point.seeds, point.sweep, point.seed = (), {}, seed
             point.data_seed, point.vary_data_with_seed = seed if cfg.vary_data_with_seed else data_seed, False
             for key, v in zip(cfg.sweep, combo):
-                if key == "train.lr":
-                    point.train.lr = float(v)
-                else:
-                    point.method[names[key]] = v
+                section, name = key.split(".", 1)
+                config_lib.apply_mapping(point, {section: {name: v}})
             point.out = str(root / grid_name / f"seed{seed}") if grid_name else str(root / f"seed{seed}")
             points.append(Point(point, values, grid_name))
     return points
