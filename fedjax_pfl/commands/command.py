@@ -7,6 +7,9 @@
   standard output stops a command the same way, exit 141
   (commands/standard_output.py).
 - A full disk: one line naming the folder and how to go on, exit 2.
+- A lost process of a multi-process run: one line naming it and how to go
+  on (engine/distributed.py), exit 2, at once (an ordinary exit would wait
+  for the lost process at JAX's shutdown barrier).
 - Anything else is a bug: one line ``error: internal error ...`` naming the
   file that holds the traceback (``error.log`` in the command's output
   folder, else a temporary file), exit 1. No traceback on the screen.
@@ -41,6 +44,15 @@ def _exit_after(seconds: float, status: int) -> None:
         os._exit(status)
 
     threading.Thread(target=end, daemon=True, name="fedjax_pfl-exit").start()
+
+
+def _lost_process(error: Exception) -> UserError | None:
+    """The one-line error of a multi-process run that lost a process, naming it; None for other errors."""
+    if "jax" not in sys.modules:  # (the report command never imports JAX)
+        return None
+    from fedjax_pfl.engine import distributed
+
+    return distributed.lost_process_error() if distributed.is_lost_process(error) else None
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -117,6 +129,14 @@ class Command:
             if is_no_space(e):  # not a bug: the disk is full (a run stops with its own line: runs/run_writer.py)
                 print("error: " + one_line(NoSpaceError(self.folder or Path.cwd(), one_line(e)[:300],
                                                         then="run the command again")), file=sys.stderr)
+                return BAD_INPUT
+            lost = _lost_process(e)
+            if lost is not None:  # not a bug: a peer process is gone
+                print("error: " + one_line(lost), file=sys.stderr)
+                if self.own_process:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(BAD_INPUT)
                 return BAD_INPUT
             log = write_error_log(self.folder)
             print(f"error: internal error ({one_line(e)}); the traceback is in {log}; please report it",
