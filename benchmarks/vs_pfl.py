@@ -176,9 +176,9 @@ def fedjax_blocks(spec: dict):
     train = stack_clients(dataset.x_train, dataset.y_train, clients)
     # the test images dealt 10 to a client (one evaluation batch each): every image evaluated once
     test_data = stack_clients(dataset.x_test, dataset.y_test, np.array_split(test, spec["clients"]))
-    engine = Engine(method, train, test_data, dataclasses.replace(
-        engine_config(cfg.train, clients_per_round(spec["clients"], spec["cohort"] / spec["clients"])),
-        eval_batch_size=max(1, -(-len(test) // spec["clients"]))))
+    # (the engine sizes evaluation batches to the test sets: one batch of 10 a client, as pfl-research's)
+    engine = Engine(method, train, test_data,
+                    engine_config(cfg.train, clients_per_round(spec["clients"], spec["cohort"] / spec["clients"])))
     key = jax.random.key(spec["seed"])
     server, client_states = engine.init(key)
     params = as_flax_params(initial_parameters(spec["seed"]))

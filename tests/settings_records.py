@@ -13,7 +13,7 @@ from fedjax_pfl.runs import config, experiment
 
 def engine_config(clients_per_round: int, **settings):
     """The engine record of train settings ``settings`` (e.g. ``client_mapping="vmap"``); the engine's own knobs
-    (``shard``, ``stream_chunks``, ``eval_batch_size``, ``progress``) among them are set on the record."""
+    (``shard``, ``stream_chunks``, ``largest_eval_batch``, ``progress``) among them are set on the record."""
     train = {k: v for k, v in settings.items() if k in config.TrainConfig.__dataclass_fields__}
     own = {k: v for k, v in settings.items() if k not in train}
     return dataclasses.replace(experiment.engine_config(config.TrainConfig(**train), clients_per_round), **own)

@@ -197,6 +197,43 @@ def step_counts(steps, mapping: str, chunk_size: int | None = None, devices: int
     return maxima.sum() + rest.max(), maxima.sum() * chunk_size + rest.shape[0] * rest.max()
 
 
+# A batch's fixed cost counted in rows (the loop's trip, slicing the batch): what makes one batch of 2B rows
+# cheaper than two of B in `pass_batch_size`.
+BATCH_COST_ROWS = 8
+
+
+def pass_batch_size(sizes, mapping: str, chunk_size: int | None, largest: int) -> int:
+    """The batch size, at most ``largest``, of one pass over clients of ``sizes`` samples in the order the
+    pass maps them (evaluation: every client's test set once, its last batch masked) that computes the fewest
+    rows under ``mapping``, each batch counted with `BATCH_COST_ROWS` more; ties to the larger batch. Under
+    ``map`` a client computes ceil(n/B) batches of B rows; under ``vmap`` and ``chunked`` each chunk computes
+    its largest client's for every member; ``packed`` is counted as ``map`` (its lanes are filled).
+
+    Examples:
+        >>> pass_batch_size([100] * 20 + [130], "map", None, 256)  # 20 clients in one batch of 100 each
+        100
+        >>> pass_batch_size([100] * 20 + [130], "vmap", None, 256)  # every client runs the largest one's
+        130
+        >>> pass_batch_size([5000, 10], "map", None, 256)  # large test sets: 25 batches of 200, not 20 of 250
+        200
+    """
+    sizes = np.asarray(sizes, np.int64)
+    how = "map" if is_packed(mapping) else resolve(mapping)
+    # ceil(n / B) grows with n, so a chunk computes ceil(its largest / B) batches for each member: the pass is
+    # a weighted sum over (largest, members) groups, whatever B is
+    if how == "map":
+        largest_of, members = np.unique(sizes, return_counts=True)
+    else:
+        width = sizes.size if how == "vmap" else chunk_size
+        starts = np.arange(0, sizes.size, width)
+        largest_of, members = np.maximum.reduceat(sizes, starts), np.diff(np.append(starts, sizes.size))
+    top = int(max(1, min(largest, sizes.max(initial=1))))
+    batches = np.arange(1, top + 1)
+    executed = (-(-largest_of[None, :] // batches[:, None]) * members[None, :]).sum(axis=1)
+    rows = executed * (batches + BATCH_COST_ROWS)
+    return int(batches[::-1][np.argmin(rows[::-1])])  # the largest of the cheapest
+
+
 def scan_chunks(step, carry, count: int, chunk_size: int):
     """``step(carry, positions)`` over positions 0..count-1, ``chunk_size`` at a time
     -> (carry, outputs stacked [count, ...]).

@@ -61,7 +61,7 @@ class EngineConfig:
     all_clients_train: bool  # every client trains; only the round's sampled clients upload
     lr_schedule: LrSchedule  # train.lr by round index
     # The engine's own knobs, no run settings:
-    eval_batch_size: int = 256
+    largest_eval_batch: int = 256  # evaluation batches: sized to the test sets, at most this
     shard: bool = True  # split the client axis over all devices when there are several
     # chunked: gather, train and scatter the selected clients chunk by chunk where the method allows it
     # (Schedule.needs_selected_state); False: gather all S first (the same numbers; more memory)
@@ -226,7 +226,6 @@ class Engine:
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
         self.mapping, self.mapping_note = self._packed_or_fallback(client_mapping.resolve(config.client_mapping))
         # passes over every client (evaluation, `update_every_client`) map like training, lanes from their sizes
-        self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), config.eval_batch_size, 1, False)
         self.every_client_mapping = self._all_clients_mapping(np.asarray(train.n), method.setup.batch_size,
                                                               method.setup.local_epochs, method.setup.drop_last)
         self.streams = self.mapping == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state
@@ -235,6 +234,11 @@ class Engine:
         # on a mesh each device keeps its own block of clients instead (no reordering across devices).
         self.eval_order = np.argsort(-np.asarray(test.n), kind="stable") if client_mapping.sorts_clients(
             self.mapping) and self.mesh is None else None
+        # evaluation batches sized to the clients' test sets (as few padded rows as the mapping allows)
+        test_sizes = np.asarray(test.n) if self.eval_order is None else np.asarray(test.n)[self.eval_order]
+        self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.chunk_size,
+                                                              config.largest_eval_batch)
+        self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), self.eval_batch_size, 1, False)
         # every device holds all client data (one device, or host devices sharing the machine's memory)
         self.data_in_place = self.mesh is None or sharding.shares_host_memory(self.mesh)
         if self.mesh is not None:
@@ -542,7 +546,7 @@ class Engine:
     def _evaluate_impl(self, server, clients, train, test, key, values, round_index):
         method = self.method_at(values, round_index)
         keys = sharding.pad_clients(jax.random.split(key, self.num_clients), self.padded_clients)
-        mapped = self._map_clients(client_evaluation(method, self.config.eval_batch_size), self.eval_mapping)
+        mapped = self._map_clients(client_evaluation(method, self.eval_batch_size), self.eval_mapping)
         args = (clients, tuple(train), tuple(test), keys)
         if self.eval_order is None:
             out = jax.tree.map(lambda a: a[:self.num_clients], mapped(server, *args))  # empty clients dropped

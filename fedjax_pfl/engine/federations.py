@@ -147,8 +147,10 @@ class FederationRows:
         auto = config.client_mapping == client_mapping.AUTO
         self.mapping = self._mapping(client_mapping.resolve(default_mapping() if auto else config.client_mapping))
         s = method.setup
-        self.eval_mapping = self._lanes(np.asarray(self.eval_data[0].n)[self.row_data], config.eval_batch_size, 1,
-                                        self.num_rows, False)
+        test_sizes = np.asarray(self.eval_data[0].n)[self.row_data]
+        self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.chunk_size,
+                                                              config.largest_eval_batch)
+        self.eval_mapping = self._lanes(test_sizes, self.eval_batch_size, 1, self.num_rows, False)
         self.every_client_mapping = self._lanes(np.asarray(self.train.n)[self.row_data], s.batch_size,
                                                 s.local_epochs, self.num_rows, s.drop_last)
         self._init = jax.jit(self._init_impl)
@@ -337,7 +339,7 @@ class FederationRows:
         'val_*' when the federations have it), each federation's clients keyed as its lone run's."""
         method = engine_lib.method_at(self.method, self.config.lr_schedule, {}, round_index)
         keys = self._every_row_keys(lambda k, n: jax.random.split(k, n), eval_keys)
-        one_client = engine_lib.client_evaluation(method, self.config.eval_batch_size)
+        one_client = engine_lib.client_evaluation(method, self.eval_batch_size)
 
         def row(shared, client, fed, data_row, key_i):
             servers, train, test = shared
