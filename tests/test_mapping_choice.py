@@ -102,3 +102,23 @@ def test_a_run_records_what_auto_became_in_config_json_and_the_log(tmp_path, cap
     # each timed candidate was announced before its compile, so a long choice is never silent
     for name in choice["candidates"]:
         assert f"client mapping auto: compiling and timing {name} (" in log
+
+
+def test_a_rounds_fixed_cost_is_counted_once_not_scaled_with_its_steps():
+    """Shortened rounds of 0.3 s whatever their steps plus 2 s for all steps: the estimate is 2.3 s (their time
+    over their share alone says 0.34 / 0.02 = 17 s); noise that makes the longer round faster is no negative slope."""
+    seconds = [0.3 + 2.0 * share for share in (0.01, 0.02)]
+    assert np.allclose(mapping_choice.estimated_round(seconds, [0.01, 0.02]), (2.3, 0.3))
+    assert mapping_choice.estimated_round([0.5, 0.4], [0.01, 0.02]) == (0.4, 0.4)
+    assert mapping_choice.estimated_round([0.5], [1.0]) == (0.5, 0.0)
+
+
+def test_the_two_shortened_rounds_share_one_program_and_grow_with_their_share():
+    engine = _engine()
+    timing, rounds, _ = mapping_choice.shortened(engine, "map", None)
+    (low, low_share), (high, high_share) = rounds
+    assert high is None and 0 < low_share < high_share < 1
+    assert low.x is timing.train.x and low.y is timing.train.y  # only the sizes differ: no second compile
+    assert (np.asarray(low.n) <= np.asarray(timing.train.n)).all() and np.asarray(low.n).sum() < np.asarray(
+        timing.train.n).sum()
+    assert (np.asarray(low.n)[np.asarray(engine.train.n) > 0] >= 1).all()

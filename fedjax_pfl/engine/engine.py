@@ -302,21 +302,23 @@ class Engine:
 
     def compiled_round(self, server, clients, key, round_index: int = 0, values: dict | None = None):
         """This engine's round compiled for these arguments, which it neither donates nor changes: returns
-        ``run()``, which executes it and returns (server, clients, metrics) (for timing: mapping_choice.py)."""
+        ``run(train=None)``, which executes it (on client data ``train`` of the engine's shapes and placement
+        instead of the engine's, when given) and returns (server, clients, metrics) (for timing:
+        mapping_choice.py)."""
         args = (server, clients, self.train, key, jnp.int32(round_index), values or {})
         program = jax.jit(self._round_impl).lower(*args).compile()
-        return lambda: program(*args)
+        return lambda train=None: program(*args[:2], self.train if train is None else train, *args[3:])
 
     def compiled_round_batched(self, servers, clients, keys, round_index: int = 0, values: dict | None = None,
                                data=None):
         """`compiled_round` of E experiments on the leading axis of `run_rounds_batched` (its ``servers``,
         ``clients``, run ``keys``, ``values`` and ``data``): their round ``round_index`` vmapped, as that
-        program runs it."""
+        program runs it; ``run(train=None)`` as `compiled_round`'s."""
         train, axis = (self.train, None) if data is None else (data[0], 0)
         round_key = jax.vmap(lambda k: round_keys(k, round_index)[0])(keys)
         args = (servers, clients, train, round_key, jnp.int32(round_index), values or {})
         program = jax.jit(jax.vmap(self._round_impl, in_axes=(0, 0, axis, 0, None, 0))).lower(*args).compile()
-        return lambda: program(*args)
+        return lambda train=None: program(*args[:2], args[2] if train is None else train, *args[3:])
 
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):

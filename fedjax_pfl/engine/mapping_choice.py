@@ -8,15 +8,18 @@ the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
 ``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``packed:W*`` with W*
 from the data (`Engine.packed_width`), ``map``; chunk sizes only below the
 number of clients each device maps, `clients_per_device`) on
-the engine's own devices and runs it once on the run's real state for the
-round about to run, shortened (`shortened`: every client keeps the same share
-of its samples, the largest `TIMED_BATCHES` batches an epoch, so each takes a
-few steps, costing what they cost in the real round); the candidate's round
-is estimated as that time over the share of client-steps the shortened round
-took under that mapping (sizes keep their proportions, so padding counts as
-it will). The first candidate's estimate is the run's first estimate of its
+the engine's own devices and runs it on the run's real state for the
+round about to run, shortened twice (`shortened`: every client keeps the same
+share of its samples, the largest 1 and 3 batches an epoch (`TIMED_BATCHES`),
+so each takes a few steps, costing what they cost in the real round; one
+program, run once to warm up, then each); the candidate's round is estimated
+from the line through the two times against the shares of client-steps they
+took under that mapping (sizes keep their proportions, so padding counts as it
+will), at share 1 (`estimated_round`): what a round costs whatever its steps
+(gathers, the server step, a first run) is counted once, not scaled up with
+the steps. The first candidate's estimate is the run's first estimate of its
 time, reported at once. The candidates within 25% of the best run once more
-and each keeps its faster time. A candidate that fails (out of memory) is
+and each keeps its faster times. A candidate that fails (out of memory) is
 recorded with its error and left out.
 
 The numbers do not depend on the choice: the timed rounds run on copies
@@ -24,7 +27,7 @@ that are thrown away, then the run goes on from the same state with the
 winner, so its results are exactly those of a run given the winning mapping
 (and every mapping computes the same per-client numbers:
 tests/test_mapping_choice.py, tests/test_engine.py). The cost is one compile
-and one or two shortened rounds per candidate, once per run (or per resumed
+and three to five shortened rounds per candidate, once per run (or per resumed
 run), and it is bounded: the backend's default (client_mapping.default_mapping)
 is timed first, and the others only when their estimated cost (each: a compile
 as long as the default's and `SLOWER` of its shortened rounds) is at most `BUDGET` of
@@ -89,7 +92,7 @@ def clients_per_device(engine) -> int:
     return -(-training_clients(engine) // sharding.mesh_size(engine.mesh))
 
 
-TIMED_BATCHES = 2  # the shortened round: the largest client keeps this many batches per epoch
+TIMED_BATCHES = (1, 3)  # the two shortened rounds: the largest client keeps this many batches per epoch
 
 
 def _cut(data, sizes):
@@ -98,21 +101,37 @@ def _cut(data, sizes):
     return type(data)(data.x[cut], data.y[cut], jnp.broadcast_to(jnp.asarray(sizes, data.n.dtype), data.n.shape))
 
 
+def _with_sizes(data, sizes):
+    """``data`` whose clients count only their first ``sizes`` samples (the arrays and their placement kept;
+    clients past ``len(sizes)``, a mesh's empty ones, count none)."""
+    n = np.zeros(data.n.shape[-1], np.int64)
+    n[:len(sizes)] = sizes
+    n = jnp.broadcast_to(jnp.asarray(n, data.n.dtype), data.n.shape)
+    return type(data)(data.x, data.y, jax.device_put(n, data.n.sharding))
+
+
 def shortened(engine, mapping: str, chunk: int | None, data=None):
-    """(an engine like ``engine`` mapped by ``mapping`` whose clients keep a share of their samples, the share of
-    client-steps its round takes under that mapping, ``data`` cut alike): the largest client keeps
-    `TIMED_BATCHES` batches per epoch and every client the same fraction of its samples (at least one), so the
-    clients' sizes keep their proportions and a mapping's padding stays what it is. A round of it takes about
-    ``share`` of a round of ``engine``; a client's steps cost what they cost in the real round (same batch)."""
+    """(an engine like ``engine`` mapped by ``mapping`` whose clients keep a share of their samples, its two
+    rounds as [(client data to run it on, or None for its own; the share of client-steps it takes under that
+    mapping)], ``data`` cut alike): in the rounds the largest client keeps `TIMED_BATCHES` batches per epoch and
+    every client the same fraction of its samples (at least one), so the clients' sizes keep their proportions
+    and a mapping's padding stays what it is; both run one compiled program (the cut arrays, other sizes). A
+    round takes about its ``share`` of a round of ``engine`` plus what a round costs whatever its steps; a
+    client's steps cost what they cost in the real round (same batch). Clients small enough to run whole: one
+    round, share 1."""
     train, test, val = engine.client_data
     setup = engine.method.setup
     n = np.asarray(train.n).astype(np.int64)
-    fraction = min(1.0, TIMED_BATCHES * setup.batch_size / max(int(n.max(initial=0)), 1))
     config = dataclasses.replace(engine.config, client_mapping=mapping, chunk_size=chunk or engine.config.chunk_size)
-    if fraction >= 1.0:
-        return engine_lib.Engine(engine.method, train, test, config, val=val), 1.0, data
-    kept = np.where(n > 0, np.maximum(1, np.ceil(fraction * n)), 0).astype(np.int64)
-    timing = engine_lib.Engine(engine.method, _cut(train, kept), test, config, val=val)
+
+    def kept(batches):
+        fraction = min(1.0, batches * setup.batch_size / max(int(n.max(initial=0)), 1))
+        return np.where(n > 0, np.maximum(1, np.ceil(fraction * n)), 0).astype(np.int64), fraction
+
+    low, high = (kept(b) for b in TIMED_BATCHES)
+    if high[1] >= 1.0:
+        return engine_lib.Engine(engine.method, train, test, config, val=val), [(None, 1.0)], data
+    timing = engine_lib.Engine(engine.method, _cut(train, high[0]), test, config, val=val)
     devices = sharding.mesh_size(timing.mesh)
 
     def sequential(sizes):
@@ -121,8 +140,26 @@ def shortened(engine, mapping: str, chunk: int | None, data=None):
         return max(int(client_mapping.step_counts(jnp.asarray(steps), timing.mapping, timing.config.chunk_size,
                                                   devices)[0]), 1)
 
-    cut_data = None if data is None else (_cut(data[0], kept), data[1])
-    return timing, sequential(kept) / sequential(n), cut_data
+    cut_data = None if data is None else (_cut(data[0], high[0]), data[1])
+    low_train = _with_sizes(timing.train if cut_data is None else cut_data[0], low[0])
+    return timing, [(low_train, sequential(low[0]) / sequential(n)), (None, sequential(high[0]) / sequential(n))], \
+        cut_data
+
+
+def estimated_round(seconds: list[float], shares: list[float]) -> tuple[float, float]:
+    """(a whole round's seconds, the seconds a round costs whatever its steps) from shortened rounds that took
+    ``seconds`` for ``shares`` of the round's client-steps: the line through the two points at share 1, its
+    slope and intercept kept at or above 0; one point: its time over its share.
+
+    Examples:
+        >>> estimated_round([0.30, 0.34], [0.01, 0.03])  # 0.28 s whatever the steps, 2 s for all of them
+        (2.28, 0.28)
+    """
+    if len(seconds) == 1 or shares[1] <= shares[0]:
+        return seconds[-1] / shares[-1], 0.0
+    slope = max((seconds[1] - seconds[0]) / (shares[1] - shares[0]), 0.0)
+    fixed = max(seconds[1] - slope * shares[1], 0.0)
+    return round(fixed + slope, 6), round(fixed, 6)
 
 
 def choose_mapping(engine, server, clients, key, round_index: int = 0, values: dict | None = None,
@@ -130,11 +167,12 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
                    report=None, batched: bool = False, data=None):
     """(the fastest candidate's engine, record) for the round ``round_index`` with ``key`` on this state.
 
-    Each candidate is compiled and timed on a `shortened` round (a few steps per client, whatever the clients'
-    sizes), and its round is estimated as that time over the share of client-steps the shortened round takes.
+    Each candidate is compiled and timed on two `shortened` rounds (a few steps per client, whatever the
+    clients' sizes), and its round is estimated from them (`estimated_round`).
     ``server`` and ``clients`` are read, never donated or changed. The record
-    (JSON-ready) holds every candidate's compile seconds, the shortened round's seconds (``timed_s``), its
-    share (``share``) and the estimated round (``round_s``), or its error, the chosen label, mapping and chunk
+    (JSON-ready) holds every candidate's compile seconds, the longer shortened round's seconds (``timed_s``) and
+    share (``share``), the seconds of a round whatever its steps (``fixed_s``) and the estimated round
+    (``round_s``), or its error, the chosen label, mapping and chunk
     size, and the seconds the choice took in all. With ``rounds_left``, the candidates after the first are timed
     only within `BUDGET` (the record's ``skipped`` says why not). ``report(line)``, when given, hears which
     candidate is being compiled and timed, before each (a CNN's vmap can take minutes on a CPU), and the first
@@ -166,26 +204,27 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
         if report is not None:
             report(f"client mapping auto: compiling and timing {name} ({i + 1} of {len(options)}) ...")
         try:
-            timing, share, timing_data = shortened(engine, mapping, chunk, data if batched else None)
+            timing, rounds, timing_data = shortened(engine, mapping, chunk, data if batched else None)
             start = time.perf_counter()
             run = (timing.compiled_round_batched(server, clients, key, round_index, values, timing_data) if batched
                    else timing.compiled_round(server, clients, key, round_index, values))
             compile_s = time.perf_counter() - start
-            seconds = _seconds(run)
-            record[name] = {"compile_s": round(compile_s, 3), "timed_s": round(seconds, 4), "share": round(share, 5),
-                            "round_s": round(seconds / share, 4)}
+            _seconds(run, rounds[0][0])  # the program's first run sets up what later runs reuse
+            seconds = [_seconds(run, train) for train, _ in rounds]
+            record[name] = {"compile_s": round(compile_s, 3), **_estimate(seconds, rounds)}
         except Exception as e:  # noqa: BLE001 (out of memory, a mapping the method cannot take: not a candidate)
             record[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        timed[name], runs[name] = (mapping, chunk), (run, share)
+        timed[name], runs[name] = (mapping, chunk), (run, rounds, seconds)
         if report is not None and len(timed) == 1:
             report(first_estimate(name, record[name], rounds_left))
     if not timed:
         raise RuntimeError(f"client_mapping=auto: every candidate failed: {record}")
     best = min(record[n]["round_s"] for n in timed)
     for name in [n for n in timed if record[n]["round_s"] <= RETIME_WITHIN * best] if len(timed) > 1 else ():
-        run, share = runs[name]
-        record[name]["round_s"] = round(min(record[name]["round_s"], _seconds(run) / share), 4)
+        run, rounds, seconds = runs[name]  # each shortened round keeps its faster time
+        record[name].update(_estimate([min(t, _seconds(run, train)) for t, (train, _) in zip(seconds, rounds)],
+                                      rounds))
     runs.clear()
     chosen = min(timed, key=lambda n: record[n]["round_s"])
     mapping, chunk = timed[chosen]
@@ -201,7 +240,8 @@ def first_estimate(name: str, timed: dict, rounds_left: int | None) -> str:
     """The line that gives a run's first wall-time estimate, from the first candidate's shortened round."""
     whole = f"; about {clock(rounds_left * timed['round_s'])} for the {rounds_left} rounds left" if rounds_left else ""
     return (f"client mapping auto: {name} takes about {timed['round_s']:.3g} s a round here (a shortened round of "
-            f"{timed['share']:.2%} of its client-steps took {timed['timed_s']:.3g} s){whole}")
+            f"{timed['share']:.2%} of its client-steps took {timed['timed_s']:.3g} s, {timed['fixed_s']:.3g} s of "
+            f"a round whatever its steps){whole}")
 
 
 def untimed(engine, requested: str, why: str) -> dict:
@@ -266,7 +306,15 @@ def choose_or_default(engine, requested: str, rounds_left: int, server, clients,
     return engine, with_padding(engine, record, round_key, round_index)
 
 
-def _seconds(run) -> float:
+def _estimate(seconds: list[float], rounds: list) -> dict:
+    """A candidate's record from its shortened rounds' ``seconds``: the longer one's time and share, the
+    seconds a round costs whatever its steps, and the whole round (`estimated_round`)."""
+    round_s, fixed_s = estimated_round(seconds, [share for _, share in rounds])
+    return {"timed_s": round(seconds[-1], 4), "share": round(rounds[-1][1], 5), "fixed_s": round(fixed_s, 4),
+            "round_s": round(round_s, 4)}
+
+
+def _seconds(run, train=None) -> float:
     start = time.perf_counter()
-    jax.block_until_ready(run())
+    jax.block_until_ready(run(train))
     return time.perf_counter() - start
