@@ -9,7 +9,9 @@ Dirichlet 0.1 or iid, each client's pool split 75/25 train/test. The clients
 of a round (all, or round(20 x join ratio) drawn by the engine's key schedule:
 both sides train the same ones) train E local epochs of ceil(n_i/B) SGD steps,
 the last batch partial; then every client is evaluated on its test set
-(batches of 256 on both sides). Each side runs in its own child process.
+(PyTorch: batches of 256, the last partial; fedjax_pfl: batches sized to the
+test sets, at most 256, `client_mapping.pass_batch_size`). Each side runs in
+its own child process.
 
 - fedjax_pfl: the client mapping is the engine's ``auto`` choice as a run of
   ``--run-rounds`` rounds makes it (engine/mapping_choice.py: candidates
