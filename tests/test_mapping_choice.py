@@ -110,15 +110,18 @@ def test_a_rounds_fixed_cost_is_counted_once_not_scaled_with_its_steps():
     seconds = [0.3 + 2.0 * share for share in (0.01, 0.02)]
     assert np.allclose(mapping_choice.estimated_round(seconds, [0.01, 0.02]), (2.3, 0.3))
     assert mapping_choice.estimated_round([0.5, 0.4], [0.01, 0.02]) == (0.4, 0.4)
-    assert mapping_choice.estimated_round([0.5], [1.0]) == (0.5, 0.0)
+    assert mapping_choice.estimated_round([0.1, 0.5], [0.0, 1.0]) == (0.5, 0.1)  # the real round: its own time
 
 
-def test_the_two_shortened_rounds_share_one_program_and_grow_with_their_share():
+def test_the_shortened_rounds_share_one_program_and_grow_with_their_share():
     engine = _engine()
     timing, rounds, _ = mapping_choice.shortened(engine, "map", None)
-    (low, low_share), (high, high_share) = rounds
-    assert high is None and 0 < low_share < high_share < 1
-    assert low.x is timing.train.x and low.y is timing.train.y  # only the sizes differ: no second compile
-    assert (np.asarray(low.n) <= np.asarray(timing.train.n)).all() and np.asarray(low.n).sum() < np.asarray(
-        timing.train.n).sum()
-    assert (np.asarray(low.n)[np.asarray(engine.train.n) > 0] >= 1).all()
+    shares = [share for _, share in rounds]
+    assert shares[0] == 0 and shares == sorted(shares) and len(set(shares)) == len(shares) and shares[-1] <= 1
+    assert rounds[-1][0] is None  # the last: the timing engine's own (cut) data
+    real = np.asarray(engine.train.n) > 0
+    for train, _ in rounds[:-1]:  # the others: the same arrays, other sizes (no second compile)
+        assert train.x is timing.train.x and train.y is timing.train.y
+        assert (np.asarray(train.n) <= np.asarray(timing.train.n)).all()
+    assert not np.asarray(rounds[0][0].n).any()  # the first trains no step
+    assert all((np.asarray(train.n)[real] >= 1).all() for train, _ in rounds[1:-1])

@@ -9,15 +9,15 @@ the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
 from the data (`Engine.packed_width`), ``map``; chunk sizes only below the
 number of clients each device maps, `clients_per_device`) on
 the engine's own devices and runs it on the run's real state for the
-round about to run, shortened twice (`shortened`: every client keeps the same
-share of its samples, the largest 1 and 3 batches an epoch (`TIMED_BATCHES`),
-so each takes a few steps, costing what they cost in the real round; one
-program, run once to warm up, then each); the candidate's round is estimated
-from the line through the two times against the shares of client-steps they
-took under that mapping (sizes keep their proportions, so padding counts as it
-will), at share 1 (`estimated_round`): what a round costs whatever its steps
-(gathers, the server step, a first run) is counted once, not scaled up with
-the steps. The first candidate's estimate is the run's first estimate of its
+round about to run, shortened (`shortened`: one program; first with no step,
+then with every client keeping the same share of its samples, the largest
+1, 2, 4, ... batches an epoch (`TIMED_BATCHES`), until the steps take
+`MEASURABLE_S`, so each client takes a few steps, costing what they cost in
+the real round); the candidate's round is estimated from the line through the
+two times against the shares of client-steps they took under that mapping
+(sizes keep their proportions, so padding counts as it will), at share 1
+(`estimated_round`): what a round costs whatever its steps (gathers, the
+server step) is counted once, not scaled up with the steps. The first candidate's estimate is the run's first estimate of its
 time, reported at once. The candidates within 25% of the best run once more
 and each keeps its faster times. A candidate that fails (out of memory) is
 recorded with its error and left out.
@@ -27,7 +27,7 @@ that are thrown away, then the run goes on from the same state with the
 winner, so its results are exactly those of a run given the winning mapping
 (and every mapping computes the same per-client numbers:
 tests/test_mapping_choice.py, tests/test_engine.py). The cost is one compile
-and three to five shortened rounds per candidate, once per run (or per resumed
+and a few shortened rounds per candidate, once per run (or per resumed
 run), and it is bounded: the backend's default (client_mapping.default_mapping)
 is timed first, and the others only when their estimated cost (each: a compile
 as long as the default's and `SLOWER` of its shortened rounds) is at most `BUDGET` of
@@ -92,7 +92,8 @@ def clients_per_device(engine) -> int:
     return -(-training_clients(engine) // sharding.mesh_size(engine.mesh))
 
 
-TIMED_BATCHES = (1, 3)  # the two shortened rounds: the largest client keeps this many batches per epoch
+TIMED_BATCHES = (1, 2, 4, 8, 16)  # the shortened rounds: the largest client keeps this many batches per epoch
+MEASURABLE_S = 0.5  # a shortened round is long enough once its steps take this long (timer noise: ~0.1 s)
 
 
 def _cut(data, sizes):
@@ -111,52 +112,51 @@ def _with_sizes(data, sizes):
 
 
 def shortened(engine, mapping: str, chunk: int | None, data=None):
-    """(an engine like ``engine`` mapped by ``mapping`` whose clients keep a share of their samples, its two
-    rounds as [(client data to run it on, or None for its own; the share of client-steps it takes under that
-    mapping)], ``data`` cut alike): in the rounds the largest client keeps `TIMED_BATCHES` batches per epoch and
-    every client the same fraction of its samples (at least one), so the clients' sizes keep their proportions
-    and a mapping's padding stays what it is; both run one compiled program (the cut arrays, other sizes). A
-    round takes about its ``share`` of a round of ``engine`` plus what a round costs whatever its steps; a
-    client's steps cost what they cost in the real round (same batch). Clients small enough to run whole: one
-    round, share 1."""
+    """(an engine like ``engine`` mapped by ``mapping`` whose clients keep a share of their samples, its rounds
+    from short to long as [(client data to run it on, or None for its own; the share of the real round's
+    client-steps it takes under that mapping)], ``data`` cut alike). The first round trains no step (what a
+    round costs whatever its steps); in the others the largest client keeps `TIMED_BATCHES` batches per epoch
+    and every client the same fraction of its samples (at least one), so the clients' sizes keep their
+    proportions and a mapping's padding stays what it is; where that is every sample, the last round is the
+    real one (share 1). All run one compiled program: the arrays cut once, only the sizes differ. A client's
+    steps cost what they cost in the real round (same batch)."""
     train, test, val = engine.client_data
     setup = engine.method.setup
     n = np.asarray(train.n).astype(np.int64)
     config = dataclasses.replace(engine.config, client_mapping=mapping, chunk_size=chunk or engine.config.chunk_size)
-
-    def kept(batches):
-        fraction = min(1.0, batches * setup.batch_size / max(int(n.max(initial=0)), 1))
-        return np.where(n > 0, np.maximum(1, np.ceil(fraction * n)), 0).astype(np.int64), fraction
-
-    low, high = (kept(b) for b in TIMED_BATCHES)
-    if high[1] >= 1.0:
-        return engine_lib.Engine(engine.method, train, test, config, val=val), [(None, 1.0)], data
-    timing = engine_lib.Engine(engine.method, _cut(train, high[0]), test, config, val=val)
+    sizes = []
+    for batches in TIMED_BATCHES:
+        fraction = batches * setup.batch_size / max(int(n.max(initial=0)), 1)
+        sizes.append(n if fraction >= 1 else np.where(n > 0, np.maximum(1, np.ceil(fraction * n)), 0).astype(np.int64))
+        if fraction >= 1:
+            break
+    whole = sizes[-1] is n
+    timing = engine_lib.Engine(engine.method, train if whole else _cut(train, sizes[-1]), test, config, val=val)
     devices = sharding.mesh_size(timing.mesh)
 
-    def sequential(sizes):
-        steps = np.sort(np.asarray(local_training.real_steps(sizes, setup.batch_size, setup.local_epochs,
+    def sequential(counts):
+        steps = np.sort(np.asarray(local_training.real_steps(counts, setup.batch_size, setup.local_epochs,
                                                              setup.drop_last)))[::-1]
         return max(int(client_mapping.step_counts(jnp.asarray(steps), timing.mapping, timing.config.chunk_size,
                                                   devices)[0]), 1)
 
-    cut_data = None if data is None else (_cut(data[0], high[0]), data[1])
-    low_train = _with_sizes(timing.train if cut_data is None else cut_data[0], low[0])
-    return timing, [(low_train, sequential(low[0]) / sequential(n)), (None, sequential(high[0]) / sequential(n))], \
-        cut_data
+    runs_on = data if data is None or whole else (_cut(data[0], sizes[-1]), data[1])
+    on = timing.train if runs_on is None else runs_on[0]
+    rounds = [(_with_sizes(on, 0 * n), 0.0)]
+    rounds += [(_with_sizes(on, counts), sequential(counts) / sequential(n)) for counts in sizes[:-1]]
+    rounds.append((None, 1.0 if whole else sequential(sizes[-1]) / sequential(n)))
+    return timing, rounds, runs_on
 
 
 def estimated_round(seconds: list[float], shares: list[float]) -> tuple[float, float]:
     """(a whole round's seconds, the seconds a round costs whatever its steps) from shortened rounds that took
-    ``seconds`` for ``shares`` of the round's client-steps: the line through the two points at share 1, its
-    slope and intercept kept at or above 0; one point: its time over its share.
+    ``seconds`` for ``shares`` of the round's client-steps (the first: a round without steps): the line through
+    the two points at share 1, its slope and intercept kept at or above 0.
 
     Examples:
-        >>> estimated_round([0.30, 0.34], [0.01, 0.03])  # 0.28 s whatever the steps, 2 s for all of them
+        >>> estimated_round([0.28, 0.34], [0.0, 0.03])  # 0.28 s whatever the steps, 2 s for all of them
         (2.28, 0.28)
     """
-    if len(seconds) == 1 or shares[1] <= shares[0]:
-        return seconds[-1] / shares[-1], 0.0
     slope = max((seconds[1] - seconds[0]) / (shares[1] - shares[0]), 0.0)
     fixed = max(seconds[1] - slope * shares[1], 0.0)
     return round(fixed + slope, 6), round(fixed, 6)
@@ -209,22 +209,20 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
             run = (timing.compiled_round_batched(server, clients, key, round_index, values, timing_data) if batched
                    else timing.compiled_round(server, clients, key, round_index, values))
             compile_s = time.perf_counter() - start
-            _seconds(run, rounds[0][0])  # the program's first run sets up what later runs reuse
-            seconds = [_seconds(run, train) for train, _ in rounds]
-            record[name] = {"compile_s": round(compile_s, 3), **_estimate(seconds, rounds)}
+            seconds, used = _time_shortened(run, rounds)
+            record[name] = {"compile_s": round(compile_s, 3), **_estimate(seconds, used)}
         except Exception as e:  # noqa: BLE001 (out of memory, a mapping the method cannot take: not a candidate)
             record[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        timed[name], runs[name] = (mapping, chunk), (run, rounds, seconds)
+        timed[name], runs[name] = (mapping, chunk), (run, used, seconds)
         if report is not None and len(timed) == 1:
             report(first_estimate(name, record[name], rounds_left))
     if not timed:
         raise RuntimeError(f"client_mapping=auto: every candidate failed: {record}")
     best = min(record[n]["round_s"] for n in timed)
     for name in [n for n in timed if record[n]["round_s"] <= RETIME_WITHIN * best] if len(timed) > 1 else ():
-        run, rounds, seconds = runs[name]  # each shortened round keeps its faster time
-        record[name].update(_estimate([min(t, _seconds(run, train)) for t, (train, _) in zip(seconds, rounds)],
-                                      rounds))
+        run, used, seconds = runs[name]  # each shortened round keeps its faster time
+        record[name].update(_estimate([min(t, _seconds(run, train)) for t, (train, _) in zip(seconds, used)], used))
     runs.clear()
     chosen = min(timed, key=lambda n: record[n]["round_s"])
     mapping, chunk = timed[chosen]
@@ -304,6 +302,21 @@ def choose_or_default(engine, requested: str, rounds_left: int, server, clients,
     engine, record = choose_mapping(engine, server, clients, key, round_index, values, rounds_left=rounds_left,
                                     report=report, batched=batched, data=data)
     return engine, with_padding(engine, record, round_key, round_index)
+
+
+def _time_shortened(run, rounds) -> tuple[list[float], list]:
+    """(seconds, rounds) of the round without steps and the first of the longer ``rounds`` whose steps take
+    `MEASURABLE_S` over it (else the longest), each the faster of two runs after a first that warms up."""
+    def best(train):
+        return min(_seconds(run, train), _seconds(run, train))
+
+    _seconds(run, rounds[0][0])
+    fixed = best(rounds[0][0])
+    for train, share in rounds[1:]:
+        seconds = best(train)
+        if seconds - fixed >= MEASURABLE_S or share == rounds[-1][1]:
+            return [fixed, seconds], [rounds[0], (train, share)]
+    raise ValueError("shortened rounds: none with steps")
 
 
 def _estimate(seconds: list[float], rounds: list) -> dict:
