@@ -12,8 +12,8 @@ and equals `Engine.evaluate`.
 
 Refused (`unsupported`), as they need all N clients at once on the device: methods that update every client
 each round (``Schedule.updates_every_client``: FedALA), whose server steps after each client
-(``server_steps_per_client``: pFedHN), or whose server state is sized by N (e.g. APPLE's, FedAMP's,
-FedFomo's per-client tables; found from the method's init, not a list); also ``all_clients_train`` and a
+(``server_steps_per_client``: pFedHN), or whose server state is sized by N (e.g. APPLE, DiversiFed; found
+from the method's init shapes, not a list); also ``all_clients_train`` and a
 client axis split over several devices.
 """
 
