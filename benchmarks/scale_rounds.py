@@ -65,9 +65,10 @@ def _child(spec: dict) -> dict:
     if spec["variant"] == "device" and on_host:
         return {**record, "skipped": "[N, ...] state and data would not fit on the device"}
     key = jax.random.PRNGKey(0)
-    engine = engine_lib.Engine(method, data, data, config)
     rounds = spec["rounds"]
-    if spec["variant"] == "device":
+    if spec["variant"] == "device":  # the data on the device once, as a run holds them
+        placed = jax.device_put(data)
+        engine = engine_lib.Engine(method, placed, placed, config)
         server, clients = engine.init(key)
         start = time.perf_counter()
         server, clients, _ = engine.round(server, clients, engine_lib.round_keys(key, 0)[0], 0)
@@ -78,7 +79,7 @@ def _child(spec: dict) -> dict:
             server, clients, _ = engine.round(server, clients, engine_lib.round_keys(key, t)[0], t)
         jax.block_until_ready((server, clients))
     else:
-        host = host_clients.HostClients(engine)
+        host = host_clients.HostClients(engine_lib.Engine(method, data, data, config))
         server = host.init(key)
         start = time.perf_counter()
         server, _ = host.run(server, key, 1)
