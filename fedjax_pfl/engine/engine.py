@@ -347,7 +347,7 @@ class Engine:
         """One federated round. Donates ``server`` and ``clients``."""
         return self._round(server, clients, self.train, key, jnp.int32(round_index), values or {})
 
-    def _round_plan(self, n, key):
+    def plan_round(self, n, key):
         """(selected, epochs, uploaded, client keys, real steps, order) of the round with key ``key`` over clients
         of train sizes ``n``: the first five in the order the clients train (sorted by steps where the mapping
         wants it; ``order``, else None, is that sort)."""
@@ -366,7 +366,7 @@ class Engine:
                sharding.mesh_size(self.mesh))
         if how[0] == "map":  # nothing to count: each client runs its own steps (no compile for the record)
             return {"round": int(round_index) + 1, "padding_efficiency": 1.0}
-        steps = jax.jit(lambda n, k: self._round_plan(n, k)[4])(jnp.asarray(self.client_data[0].n), key)
+        steps = jax.jit(lambda n, k: self.plan_round(n, k)[4])(jnp.asarray(self.client_data[0].n), key)
         real = int(steps.sum())
         sequential, executed = (int(c) for c in client_mapping.step_counts(steps, *how))
         return {"round": int(round_index) + 1, "real_client_steps": real, "executed_client_steps": executed,
@@ -380,34 +380,41 @@ class Engine:
         ``info.uploaded``); the metrics' ``selected`` then lists all N. With
         join_ratio 1 it is the default round. ``values``: the hyperparameters the round takes as an argument (`method_at`). ``report``: in-round
         progress callbacks (round_progress.py)."""
+        plan = self.plan_round(train.n, key)
+        return self.round_on_rows(server, clients, train, key, plan, plan[0], round_index, values, report)
+
+    def round_on_rows(self, server, clients, train, key, plan, rows, round_index, values, report=False):
+        """The round with key ``key`` and ``plan`` (`plan_round`'s six arrays) on client state and data whose selected
+        clients lie at ``rows`` [S] (the plan's global indices when ``clients`` and ``train`` hold all N; positions in
+        a cohort's arrays when they hold only those: engine/host_clients.py). Returns (server, clients, metrics)."""
         cfg, method = self.config, self.method_at(values, round_index)
-        selected, epochs, uploaded, keys, steps, order = self._round_plan(train.n, key)
+        selected, epochs, uploaded, keys, steps, order = plan
         training = selected.shape[0]
         sequential = method.schedule.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
 
         client_step = client_step_of(method, round_index, report)
-        info = ServerRound(round_index, selected, train.n[selected].astype(jnp.float32), uploaded)
+        info = ServerRound(round_index, selected, train.n[rows].astype(jnp.float32), uploaded)
         started_from = server  # the round's server state, for the method's diagnostics
         if sequential:  # the server steps after each client
             server, clients, uploads = sequential_clients.scan_clients(method, client_step, server, clients, train,
                                                                        info, keys, epochs)
         elif self.streams:  # each chunk: gather its rows, train them (vmap), write them back
             def train_chunk(clients, positions):
-                rows = selected[positions]
-                new, uploads = self._train_clients(client_step, server, tree_ops.gather(clients, rows), train, rows,
+                chunk = rows[positions]
+                new, uploads = self._train_clients(client_step, server, tree_ops.gather(clients, chunk), train, chunk,
                                                    keys[positions], epochs[positions], steps[positions],
                                                    mapping="vmap")
-                return tree_ops.scatter(clients, rows, new), uploads
+                return tree_ops.scatter(clients, chunk, new), uploads
 
             clients, uploads = client_mapping.scan_chunks(train_chunk, clients, training, cfg.chunk_size)
             chosen = None
         else:
-            chosen = method.prepare(server, tree_ops.gather(clients, selected), selected)
-            chosen, uploads = self._train_clients(client_step, server, chosen, train, selected, keys, epochs, steps)
+            chosen = method.prepare(server, tree_ops.gather(clients, rows), selected)
+            chosen, uploads = self._train_clients(client_step, server, chosen, train, rows, keys, epochs, steps)
         if not sequential:
             server, chosen = method.server_update(server, chosen, uploads, info)
             if not self.streams:
-                clients = tree_ops.scatter(clients, selected, chosen)
+                clients = tree_ops.scatter(clients, rows, chosen)
         if method.schedule.updates_every_client:
             clients = self._update_every_client(method, server, clients, train, key, round_index)
         how = ("map" if sequential else self.mapping, cfg.chunk_size, sharding.mesh_size(self.mesh))  # as round_padding
