@@ -207,7 +207,7 @@ class HostClients:
     # ------------------------------------------------------------ evaluation
     def _evaluate_chunk(self, server, clients, train, test, keys, values, round_index):
         method = self.engine.method_at(values, round_index)
-        one = functools.partial(client_evaluation(method, self.engine.config.eval_batch_size), server)
+        one = functools.partial(client_evaluation(method, self.engine.eval_batch_size), server)
         return client_mapping.map_clients(one, "vmap", self.eval_chunk)(clients, train, test, keys)
 
     def evaluate(self, server, key, values: dict | None = None, round_index: int = 0):
