@@ -12,7 +12,7 @@ fit on the device by the auto rule (``host_clients.choose``). The device
 variant is skipped (a record saying so) where it would not fit.
 
     python benchmarks/scale_rounds.py --quick
-    python benchmarks/scale_rounds.py --methods fedavg,fedper --clients 1000,10000,100000
+    python benchmarks/scale_rounds.py --methods fedavg,ditto --clients 1000,10000,100000
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _child(spec: dict) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", default="fedavg,fedper")
+    p.add_argument("--methods", default="fedavg,ditto")  # MLR has no body: FedPer would be Local
     p.add_argument("--clients", default="1000,10000,100000")
     p.add_argument("--variants", default="device,host")
     p.add_argument("--cohort", type=int, default=50)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_rounds.py"
-TINY = ["--methods", "fedper", "--clients", "30", "--cohort", "5", "--samples", "8", "--features", "5",
+TINY = ["--methods", "ditto", "--clients", "30", "--cohort", "5", "--samples", "8", "--features", "5",
         "--rounds", "1"]
 
 
@@ -20,7 +20,7 @@ def test_records_name_variant_memory_and_fit(device_bytes, fits):
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["variant"] for r in records] == ["device", "host"]
     for r in records:
-        assert r["workload"] == {"method": "fedper", "clients": 30, "cohort": 5, "samples": 8, "features": 5}
+        assert r["workload"] == {"method": "ditto", "clients": 30, "cohort": 5, "samples": 8, "features": 5}
         assert r["device"] and r["fits_on_device"] is fits and r["state_and_data_bytes"] > 0 and r["rule"]
     device, host = records
     assert host["rounds_per_s"] > 0 and host["compile_s"] > 0 and host["peak_host_rss_bytes"] > 0
