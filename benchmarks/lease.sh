@@ -4,10 +4,10 @@
 #
 #   bash benchmarks/lease.sh [SECONDS]                # on the lent machine, repository root; default 560 (a
 #                                                     # 580 s command: 20 s of it left to the device tool)
-#   bash benchmarks/lease.sh SECONDS --cells-only     # a further command of the same window: step (d) alone
+#   bash benchmarks/lease.sh SECONDS --cells-only     # a further command of the same window: step (f) alone
 #   LEASE_TINY=1 JAX_PLATFORMS=cpu bash benchmarks/lease.sh 60   # every step on tiny work, on a CPU (its test)
 #
-# Data: step (d) trains on cifar10_jpeg, which the lent machine has only when it is in the tree it gets. Bring it
+# Data: step (f) trains on cifar10_jpeg, which the lent machine has only when it is in the tree it gets. Bring it
 #     mkdir -p .dev/data && cp -r ../shared/data/cifar10_jpeg .dev/data/       # 19 MiB; .dev/ is ignored by git
 # and make the device call with carry: [".dev/data"]. The files are looked for in $FEDJAX_PFL_DATA_DIR, else in
 # .dev/data; without them the script stops in one line (exit 2) before anything touches the GPU.
@@ -15,15 +15,19 @@
 # Steps, in order, each under its own timeout; the caps sum under SECONDS (a step whose cap falls under its floor
 # is skipped and says so; time a step leaves goes to the cells). After every step what it made is copied to $OUT:
 #   (a) device.json       the device, versions, matmul and copy peaks, measured once (the suite reuses them)
-#   (b) pallas_tests.txt  tests/test_pallas_conv.py on the device, under the XLA flags this jax accepts
+#   (b) lease.log         tests/test_pallas_conv.py on the device, under the XLA flags this jax accepts
 #   (c) suite.md, suite.json  FedAvg over the suite's 100 clients: packed and chunked:32 x direct and pallas x
 #                         fp32 and bf16, and packed direct fp32 with command buffers (no parameter dumps)
-#   (d) table.md, records.tar.gz  FedAS Table 3 planned for the seconds left (python -m fedjax_pfl.reproduce
+#   (d) rows.jsonl        benchmarks/scale_rounds.py: FedAvg and Ditto at 1,000, 10,000 and 100,000 clients,
+#                         cohort 50, client state on the device and on the host
+#   (e) rows.jsonl        benchmarks/vs_pfl.py --quick --device gpu: pfl-research on torch CUDA beside fedjax_pfl,
+#                         when pfl's wheels are in .dev/peer_wheels (carried; benchmarks/RESULTS.md says which)
+#   (f) table.md, records.tar.gz  FedAS Table 3 planned for the seconds left (python -m fedjax_pfl.reproduce
 #                         fedas_table3 --plan-for-seconds LEFT) and trained by the plan's script; the records of its
 #                         runs packed (tools/run_records.py). Back here: python tools/run_records.py land
 #                         fedas_table3 FILES_AT/records.tar.gz
 #   summary.md (each step: its status and seconds, or why it did not run) and lease.log (all that was printed).
-# That is 8 files, all in $OUT itself. Tiny mode (LEASE_TINY=1) runs every step on a few clients and seconds:
+# That is at most 8 files, all in $OUT itself (the device tool returns 8). Tiny mode (LEASE_TINY=1) runs every step on a few clients and seconds:
 # LEASE_TABLE (a table name or YAML file, default fedas_table3) and LEASE_CELLS (--cells of it, instead of a plan).
 set -uo pipefail
 
@@ -84,11 +88,14 @@ step() {  # LABEL CAP FLOOR OUTPUT CMD...: CMD (its output to OUTPUT, '-': the l
 }
 
 if [[ -n $tiny ]]; then
-  caps=(10 15 30 10) floors=(3 3 5 3 5)
+  caps=(10 15 30 10 20 5) floors=(3 3 5 3 5 3 3)
+  scale_size=(--methods ditto --clients 30 --cohort 5 --samples 8 --features 5 --rounds 1)
   suite_size=(--quick --clients 4 --mappings packed,chunked:2 --variants direct:fp32:default,direct:bf16:default)
   pallas_select=(-k float32_with_one_kernel)
 else
-  caps=($((budget * 8 / 100)) $((budget * 11 / 100)) $((budget * 30 / 100)) 60) floors=(20 20 60 20 180)
+  caps=($((budget * 8 / 100)) $((budget * 11 / 100)) $((budget * 26 / 100)) 60 $((budget * 6 / 100))
+        $((budget * 8 / 100))) floors=(20 20 60 20 180 20 30)
+  scale_size=(--methods fedavg,ditto --clients 1000,10000,100000 --cohort 50 --rounds 5)
   suite_size=(--clients 100 --rounds 2 --mappings packed,chunked:32
               --variants direct:fp32:default,direct:bf16:default,pallas:fp32:default,pallas:bf16:default
               --extra-rows packed:direct:fp32:command_buffer)
@@ -103,7 +110,7 @@ if [[ $only != --cells-only ]]; then
 
   step "(b) Pallas tests" "${caps[1]}" "${floors[1]}" "$work/pallas_tests.txt" \
     "$python" -m pytest -q -p no:cacheprovider tests/test_pallas_conv.py "${pallas_select[@]}"
-  cp "$work/pallas_tests.txt" "$out/" 2>/dev/null
+  cat "$work/pallas_tests.txt" >> "$log" 2>/dev/null
 
   device=()
   [[ -f $work/device/device.json ]] && device=(--device-json "$work/device/device.json")
@@ -112,20 +119,34 @@ if [[ $only != --cells-only ]]; then
     "$python" benchmarks/gpu_suite.py --methods fedavg --sides jax "${suite_size[@]}" "${device[@]}" \
     --budget-s $((cap - 2)) --child-timeout $((cap - 2)) --out "$work/suite"
   cp "$work/suite/suite.md" "$work/suite/suite.json" "$out/" 2>/dev/null
+
+  step "(d) scale rows" "${caps[4]}" "${floors[5]}" "$work/scale.txt" \
+    "$python" benchmarks/scale_rounds.py "${scale_size[@]}"
+  grep '^{' "$work/scale.txt" >> "$out/rows.jsonl" 2>/dev/null
+
+  if compgen -G ".dev/peer_wheels/*.whl" > /dev/null && [[ -z $tiny ]]; then
+    step "(e) vs pfl-research" "${caps[5]}" "${floors[6]}" - bash -c "$python -m venv --system-site-packages \
+      $work/peers && $work/peers/bin/pip install -q --no-index --no-deps .dev/peer_wheels/*.whl && \
+      $work/peers/bin/python benchmarks/vs_pfl.py --quick --device gpu --out $out/rows.jsonl"
+  else
+    why=${tiny:+tiny mode}; why=${why:-no pfl wheels in .dev/peer_wheels (benchmarks/RESULTS.md: how to bring them)}
+    note "lease: (e) vs pfl-research not run: $why"
+    summary "| (e) vs pfl-research | not run | 0 | $why |"
+  fi
 fi
 
-# (d) the table's cells: LEASE_CELLS as given, else planned on the CPU for the seconds left and trained by the
+# (f) the table's cells: LEASE_CELLS as given, else planned on the CPU for the seconds left and trained by the
 # plan's script (which stops its cells, with their checkpoints, before this step's cap)
 dir=$work/$name
 extra=(${LEASE_TABLE_ARGS:-})
 if [[ -n ${LEASE_CELLS:-} ]]; then
-  step "(d) $name cells" "$(left)" "${floors[4]}" - \
+  step "(f) $name cells" "$(left)" "${floors[4]}" - \
     "$python" -m fedjax_pfl.reproduce "${table_args[@]}" --out "$dir" --cells "$LEASE_CELLS" --no-progress \
     --require-data train.client_mapping=packed "${extra[@]}"
-elif step "(d) $name plan" "${caps[3]}" "${floors[3]}" "$work/plan.txt" \
+elif step "(f) $name plan" "${caps[3]}" "${floors[3]}" "$work/plan.txt" \
      env JAX_PLATFORMS=cpu "$python" -m fedjax_pfl.reproduce "${table_args[@]}" --out "$dir" \
      --plan-for-seconds $(( $(left) - ${caps[3]} )) "${extra[@]}"; then
-  step "(d) $name cells" "$(left)" "${floors[4]}" - bash "$dir/run_plan.sh" $(( $(left) - 5 )) "$dir"
+  step "(f) $name cells" "$(left)" "${floors[4]}" - bash "$dir/run_plan.sh" $(( $(left) - 5 )) "$dir"
 fi
 if [[ -d $dir/runs ]]; then
   "$python" tools/run_records.py pack "$dir" "$out/records.tar.gz" >> "$log" 2>&1

@@ -67,7 +67,7 @@ def test_host_kept_equals_device_kept(method_name, mapping):
     _close(clients, host.clients)
     eval_key = jax.random.PRNGKey(7)
     _close(device.evaluate(server, clients, eval_key, round_index=ROUNDS - 1),
-           host.evaluate(host_server, eval_key, round_index=ROUNDS - 1))
+           host.evaluate(host_server, host.clients, eval_key, round_index=ROUNDS - 1))
 
 
 def test_single_rounds_equal_the_prefetched_run():
@@ -143,3 +143,25 @@ def test_hundred_thousand_clients_round_touches_only_its_cohort():
         changed = np.any((old != new).reshape(n, -1), axis=1)
         assert np.array_equal(changed, cohort)
     assert any(np.any(a != b) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(jax.device_get(server))))
+
+
+def test_fused_calls_equal_the_engines_with_evaluations_at_their_rounds():
+    """`HostClients.run_rounds` (the run loop's call) equals `Engine.run_rounds`: the same rounds' metrics and
+    an evaluation after each evaluated round, of the state after that round, not after the call."""
+    method, train, test, config = _federation("fedavg")
+    device = engine_lib.Engine(method, train, test, config)
+    host = host_clients.HostClients(engine_lib.Engine(method, train, test, config), eval_chunk=4)
+    init_key, key = jax.random.split(jax.random.PRNGKey(2))
+    server, clients = device.init(init_key)
+    host_server = host.init(init_key)
+    for first, count in ((0, 3), (3, 4)):  # evaluations after rounds 1, 3 and 4 (the last: 5 rounds, every 2)
+        server, clients, want, want_evals = device.run_rounds(server, clients, key, first, count, 5, 2)
+        host_server, store, got, got_evals = host.run_rounds(host_server, host.clients, key, first, count, 5, 2)
+        assert store is host.clients
+        ran = int(np.asarray(want["active"]).sum())
+        assert got["round"].tolist() == np.asarray(want["round"])[:ran].tolist()
+        _close(np.asarray(want["train_loss"])[:ran], got["train_loss"])
+        assert sorted(got_evals) == sorted(want_evals)
+        for t in want_evals:
+            _close(want_evals[t], got_evals[t])
+    assert sorted(want_evals) == [3, 4]

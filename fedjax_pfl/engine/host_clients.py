@@ -29,7 +29,7 @@ import numpy as np
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.engine import client_mapping
-from fedjax_pfl.engine.engine import Engine, client_evaluation, round_keys
+from fedjax_pfl.engine.engine import Engine, client_evaluation, is_eval_round, round_keys
 
 HOST_MODES = ("auto", "device", "host")
 
@@ -185,6 +185,25 @@ class HostClients:
         self._write_back(*done)
         return server, [jax.device_get(m) for m in history]
 
+    def run_rounds(self, server, clients, key, first: int, count: int, total_rounds: int, eval_every: int,
+                   stop: int | None = None, values: dict | None = None):
+        """`Engine.run_rounds`'s call on this store (``clients``: the store, returned as it is): rounds
+        ``first .. min(first+count, stop, total_rounds)-1``, each round's cohort streamed, the clients evaluated
+        after the rounds `is_eval_round` names (with that round's evaluation key, as the engine). Returns
+        (server, store, metrics stacked [rounds run, ...] with ``round`` and ``active``, evaluations)."""
+        last = min(first + count, total_rounds if stop is None else min(stop, total_rounds))
+        history, evaluations, t = [], {}, first
+        while t < last:  # up to and including the next evaluated round, then its evaluation
+            end = next(u for u in range(t, last) if is_eval_round(u, total_rounds, eval_every) or u == last - 1) + 1
+            server, part = self.run(server, key, end, t, values)
+            history += part
+            if is_eval_round(end - 1, total_rounds, eval_every):
+                evaluations[end - 1] = self.evaluate(server, clients, round_keys(key, end - 1)[1], values, end - 1)
+            t = end
+        metrics = jax.tree.map(lambda *a: np.stack(a), *history) if history else {}
+        return server, clients, {**metrics, "round": np.arange(first, last), "active": np.ones(last - first, bool)}, \
+            evaluations
+
     def round(self, server, key, round_index: int, values: dict | None = None):
         """One round with round key ``key`` (`Engine.round`'s contract): (server, metrics as NumPy)."""
         plan = self.plan(key)
@@ -210,24 +229,28 @@ class HostClients:
         one = functools.partial(client_evaluation(method, self.engine.eval_batch_size), server)
         return client_mapping.map_clients(one, "vmap", self.eval_chunk)(clients, train, test, keys)
 
-    def evaluate(self, server, key, values: dict | None = None, round_index: int = 0):
-        """Per-client test metrics of every client (host NumPy), as `Engine.evaluate` gives them, the clients
-        streamed through the device ``eval_chunk`` at a time."""
+    def evaluate(self, server, clients, key, values: dict | None = None, round_index: int = 0):
+        """`Engine.evaluate`'s call on this store (``clients``: `clients`, the store itself): per-client test
+        metrics of every client (host NumPy), the clients streamed through the device ``eval_chunk`` at a
+        time."""
+        if clients is not self.clients:
+            raise ValueError("HostClients.evaluate reads its own store: pass its .clients")
         n = self.engine.num_clients
+        chunk = min(self.eval_chunk, n)
         with jax.default_device(self.host):
             keys = np.asarray(jax.random.split(jax.device_put(key, self.host), n))
         parts = {}
         for name, held in (("", self.test), ("val_", self.val)):
             if held is None:
                 continue
-            for start in range(0, n, self.eval_chunk):
-                rows = np.arange(start, start + self.eval_chunk) % n  # the last chunk padded with repeated rows
+            for start in range(0, n, chunk):
+                rows = np.arange(start, start + chunk) % n  # the last chunk padded with repeated rows
                 pick = lambda tree: jax.tree.map(lambda a: a[rows], tree)  # noqa: E731
                 out = jax.device_get(self._evaluate(server, pick(self.clients), tuple(pick(tuple(self.train))),
                                                     tuple(pick(tuple(held))), keys[rows], values or {},
                                                     jnp.int32(round_index)))
                 for k, v in out.items():
-                    parts.setdefault(name + k, []).append(np.asarray(v)[:min(self.eval_chunk, n - start)])
+                    parts.setdefault(name + k, []).append(np.asarray(v)[:min(chunk, n - start)])
         return {k: np.concatenate(v) for k, v in parts.items()}
 
 
