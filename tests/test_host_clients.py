@@ -165,3 +165,39 @@ def test_fused_calls_equal_the_engines_with_evaluations_at_their_rounds():
         for t in want_evals:
             _close(want_evals[t], got_evals[t])
     assert sorted(want_evals) == [3, 4]
+
+
+def test_a_run_with_client_state_on_the_host_equals_one_on_the_device_and_resumes_exactly(tmp_path, capsys):
+    """`--client-state host` through the training command: the same metrics records as `device`; Ctrl-C after
+    round 2 (a checkpoint of the host store), then --resume to the end, the same records again."""
+    from fedjax_pfl import train
+    from signal_after_round import signal_after
+    from test_train_cli import TINY, _assert_close, _records
+
+    args = ["--method", "ditto", *TINY, "--rounds", "4", "--join-ratio", "0.5"]
+    assert train.main([*args, "--client-state", "device", "--out", str(tmp_path / "device")]) == 0
+    assert train.main([*args, "--client-state", "host", "--out", str(tmp_path / "host")]) == 0
+    printed = capsys.readouterr().out
+    assert "client state on the host (asked)" in printed and "client state on the device (asked)" in printed
+    want = _records(tmp_path / "device")
+    assert len(want) == 4
+    for got, expected in zip(_records(tmp_path / "host"), want, strict=True):
+        _assert_close(got, expected)
+    out = tmp_path / "resumed"
+    assert train.main([*args, "--client-state", "host", "--out", str(out)], observe=signal_after(2, "INT")) == 130
+    assert train.main(["--out", str(out), "--resume"]) == 0
+    for got, expected in zip(_records(out), want, strict=True):
+        _assert_close(got, expected)
+
+
+def test_auto_keeps_a_method_that_needs_every_client_on_the_device_and_says_why(monkeypatch):
+    method, train, test, config = _federation("fedavg")
+    engine = engine_lib.Engine(method, train, test, config)
+    assert host_clients.keep_on_host("auto", engine)[0] is False  # a few kB against the machine's memory
+    assert host_clients.keep_on_host("host", engine) == (True, "client state on the host (asked)")
+    monkeypatch.setattr(host_clients, "device_bytes", lambda: 1000)  # a device too small for [N, ...]
+    host, why = host_clients.keep_on_host("auto", engine)
+    assert host and why.startswith("client state on the host (streamed")
+    monkeypatch.setattr(host_clients, "unsupported", lambda e: "method 'fedala' updates every client each round")
+    host, why = host_clients.keep_on_host("auto", engine)
+    assert not host and "updates every client" in why and "would not fit" in why

@@ -98,6 +98,18 @@ def choose(mode: str, needed: int, available: int | None, headroom: float = 0.5)
                   f"{headroom:.0%} of the device's {shown(available)} is {shown(headroom * available)}")
 
 
+def keep_on_host(mode: str, engine: Engine) -> tuple[bool, str]:
+    """(keep ``engine``'s client state on the host?, why, in one line) for train.client_state ``mode``:
+    `choose` on the [N, ...] state and data against the device's memory; under 'auto' a method that needs
+    every client on the device (`unsupported`) stays there and the line says why."""
+    train, test, val = engine.client_data
+    needed = state_bytes(engine.method, engine.num_clients) + data_bytes(train, test, val)
+    host, why = choose(mode, needed, device_bytes())
+    if host and mode == "auto" and unsupported(engine):
+        return False, f"client state on the device: {unsupported(engine)} (it would not fit: {why})"
+    return host, why
+
+
 def _host_array(a, folder, name):
     a = np.asarray(a)
     if folder is None:
@@ -238,7 +250,7 @@ class HostClients:
         n = self.engine.num_clients
         chunk = min(self.eval_chunk, n)
         with jax.default_device(self.host):
-            keys = np.asarray(jax.random.split(jax.device_put(key, self.host), n))
+            keys = jax.random.split(jax.device_put(key, self.host), n)  # typed or raw keys, on the host
         parts = {}
         for name, held in (("", self.test), ("val_", self.val)):
             if held is None:

@@ -188,6 +188,10 @@ class TrainConfig:
                                   "packed:W: W lanes, packed: W from the data)", check=_client_mapping,
                                   allowed=_client_mappings, flag=True)
     chunk_size: int = setting(8, "clients vmapped at once under the chunked mapping", at_least=1)
+    client_state: str = setting("auto", "where every client's state is kept: device ([N, ...] arrays), host (host "
+                                "memory, each round's cohort streamed to the device) or auto (host when the [N, ...] "
+                                "state and data pass half the device's memory)", choices=("auto", "device", "host"),
+                                flag=True)
     share_batch_stats: bool = setting(True, "BatchNorm statistics travel with the shared parameters")
     rounds_per_call: int = setting(0, "rounds fused into one compiled call (0: auto, calls of about 2 s)",
                                    at_least=0, flag=True)

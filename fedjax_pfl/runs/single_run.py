@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
-from fedjax_pfl.engine import checkpoint, distributed, mapping_choice, sharding
+from fedjax_pfl.engine import checkpoint, distributed, host_clients, mapping_choice, sharding
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
@@ -38,7 +39,8 @@ def run_folder_of(cfg: config_lib.RunConfig) -> Path:
 
 
 class SingleProgram:
-    """The compiled rounds of one run (`Engine.run_rounds`), holding its state between calls."""
+    """The compiled rounds of one run (`Engine.run_rounds`, or `HostClients.run_rounds` with client state on the
+    host), holding its state between calls."""
 
     def __init__(self, engine, server, clients, key, cfg: config_lib.RunConfig):
         self.engine, self.server, self.clients, self.key = engine, server, clients, key
@@ -90,23 +92,33 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
     print(f"loaded and partitioned in {time.perf_counter() - began:.1f} s; initialising the model and "
           f"{'restoring' if resume else 'creating'} the clients' state ...", flush=True)
     init_key, key = jax.random.split(jax.random.key(cfg.seed))
-    server, clients = exp.engine.init(init_key)
+    on_host, where = host_clients.keep_on_host(cfg.train.client_state, exp.engine)
+    print(where, flush=True)
+    store = host_clients.HostClients(exp.engine) if on_host else None
+    server, clients = (store.init(init_key), store.clients) if on_host else exp.engine.init(init_key)
     done, seconds_done, history = 0, 0.0, []
     if resume:
         (server, clients), _, meta = checkpoint.restore(checkpoint.checkpoint_path(out), (server, clients),
                                                         num_clients=exp.engine.num_clients)
+        if on_host:
+            clients = store.clients = jax.tree.map(np.array, clients)  # writable host arrays again
         done = int(meta["rounds_done"])
         history = resume_lib.check_resume(saved, cfg, done, exp.partition_summary,
                                           run_output.read_json(out / "partition.json"))
         seconds_done = float(meta["seconds"])
-    exp.engine, choice = mapping_choice.choose_or_default(
-        exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
-        engine_lib.round_keys(key, done)[0], done, report=lambda line: print(line, flush=True))
+    if on_host:  # timing candidates would put [N, ...] on the device
+        choice = mapping_choice.with_padding(exp.engine, mapping_choice.untimed(
+            exp.engine, cfg.train.client_mapping, "untimed: client state on the host"),
+            engine_lib.round_keys(key, done)[0], done)
+    else:
+        exp.engine, choice = mapping_choice.choose_or_default(
+            exp.engine, cfg.train.client_mapping, cfg.train.rounds - done, server, clients,
+            engine_lib.round_keys(key, done)[0], done, report=lambda line: print(line, flush=True))
     resolved = resolved_settings(cfg, choice)
     print(f"{host_devices.describe(resolved['devices.cpu'])}; {mapping_choice.describe(choice)}", flush=True)
     writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done,
                        resolved=resolved)
-    program = SingleProgram(exp.engine, server, clients, key, cfg)
+    program = SingleProgram(store or exp.engine, server, clients, key, cfg)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress,
                           devices=sharding.mesh_size(exp.engine.mesh), timed_round=mapping_choice.round_seconds(choice))
