@@ -74,7 +74,7 @@ def data_bytes(*data) -> int:
 
 def device_bytes() -> int | None:
     """Bytes the first device can hold (memory_stats' limit), else what host memory has free, else None."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}  # this process's (another's is not addressable)
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
     from fedjax_pfl.data.client_limits import available_bytes
@@ -101,13 +101,14 @@ def choose(mode: str, needed: int, available: int | None, headroom: float = 0.5)
 def keep_on_host(mode: str, engine: Engine) -> tuple[bool, str]:
     """(keep ``engine``'s client state on the host?, why, in one line) for train.client_state ``mode``:
     `choose` on the [N, ...] state and data against the device's memory; under 'auto' a method that needs
-    every client on the device (`unsupported`) stays there and the line says why."""
+    every client on the device (`unsupported`: also a client axis split over several devices, so processes
+    never choose apart) stays there and the line says why."""
+    why_not = unsupported(engine) if mode == "auto" else None
+    if why_not:
+        return False, f"client state on the device: {why_not}"
     train, test, val = engine.client_data
     needed = state_bytes(engine.method, engine.num_clients) + data_bytes(train, test, val)
-    host, why = choose(mode, needed, device_bytes())
-    if host and mode == "auto" and unsupported(engine):
-        return False, f"client state on the device: {unsupported(engine)} (it would not fit: {why})"
-    return host, why
+    return choose(mode, needed, device_bytes())
 
 
 def _host_array(a, folder, name):
