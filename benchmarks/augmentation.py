@@ -31,7 +31,7 @@ from common import device_name, peak_memory_bytes  # noqa: E402
 
 from fedjax_pfl.core.errors import UserError  # noqa: E402
 from fedjax_pfl.runs import config as config_lib  # noqa: E402
-from fedjax_pfl.runs.experiment import build_experiment  # noqa: E402
+from fedjax_pfl.runs.experiment import build_experiment, validate  # noqa: E402
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "fedpac_cifar10.yaml"
 VARIANTS = ("none", "crop_flip")
@@ -43,7 +43,7 @@ def experiment(args, augment: str):
         f"partition.samples_per_client={args.samples}", "partition.test_per_client=50", "train.local_epochs=1",
         f"train.client_mapping={args.mapping}", f"train.augment={augment}"])
     cfg.data.allow_download = False
-    return build_experiment(cfg)
+    return build_experiment(validate(cfg))
 
 
 def timed_rounds(engine, state, key, first: int, rounds: int):

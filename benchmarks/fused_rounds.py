@@ -24,7 +24,7 @@ from common import device_name, peak_memory_bytes  # noqa: E402
 
 from fedjax_pfl.runs import config as config_lib  # noqa: E402
 from fedjax_pfl.core.errors import UserError  # noqa: E402
-from fedjax_pfl.runs.experiment import build_experiment  # noqa: E402
+from fedjax_pfl.runs.experiment import build_experiment, validate  # noqa: E402
 
 
 def experiment(args):
@@ -36,7 +36,7 @@ def experiment(args):
         + ([f"partition.train_per_client={args.train_per_client}", f"partition.test_per_client={args.train_per_client}"]
            if args.train_per_client else []))
     cfg.data.allow_download = False
-    return build_experiment(cfg)
+    return build_experiment(validate(cfg))
 
 
 def time_variant(exp, k: int, rounds: int, eval_every: int) -> dict:

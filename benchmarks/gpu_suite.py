@@ -145,7 +145,7 @@ def configurations(base: dict, methods, models, clients, mappings, variants) -> 
 
 
 def build(spec: dict):
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     cfg = run_config(**{
         "method_name": spec["method"], "data.name": "cifar10", "partition.scheme": "dirichlet", "partition.alpha": 0.1,
@@ -153,7 +153,7 @@ def build(spec: dict):
         "model.name": spec["model"], "model.conv_impl": spec["conv"], "train.batch_size": spec["batch"],
         "train.local_epochs": spec["epochs"], "train.lr": spec["lr"], "train.join_ratio": spec["join_ratio"],
         **mapping_settings(spec["mapping"], spec["chunk"]), **spec.get("settings", {})})
-    return build_experiment(cfg, dataset=random_cifar_like(spec["train_samples"], spec["test_samples"]))
+    return build_experiment(validate(cfg), dataset=random_cifar_like(spec["train_samples"], spec["test_samples"]))
 
 
 def row_step_bytes(spec: dict) -> float | None:

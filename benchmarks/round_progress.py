@@ -41,7 +41,7 @@ from common import device_name  # noqa: E402
 
 from fedjax_pfl.engine import round_progress  # noqa: E402
 from fedjax_pfl.runs import config as config_lib  # noqa: E402
-from fedjax_pfl.runs.experiment import build_experiment  # noqa: E402
+from fedjax_pfl.runs.experiment import build_experiment, validate  # noqa: E402
 from fedjax_pfl.runs.progress import RunProgress  # noqa: E402
 
 WORKLOADS = {
@@ -56,7 +56,7 @@ WORKLOADS = {
 def experiment(overrides: list[str], progress: bool):
     cfg = config_lib.build(overrides=["method_name=fedavg", "train.lr=0.05", *overrides])
     cfg.data.allow_download = False
-    return build_experiment(cfg, progress=progress)
+    return build_experiment(validate(cfg), progress=progress)
 
 
 def time_block(state: dict, calls: int) -> float:

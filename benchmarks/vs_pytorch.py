@@ -97,7 +97,7 @@ def workload_list(args) -> list[dict]:
 
 def build(workload: dict):
     """The fedjax_pfl Experiment of a workload (Fashion-MNIST from FEDJAX_PFL_DATA_DIR, or CIFAR-10 shapes)."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     data, hidden = MODELS[workload["model"]]
     fields = {
@@ -117,7 +117,7 @@ def build(workload: dict):
     cfg = run_config(**fields)
     if workload.get("data_dir"):
         cfg.data.data_dir = workload["data_dir"]
-    return build_experiment(cfg, dataset=random_cifar_like(*CIFAR_POOL) if data == "cifar_shapes" else None)
+    return build_experiment(validate(cfg), dataset=random_cifar_like(*CIFAR_POOL) if data == "cifar_shapes" else None)
 
 
 def selected_per_round(engine, rounds: int) -> list[list[int]]:

@@ -15,7 +15,7 @@ from fedjax_pfl.runs import config as config_lib
 
 def engine(fmnist, method, options=()):
     """6 clients, 2 classes each (DiversiFed's pathological preset, shrunk), MLP 32, half join per round."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     preset = Path(__file__).resolve().parents[1] / "configs" / "diversifed_fmnist_pathological.yaml"
     cfg = config_lib.build(preset, [
@@ -24,7 +24,7 @@ def engine(fmnist, method, options=()):
         "train.lr=0.005", "train.join_ratio=0.5",
         "model.init=flax",  # the learning margins were measured from Flax's init (the preset starts from torch's)
     ])
-    return build_experiment(cfg, dataset=fmnist).engine
+    return build_experiment(validate(cfg), dataset=fmnist).engine
 
 
 def accuracy_before_after(eng, rounds=3):

@@ -112,14 +112,14 @@ def assert_close(a, b, tol=1e-5):
 def fmnist_engine(data_dir, method_name, extra=()):
     """The engine of a small FMNIST pathological run (6 clients, 2 classes, 100/50 samples, MLP 32, Adam)."""
     from fedjax_pfl.runs import config as config_lib
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     overrides = ["data.name=fmnist", f"data.data_dir={data_dir}", "partition.scheme=pathological",
                  "partition.num_clients=6", "partition.classes_per_client=2", "partition.train_per_client=100",
                  "partition.test_per_client=50", "partition.test_from=split", "model.name=mlp", "model.hidden=[32]",
                  "train.optimizer=adam", "train.lr=0.003", "train.batch_size=25", "train.local_epochs=2",
                  "train.join_ratio=1.0", f"method_name={method_name}", *extra]
-    return build_experiment(config_lib.build(None, overrides)).engine
+    return build_experiment(validate(config_lib.build(None, overrides))).engine
 
 
 def run_engine(eng, rounds):

@@ -500,11 +500,11 @@ def test_synthetic_size_factor_is_the_pfedkd_authors_sizes():
 
 def test_synthetic_size_factor_reaches_the_generator_from_the_config():
     from fedjax_pfl.runs import config as config_lib
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     cfg = config_lib.build(overrides=['method_name=fedavg', 'data.name=synthetic', 'partition.scheme=natural',
                                       'partition.num_clients=4', 'model.name=mlr', 'data.synthetic_size_factor=3'])
-    ds = build_experiment(cfg).dataset
+    ds = build_experiment(validate(cfg)).dataset
     expected = 3 * synthetic.client_sizes(np.random.default_rng(0), 4)
     np.testing.assert_array_equal(np.bincount(ds.client_ids_train) + np.bincount(ds.client_ids_test), expected)
 
@@ -513,7 +513,7 @@ def test_half_normalization_is_torchvisions_half_and_reaches_the_setup():
     """data.normalization=half: (x/255 - 0.5) / 0.5 per channel (PFLlib's generators), through the
     experiment's normalize; the dataset's own statistics by default; feature data refuses it."""
     from fedjax_pfl.runs import config as config_lib
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (12, 4, 4, 3), dtype=np.uint8)
@@ -526,14 +526,14 @@ def test_half_normalization_is_torchvisions_half_and_reaches_the_setup():
     overrides = ['method_name=fedavg', 'model.name=mlp', 'partition.scheme=iid', 'partition.num_clients=2',
                  'partition.min_size=1', 'train.batch_size=8']
     for how, expected in (('half', want), ('dataset', (x / 255.0 - np.array(images.mean)) / np.array(images.std))):
-        exp = build_experiment(config_lib.build(overrides=[*overrides, f'data.normalization={how}']), dataset=images)
+        exp = build_experiment(validate(config_lib.build(overrides=[*overrides, f'data.normalization={how}'])), dataset=images)
         np.testing.assert_allclose(np.asarray(exp.engine.method.setup.normalize(x)), expected, atol=1e-5)
     features = Dataset('feat', x.reshape(12, -1).astype(np.float32), y, x.reshape(12, -1).astype(np.float32), y,
                        2, (0.0,), (1.0,))
     with pytest.raises(UserError, match='applies to image datasets'):
         with_normalization(features, 'half')
     with pytest.raises(UserError, match='data.normalization must be one of: dataset, half'):
-        build_experiment(config_lib.build(overrides=[*overrides, 'data.normalization=quarter']), dataset=images)
+        build_experiment(validate(config_lib.build(overrides=[*overrides, 'data.normalization=quarter'])), dataset=images)
 
 
 # ------------------------------------------------------ tfds, registry, Dataset

@@ -100,10 +100,10 @@ def test_a_killed_process_stops_the_other_with_one_line_and_resume_continues(tmp
 
 def _restored(out):
     """The (server, clients) state of the run's checkpoint, restored here on one device."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     saved = json.loads((out / "config.json").read_text())["config"]
-    engine = build_experiment(config_lib.build(start=saved)).engine
+    engine = build_experiment(validate(config_lib.build(start=saved))).engine
     (server, clients), last, _ = checkpoint.restore(checkpoint.checkpoint_path(out), engine.init(jax.random.key(0)),
                                                     num_clients=engine.num_clients)
     assert last == 2  # named by the rounds done

@@ -246,11 +246,11 @@ def test_round_diagnostics_report_the_server_step():
 
 def _alpha05_engine(data_dir, *extra):
     """The Dirichlet(0.5) preset with its method options (the defaults); ``extra`` overrides the data's size."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     cfg = config_lib.build(ALPHA05, [f"data.data_dir={data_dir}", *extra])
     assert cfg.method == {} and cfg.method_name == "diversifed"
-    return build_experiment(cfg).engine
+    return build_experiment(validate(cfg)).engine
 
 
 def test_preset_mixes_within_five_rounds_and_stays_finite_for_fifty(data_dir):
@@ -284,11 +284,11 @@ def test_preset_mixes_within_five_rounds_and_stays_finite_for_fifty(data_dir):
 # ------------------------------------------------------------------ learning
 def test_diversifed_learns_on_fmnist(data_dir):
     """10 FMNIST clients, 2 classes each, 150/50 samples, MLP 64, Adam 1e-3, all clients, 3 rounds."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     overrides = fmnist_two_class.overrides(data_dir, "diversifed")
     cfg = config_lib.build(None, overrides)
-    eng = build_experiment(cfg).engine
+    eng = build_experiment(validate(cfg)).engine
     first, last, metrics, server, _ = ref.run_engine(eng, cfg.train.rounds)
     assert math.isfinite(last["loss"]) and math.isfinite(float(metrics["train_loss"]))
     mixing_check.assert_clients_mix(metrics)

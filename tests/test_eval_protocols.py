@@ -20,7 +20,7 @@ import pytest
 import method_sample
 from fedjax_pfl.methods import get_method, method_names
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 
 SYNTHETIC = ["data.name=synthetic", "model.name=mlp", "model.hidden=[16]", "partition.scheme=natural",
              "partition.num_clients=4", "train.local_epochs=1", "train.batch_size=8"]
@@ -41,7 +41,7 @@ PROTOCOLS = method_sample.sample(EVERY_PROTOCOL, ("apfl", "ditto", "fedala", "fe
 def _trained(method, protocol):
     cfg = config_lib.build(overrides=[f"method_name={method}", *SYNTHETIC, *EXTRA.get(method, []),
                                       f"eval.model={protocol}"])
-    engine, key = build_experiment(cfg, progress=False).engine, jax.random.key(0)
+    engine, key = build_experiment(validate(cfg), progress=False).engine, jax.random.key(0)
     server, clients = engine.init(key)
     server, clients, _, _ = engine.run_rounds(server, clients, key, 0, 1, 2, 2)
     return engine, server, clients, key

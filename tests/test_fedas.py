@@ -429,14 +429,14 @@ def test_measured_direction_reverses_once_the_model_fits(data_dir, form):
 
 def test_learns_on_fashion_mnist(data_dir):
     """20 clients, Dirichlet 0.1, join ratio 0.6, small MLP, 4 rounds: well above chance (0.1)."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     cfg = config.build(Path(__file__).resolve().parents[1] / "configs" / "fedas_fmnist.yaml", [
         f"data.data_dir={data_dir}", "partition.train_per_client=150", "partition.test_per_client=50",
         "model.hidden=[64]", "train.lr=0.05", "train.straggler_fraction=0.3", "train.local_epochs=2",
         "model.init=flax",  # the margins below were measured from Flax's init (the preset starts from torch's)
     ])
-    exp = build_experiment(cfg)
+    exp = build_experiment(validate(cfg))
     eng = exp.engine
     key = jax.random.key(0)
     server, clients = eng.init(key)

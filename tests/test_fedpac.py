@@ -401,23 +401,23 @@ def fmnist_config(data_dir, method, rounds):
 @pytest.fixture(scope="module")
 def fmnist_fedavg_accuracy(data_dir):
     """FedAvg's accuracy after the same 4 rounds on the same clients."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
-    return ref.run_engine(build_experiment(fmnist_config(data_dir, "fedavg", rounds=4)).engine, 4)[1]["accuracy"]
+    return ref.run_engine(build_experiment(validate(fmnist_config(data_dir, "fedavg", rounds=4))).engine, 4)[1]["accuracy"]
 
 
 def test_relative_variant_learns_at_ten_local_epochs_on_pfakds_fmnist_preset(data_dir):
     """The relative alignment variant (not the paper's) on PFAKD's FMNIST preset at E = 10 with PFLlib's
     head optimizer and prototype mean, on 2 clients of 128 Dirichlet(0.5) train samples and B = 8 to stay
     cheap: the client losses stay below 2 and the accuracy ends 3 rounds well above the majority class."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     overrides = [f"data.data_dir={data_dir}", "method_name=fedpac", "method.head_optimizer=run",
                  "method.proto_weights=clients", "method.alignment=relative", "train.local_epochs=10",
                  "partition.scheme=dirichlet", "partition.num_clients=2", "partition.train_per_client=128",
                  "partition.test_per_client=100", "train.batch_size=8", "train.client_mapping=vmap"]
     preset = Path(__file__).resolve().parents[1] / "configs" / "pfakd_fmnist.yaml"
-    eng = build_experiment(config_lib.build(preset, overrides)).engine
+    eng = build_experiment(validate(config_lib.build(preset, overrides))).engine
     _, last, metrics, _, _ = ref.run_engine(eng, 3)
     majority = majority_baseline.from_engine(eng)
     assert np.all(np.asarray(metrics["client_loss"]) < 2.0), metrics["client_loss"]  # no blow-up
@@ -426,10 +426,10 @@ def test_relative_variant_learns_at_ten_local_epochs_on_pfakds_fmnist_preset(dat
 
 @pytest.mark.parametrize("method", ["fedpac", "fedpac_proto"])
 def test_learns_on_fmnist(data_dir, method, fmnist_fedavg_accuracy):
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     cfg = fmnist_config(data_dir, method, rounds=4)
-    eng = build_experiment(cfg).engine
+    eng = build_experiment(validate(cfg)).engine
     first, last, metrics, server, _ = ref.run_engine(eng, cfg.train.rounds)
     assert math.isfinite(last["loss"])
     mixing_check.assert_clients_mix(metrics)  # the heads are combined across clients

@@ -89,11 +89,9 @@ def test_auto_prefers_the_official_files_and_says_when_neither_is_there(tmp_path
 def test_an_explicit_dataset_or_model_is_kept():
     from fedjax_pfl.runs.experiment import validate
 
-    cfg = config_lib.build(overrides=["data.name=mnist", "model.name=mlp"])
-    validate(cfg)
+    cfg = validate(config_lib.build(overrides=["data.name=mnist", "model.name=mlp"])).config
     assert (cfg.data.name, cfg.model.name) == ("mnist", "mlp")
-    cfg = config_lib.build(overrides=["data.name=mnist"])
-    validate(cfg)
+    cfg = validate(config_lib.build(overrides=["data.name=mnist"])).config
     assert cfg.model.name == "fedavgcnn"
 
 

@@ -25,7 +25,7 @@ def fmnist_small(data_dir):
 def _fmnist_engine(name, dataset):
     """4 FMNIST clients with 2 classes each (100 train / 50 test), MLP 64, Adam 3e-3, B=20,
     E=2, all clients, 3 rounds. Chance is 10% for the untrained model, 50% within a client."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     cfg = config_lib.build(None, [
         f"method_name={name}", "data.name=fmnist", "partition.scheme=pathological", "partition.num_clients=4",
@@ -34,7 +34,7 @@ def _fmnist_engine(name, dataset):
         "train.lr=0.003", "train.batch_size=20", "train.local_epochs=2", "train.join_ratio=1.0", "train.rounds=3"]
         # FedBABU: tune the head only (5 epochs) so that the test sees what the federated body learned
         + (["method.finetune_part=head", "method.finetune_epochs=5"] if name == "fedbabu" else []))
-    return cfg, build_experiment(cfg, dataset=dataset).engine
+    return cfg, build_experiment(validate(cfg), dataset=dataset).engine
 
 
 @pytest.fixture(scope="module")

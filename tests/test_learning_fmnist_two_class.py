@@ -23,10 +23,10 @@ from fedjax_pfl.runs import config as config_lib
 @pytest.fixture(scope="module")
 def fmnist_experiment(data_dir):
     """10 FMNIST clients, 2 classes each, 150/50 samples, MLP 64, Adam 1e-3, all clients per round."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
     overrides = fmnist_two_class.overrides(data_dir, "local")
-    return build_experiment(config_lib.build(None, overrides)).engine
+    return build_experiment(validate(config_lib.build(None, overrides))).engine
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def specs():
 def built(spec, row: str, setting: str):
     """The configuration the cell (row, setting, seed 0) runs."""
     cell = next(c for c in spec.cells(methods=[row], settings=[setting], seeds=[0]))
-    return reproduce.build_config(reproduce.base_argv(cell))
+    return reproduce.build_config(reproduce.base_argv(cell)).config
 
 
 def test_every_table_has_the_papers_rows_metric_and_given_numbers(specs):

@@ -21,7 +21,7 @@ from fedjax_pfl.kernels import local_training
 from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 from fedjax_pfl.methods import get_method, pfakd
 from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.methods.pfakd import PFAKD, PFAKD_AT, PFAKDATConfig, PFAKDConfig, pfakd_objective
@@ -378,7 +378,7 @@ def test_cli_rejects_bad_option_before_loading_data(tmp_path):
     cfg = config_lib.build(overrides=["method_name=pfakd", "method.beta=-2", "data.name=fmnist",
                                       f"data.data_dir={tmp_path}", "model.name=mlp"])
     with pytest.raises(UserError, match="beta"):
-        build_experiment(cfg)
+        build_experiment(validate(cfg))
 
 
 # ------------------------------------------------------ learning -----------
@@ -410,7 +410,7 @@ def test_pfakd_learns_on_fashion_mnist(fmnist_small, method):
         "partition.train_fraction=0.75", "partition.test_from=split",
         "train.local_epochs=1", "train.batch_size=128", "train.lr=0.01", "train.momentum=0.9",
         "train.weight_decay=5e-4", "train.join_ratio=1.0"])
-    exp = build_experiment(cfg, dataset=fmnist_small)
+    exp = build_experiment(validate(cfg), dataset=fmnist_small)
     key = jax.random.key(0)
     server, clients = exp.engine.init(key)
     for t in range(5):

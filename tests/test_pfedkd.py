@@ -315,9 +315,9 @@ def mnist_config(data_dir, method, rounds=12, **method_options):
 
 def run_rounds(cfg):
     """-> (accuracy before training, after the rounds, the partition's per-client majority baseline)."""
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
 
-    eng = build_experiment(cfg).engine
+    eng = build_experiment(validate(cfg)).engine
     key = jax.random.key(cfg.seed)
     init_key, key = jax.random.split(key)
     server, clients = eng.init(init_key)

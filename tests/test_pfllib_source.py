@@ -12,7 +12,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.data import client_data, pfllib, registry
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.dataset import Dataset
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 
 SIZES = {"train": [7, 1, 12], "test": [3, 2, 4]}
 
@@ -54,7 +54,7 @@ def test_natural_partition_gives_each_client_its_own_file(tmp_path):
     written = write_by_hand(tmp_path / "d")
     cfg = config_lib.build(None, ["method_name=fedavg", "data.name=pfllib", f"data.data_dir={tmp_path / 'd'}",
                                   "partition.scheme=natural", "model.name=mlr", "train.batch_size=4"])
-    exp = build_experiment(cfg)
+    exp = build_experiment(validate(cfg))
     train, test = exp.data.train, exp.data.test
     assert np.asarray(train.n).tolist() == SIZES["train"] and np.asarray(test.n).tolist() == SIZES["test"]
     for i in range(3):
@@ -109,7 +109,7 @@ def test_cli_trains_on_the_folders_own_clients_unless_told_otherwise(tmp_path):
     assert train.config_from_args(*train.parse_args(argv)).partition.scheme == "natural"
     assert train.config_from_args(*train.parse_args([*argv, "--partition", "iid"])).partition.scheme == "iid"
     assert train.config_from_args(*train.parse_args([*argv, "partition.scheme=iid"])).partition.scheme == "iid"
-    exp = build_experiment(train.config_from_args(*train.parse_args(argv)))
+    exp = build_experiment(validate(train.config_from_args(*train.parse_args(argv))))
     assert np.asarray(exp.data.train.n).tolist() == SIZES["train"]
 
 

@@ -8,7 +8,7 @@ from jax.extend import core as jax_core
 import majority_baseline
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.experiment import build_experiment, resolved_settings
+from fedjax_pfl.runs.experiment import build_experiment, resolved_settings, validate
 
 SHAPES = {"fedavgcnn": (16, 16, 1), "resnet8": (8, 8, 3)}  # convolutions and Dense layers; BatchNorm
 
@@ -65,7 +65,7 @@ def _fmnist(data_dir, precision):
                  "train.local_epochs=1", "train.lr=0.05", "train.join_ratio=1.0", "train.client_mapping=map",
                  f"train.precision={precision}", "method_name=fedavg"]
     cfg = config_lib.build(None, overrides)
-    return cfg, build_experiment(cfg).engine
+    return cfg, build_experiment(validate(cfg)).engine
 
 
 def test_bf16_learns_as_fp32_does_on_fmnist_and_the_run_records_it(data_dir):

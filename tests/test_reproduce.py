@@ -86,7 +86,7 @@ def test_dry_run_lists_every_cell_with_a_valid_config(name, capsys, tmp_path):
 def test_pfedkd_table_sets_the_papers_baseline_options():
     spec = table_spec.find_table("pfedkd_table1")
     cells = {(c.method.name, c.setting.name): c for c in spec.cells(seeds=[0])}
-    built = {k: reproduce.build_config(reproduce.base_argv(c)) for k, c in cells.items()}
+    built = {k: reproduce.build_config(reproduce.base_argv(c)).config for k, c in cells.items()}
     assert built["fedprox", "mnist_mlr"].method["mu"] == 0.01
     assert built["perfedavg", "synthetic_mlp"].method["beta"] == 0.002
     assert built["pfedme", "mnist_mlr"].train.all_clients_train
@@ -323,7 +323,7 @@ def test_a_missing_dataset_whose_cells_all_ran_is_no_note(tmp_path, monkeypatch,
     argv = ["--table-file", str(table), "--out", str(out), "--no-progress", "--settings", "c100"]
     assert reproduce.main([*argv, "--dry-run"]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "no data: " in ln]
-    cfg = reproduce.build_config(shlex.split(line.split("python -m fedjax_pfl.train ", 1)[1]))
+    cfg = reproduce.build_config(shlex.split(line.split("python -m fedjax_pfl.train ", 1)[1])).config
     folder = out / "runs" / "fedavg-c100" / "seed0"  # the run, made where the files were
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"config": config.to_dict(cfg)}))

@@ -27,7 +27,7 @@ from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.commands import train as cli
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import progress as progress_lib
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 from signal_after_round import signal_after
 
 EPOCHS, BATCH = 2, 8
@@ -44,7 +44,7 @@ def small_stride(monkeypatch):
 
 def _experiment(method="fedavg", mapping="map", progress=True, extra=()):
     cfg = config_lib.build(overrides=[f"method_name={method}", *SYNTHETIC, f"train.client_mapping={mapping}", *extra])
-    return build_experiment(cfg, progress=progress)
+    return build_experiment(validate(cfg), progress=progress)
 
 
 def _one_call(exp, count=1, rounds=3):

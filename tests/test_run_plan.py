@@ -126,7 +126,7 @@ def test_a_methods_new_cells_are_one_queue_and_a_program_costs_less_than_its_cel
     args.one_by_one = True
     assert [len(q) for q in plan_command.program_queues(cells, out, rounds, [], args, {}, {}, kind, record)[0]] == [1] * 6
     law, sizes = round_seconds.lane_law(kind), round_seconds.ClientSizes()
-    cfgs = [reproduce.build_config(reproduce.cell_argv(c, out / "runs" / c.folder_name, 4)) for c in queues[0]]
+    cfgs = [reproduce.build_config(reproduce.cell_argv(c, out / "runs" / c.folder_name, 4)).config for c in queues[0]]
     steps = np.concatenate([cfg.train.local_epochs * -(-sizes(cfg) // cfg.train.batch_size) for cfg in cfgs])
     lanes = client_mapping.packed_width(steps, len(steps), backend="gpu")
     want = max(steps.max(), steps.sum() / lanes) * law.step(lanes)
@@ -143,7 +143,7 @@ def test_a_methods_new_cells_are_one_queue_and_a_program_costs_less_than_its_cel
 
 def test_the_work_model_and_the_measured_seconds_of_a_run():
     record = round_seconds.load_record()
-    config = lambda name: config_lib.to_dict(reproduce.build_config(reproduce.base_argv(_cell(name))))  # noqa: E731
+    config = lambda name: config_lib.to_dict(reproduce.build_config(reproduce.base_argv(_cell(name))).config)  # noqa: E731
     # FedAvg-P fine-tunes every client 5 epochs at each evaluation; FedAS aligns and takes a Fisher pass
     assert round_seconds.round_work(config("fedavg_p-beta0.1_P0.2"), record["work"]) == 4 * 5 + 20 * 5
     assert round_seconds.round_work(config("fedas-beta0.1_P1"), record["work"]) == pytest.approx(20 * (5 + 1 + 1.33))

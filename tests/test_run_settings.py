@@ -103,17 +103,3 @@ def test_the_default_config_passes_its_own_checks():
 def test_partition_parameters_follow_the_schemes_signatures(overrides, match):
     with pytest.raises(UserError, match=match):
         config_lib.validate_values(config_lib.build(overrides=overrides))
-
-
-def test_validation_runs_once_per_configuration(monkeypatch):
-    from fedjax_pfl.runs import experiment
-
-    calls = []
-    monkeypatch.setattr(config_lib, "validate_values", lambda cfg: calls.append(cfg))
-    cfg = config_lib.build(overrides=["method_name=fedavg", "data.name=synthetic", "model.name=mlp"])
-    experiment.validate(cfg)
-    experiment.validate(cfg)
-    assert len(calls) == 1
-    cfg.train.lr = 0.5  # a changed value is validated again
-    experiment.validate(cfg)
-    assert len(calls) == 2

@@ -128,12 +128,12 @@ FEDPAC_VMAP = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np, optax
     from fedjax_pfl.engine import engine as engine_lib
     from fedjax_pfl.runs import config as config_lib
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
     assert jax.device_count() == 2, jax.devices()
     cfg = config_lib.build(PRESET, [
         f"data.data_dir={DATA_DIR}", "partition.num_clients=16", "partition.samples_per_client=100", "partition.test_per_client=50",
         "train.client_mapping=vmap", "train.local_epochs=1"])
-    exp = build_experiment(cfg)
+    exp = build_experiment(validate(cfg))
 
     def run(shard):
         eng = exp.engine if shard else engine_lib.Engine(exp.engine.method, exp.data.train, exp.data.test,

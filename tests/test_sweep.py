@@ -14,7 +14,7 @@ import pytest
 from fedjax_pfl.commands import train
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib, sweep
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 from fedjax_pfl.engine import engine as engine_lib, mapping_choice
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
@@ -87,7 +87,7 @@ def test_chunks_follow_the_memory_guard_setting():
     cfg = config_lib.build(overrides=["train.max_experiments_per_call=2"])
     assert sweep.experiments_per_call(None, cfg, 5) == 2
     with pytest.raises(UserError, match="resume a point"):
-        sweep.run_sweep(config_lib.build(overrides=["seeds=[0,1]"]), resume=True)
+        sweep.run_sweep(validate(config_lib.build(overrides=["seeds=[0,1]"])), resume=True)
 
 
 def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path, capsys):
@@ -153,7 +153,7 @@ def test_batched_round_equals_each_experiments_own_round():
     cfg = config_lib.build(overrides=["data.name=synthetic", "model.name=mlr", "partition.num_clients=6",
                                       "partition.scheme=natural", "train.batch_size=8", "train.local_epochs=1",
                                       "method_name=fedavg"])
-    engine = build_experiment(cfg).engine
+    engine = build_experiment(validate(cfg)).engine
     keys = jax.random.split(jax.random.key(3), 2)
     servers, clients = engine.init_batched(keys)
     together = engine.compiled_round_batched(servers, clients, keys, 4)()

@@ -23,7 +23,7 @@ from fedjax_pfl.core.errors import DivergedError
 from fedjax_pfl.runs import records as records_lib
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.data.registry import load_dataset
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +52,14 @@ def _accuracy(exp, rounds, seed=0):
 @pytest.fixture(scope="module")
 def fmnist_fedavg_accuracy(fmnist_small):
     """FedAvg's accuracy after the same 4 rounds on the same clients."""
-    return _accuracy(build_experiment(_cfg("fedavg"), dataset=fmnist_small), 4)["accuracy"]
+    return _accuracy(build_experiment(validate(_cfg("fedavg")), dataset=fmnist_small), 4)["accuracy"]
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "fedrep", "local"])
 def test_learns_on_fashion_mnist(method, fmnist_small, fmnist_fedavg_accuracy):
     """20 clients, Dirichlet 0.3, MLP, 4 rounds. Measured over partition seeds 0-2: majority
     0.44-0.46, FedAvg and FedProx 0.72-0.74, Local 0.76-0.77, FedPer and FedRep 0.81-0.84."""
-    exp = build_experiment(_cfg(method), dataset=fmnist_small)
+    exp = build_experiment(validate(_cfg(method)), dataset=fmnist_small)
     result = _accuracy(exp, 4)
     majority = majority_baseline.from_engine(exp.engine)
     assert result["accuracy"] > majority + 0.2, (result, majority)
@@ -354,8 +354,7 @@ def test_config_json_records_every_method_option_with_its_value(tmp_path):
     from fedjax_pfl.runs.run_writer import write_start
 
     args, overrides = train.parse_args(["--method", "fedas", "method.align_lr=0.05", "--out", str(tmp_path / "r")])
-    cfg = train.config_from_args(args, overrides)
-    train.settle(cfg)
+    cfg = train.settle(train.config_from_args(args, overrides)).config
     write_start(tmp_path / "r", cfg, [], {})
     saved = json.loads((tmp_path / "r" / "config.json").read_text())["config"]["method"]
     assert set(saved) == {o.name for o in describe(get_method("fedas").hparams_type)}
@@ -458,7 +457,7 @@ def test_eval_model_defaults_follow_the_authors(method, default):
 def test_eval_model_global_is_the_global_body_with_the_own_head(uninterrupted):
     saved = json.loads((uninterrupted / "config.json").read_text())["config"]
     cfg = config_lib.build(start=saved, overrides=["eval.model=local"])
-    exp = build_experiment(cfg)
+    exp = build_experiment(validate(cfg))
     method, key = exp.engine.method, jax.random.key(0)
     (server, clients), _, _ = checkpoint.restore(checkpoint.checkpoint_path(uninterrupted), exp.engine.init(key))
     client = jax.tree.map(lambda a: a[0], clients)

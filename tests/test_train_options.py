@@ -294,12 +294,12 @@ def test_every_method_that_keeps_optimizer_state_keeps_it(name):
     """`keeps_optimizer_state` is a promise: with train.persistent_optimizer and momentum, after one round
     with every client selected, every client holds a momentum buffer that moved from its zero start."""
     from fedjax_pfl.runs import config as config_lib
-    from fedjax_pfl.runs.experiment import build_experiment
+    from fedjax_pfl.runs.experiment import build_experiment, validate
     from test_eval_protocols import EXTRA, SYNTHETIC
 
     cfg = config_lib.build(overrides=[f"method_name={name}", *SYNTHETIC, *EXTRA.get(name, []), "train.join_ratio=1.0",
                                       "train.persistent_optimizer=true", "train.momentum=0.9"])
-    engine, key = build_experiment(cfg, progress=False).engine, jax.random.key(0)
+    engine, key = build_experiment(validate(cfg), progress=False).engine, jax.random.key(0)
     server, clients = engine.init(key)
     _, clients, _, _ = engine.run_rounds(server, clients, key, 0, 1, 1, 1)
     kept = [k for k in clients if k.endswith("opt_state")]

@@ -16,8 +16,6 @@ it); 1 for an internal error, its traceback in RUN/error.log.
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from fedjax_pfl.core import declared
 from fedjax_pfl.engine import distributed
@@ -25,8 +23,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.commands import open_files
 from fedjax_pfl.commands.command import Command, OneLineParser, seed_list, split_overrides
-from fedjax_pfl.runs.experiment import validate
-from fedjax_pfl.outputs.output_folder import default_run_folder
+from fedjax_pfl.runs.experiment import ValidRun, validate
 from fedjax_pfl.runs.resume import check_same_method, saved_run
 from fedjax_pfl.runs.single_run import run_single
 from fedjax_pfl.process.stop_request import StopRequest
@@ -151,19 +148,18 @@ def run(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, 
     SIGTERM handling (process/stop_request.py; its ``requested`` says afterwards whether one came);
     ``start_over``: replace the run the output folder holds.
     """
-    settle(cfg)
-    return run_settled(cfg, progress, resume, observe, stop, start_over)
+    return run_settled(settle(cfg), progress, resume, observe, stop, start_over)
 
 
-def run_settled(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+def run_settled(run: ValidRun, progress: bool = True, resume: bool = False, observe=None,
                 stop: StopRequest | None = None, start_over: bool = False) -> dict:
-    """`run` of a config `settle` has seen (the command settles it once, to name its folder first)."""
+    """`run` of the record `settle` made (the command settles once, to name its folder first)."""
+    cfg = run.checked
     host_devices.apply(cfg.devices.cpu, known_clients(cfg))  # before JAX starts (if it has not: else left as is)
-    if cfg.seeds or cfg.sweep:
-        open_files.ensure(sweep_runs(cfg), cfg.log.tensorboard)
-    if cfg.seeds or cfg.sweep:  # several runs in one vmapped program
-        return run_sweep(cfg, progress, resume, observe, stop, start_over)
-    return run_single(cfg, progress, resume, observe, stop, start_over)
+    if run.points:  # several runs in one vmapped program
+        open_files.ensure(len(run.points), cfg.log.tensorboard)
+        return run_sweep(run, progress, resume, observe, stop, start_over)
+    return run_single(run, progress, resume, observe, stop, start_over)
 
 
 def known_clients(cfg: config_lib.RunConfig) -> int | None:
@@ -173,22 +169,10 @@ def known_clients(cfg: config_lib.RunConfig) -> int | None:
     return None if natural else cfg.partition.num_clients
 
 
-def sweep_runs(cfg: config_lib.RunConfig) -> int:
-    """How many runs (folders) a sweep config makes: its seeds times its grid points."""
-    runs = len(cfg.seeds) or 1
-    for values in cfg.sweep.values():
-        runs *= max(len(values), 1) if isinstance(values, (list, tuple)) else 1
-    return runs
-
-
-def settle(cfg: config_lib.RunConfig) -> None:
-    """Validate ``cfg`` (names resolved in place) and fix its output folder (default: runs/<method>-<data>-<time>);
-    a data folder is recorded as an absolute path, so the run resumes from any working directory."""
-    if cfg.data.data_dir:
-        cfg.data.data_dir = os.path.abspath(os.path.expanduser(cfg.data.data_dir))
-    validate(cfg)
-    kind = "sweep" if cfg.seeds or cfg.sweep else ""
-    cfg.out = cfg.out or str(default_run_folder(cfg.method_name, cfg.data.name, kind))
+def settle(cfg: config_lib.RunConfig) -> ValidRun:
+    """The one place the library validates a configuration (`validate`: names resolved, values checked, output
+    folder and data folder fixed); everything after takes the record it returns."""
+    return validate(cfg)
 
 
 def main(argv=None, observe=None) -> int:
@@ -209,11 +193,11 @@ def main(argv=None, observe=None) -> int:
         host_devices.check_environment()  # JAX_PLATFORMS, XLA_FLAGS: before JAX starts
         distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id)
         cfg = config_from_args(args, overrides)
-        settle(cfg)
-        command.folder = Path(cfg.out)
+        run = settle(cfg)
+        command.folder = run.out
         stop = StopRequest()
         command.output.stop = stop
-        run_settled(cfg, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
+        run_settled(run, progress=not args.no_progress, resume=args.resume, observe=observe, stop=stop,
                     start_over=args.start_over)
         return stop.exit_status if stop.requested else 0
 

@@ -2,8 +2,8 @@
 
 `cell_argv` is the command line that trains one cell (``python -m
 fedjax_pfl.train`` with the setting's preset, the row's method, the seed and
-the overrides; rounds and checkpoints last), `build_config` the configuration
-it builds (validated, no data read), `cell_state` what its run folder holds
+the overrides; rounds and checkpoints last), `build_config` the validated run
+it builds (runs/experiment.py's `ValidRun`, no data read), `cell_state` what its run folder holds
 for it (new, finished, resumable, to run again), and `batchable` /
 `seeds_argv` whether and how a cell's seeds share one ``--seeds`` program
 (runs/sweep.py). Used by the table command (reproduce.py) and its run plan
@@ -40,19 +40,16 @@ def checkpoint_every(rounds: int) -> int:
     return max(1, math.ceil(rounds / 10))
 
 
-def build_config(argv: list[str]) -> config_lib.RunConfig:
-    """The RunConfig the training command builds from ``argv``, validated (names resolved), no data read."""
+def build_config(argv: list[str]):
+    """The validated run (`ValidRun`) the training command builds from ``argv`` (its `settle`), no data read."""
     from fedjax_pfl.commands import train as cli
-    from fedjax_pfl.runs.experiment import validate
 
     args, overrides = cli.parse_args(argv)
-    cfg = cli.config_from_args(args, overrides)
-    validate(cfg)
-    return cfg
+    return cli.settle(cli.config_from_args(args, overrides))
 
 
 def paper_rounds(cell: Cell, extra: list[str] = ()) -> int:
-    return build_config(base_argv(cell, extra)).train.rounds
+    return build_config(base_argv(cell, extra)).checked.train.rounds
 
 
 def cell_argv(cell: Cell, folder: Path, rounds: int, extra: list[str] = (), data_dir: str | None = None) -> list[str]:

@@ -62,7 +62,7 @@ def program_queues(cells: list[Cell], out: Path, rounds: dict, extra: list[str],
     for cell in cells:
         used = rounds[cell.setting.name][0]
         folder = out / "runs" / cell.folder_name
-        cfg = configs[cell.folder_name] = build_config(cell_argv(cell, folder, used, extra, args.data_dir))
+        cfg = configs[cell.folder_name] = build_config(cell_argv(cell, folder, used, extra, args.data_dir)).config
         state = cell_state(folder, cfg)
         if (cell.method.name, cell.setting.name, cell.seed) in finished_elsewhere:
             state = "finished"

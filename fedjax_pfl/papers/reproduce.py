@@ -177,7 +177,7 @@ def settings_without_data(cells: list[Cell], extra: list[str], data_dir: str | N
 
     data = ["--data-dir", data_dir] if data_dir else []
     first = first_cells(cells)
-    reasons = {name: missing_data(build_config(base_argv(c, [*extra, *data]))) for name, c in first.items()}
+    reasons = {name: missing_data(build_config(base_argv(c, [*extra, *data])).config) for name, c in first.items()}
     return {name: r for name, r in reasons.items() if r}
 
 
@@ -203,7 +203,7 @@ def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str
 
     argvs = {c.folder_name: cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra,
                                       args.data_dir) for c in cells}
-    configs = {name: build_config(a) for name, a in argvs.items()}
+    configs = {name: build_config(a).config for name, a in argvs.items()}
     states = {c.folder_name: cell_state(out / "runs" / c.folder_name, configs[c.folder_name]) for c in cells}
     for c in cells:
         if c.setting.name in no_data and states[c.folder_name] != "finished":

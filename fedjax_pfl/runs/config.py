@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import importlib.util
 import inspect
-import json
 import math
 import typing
 from pathlib import Path
@@ -292,11 +291,6 @@ MIN_FLOAT = 1.1754943508222875e-38  # float32's smallest normal: below it a valu
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
-
-
-def fingerprint(cfg: RunConfig) -> str:
-    """The config's values as one string: equal strings, equal configs."""
-    return json.dumps(to_dict(cfg), sort_keys=True, default=repr)
 
 
 def check_float32(value, where: str) -> None:

@@ -1,16 +1,19 @@
 """From a RunConfig to a ready Engine: data, partition, model, optimizer, method.
 
-The one place that wires the pieces together; the training command (cli.py), benchmarks
-and tests call `build_experiment`. Name checks happen before any data loads,
-so a typo costs no time.
+The one place that wires the pieces together; the training command (commands/train.py), benchmarks
+and tests call `build_experiment` on what `validate` returns (a `ValidRun`). Name checks happen before any
+data loads, so a typo costs no time.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
+import os
 from pathlib import Path
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +31,14 @@ from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.base import LocalSetup
 from fedjax_pfl.methods.options import resolved
 from fedjax_pfl.runs import host_devices
+from fedjax_pfl.runs.sweep_points import expand
+from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.models.conv import resolve_conv_impl
 from fedjax_pfl.models.networks import build_model, default_model
 from fedjax_pfl.kernels.augmentation import augmentation
 from fedjax_pfl.kernels.optim import make_optimizer
 
 
-VALIDATED = "_validated"  # a validated config's attribute: the fingerprint of the values it was validated with
 RESOLVED = "_resolved"  # a validated config's attribute: {key: what its 'auto' became and why}
 
 
@@ -47,11 +51,44 @@ class FederatedData:
     val: client_data.ClientData | None = None  # partition.val_fraction of each client's train split
 
 
+@dataclasses.dataclass(frozen=True)
+class ValidRun:
+    """A run configuration `validate` accepted: names resolved, values checked, output folder fixed. The entry
+    points that run a configuration (`build_experiment`, `run_single`, `run_sweep`, `run_federations`) take only
+    this; make it with `validate`.
+
+    ``config`` hands out a copy on every read, so nothing done to it (or to the configuration given to
+    `validate`) changes what runs. ``points``: a sweep's runs (seeds x listed values), each the ValidRun of its
+    own single-run configuration with its traced ``values`` and ``grid_name``; () for one run.
+    """
+
+    checked: config_lib.RunConfig = dataclasses.field(repr=False)
+    points: tuple[ValidRun, ...] = ()
+    # a sweep point's traced name ('lr', option name) -> float
+    values: MappingProxyType = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    grid_name: str = ""  # a sweep point's grid folder ('' without a grid, else e.g. 'lr0.05_mu0.01')
+
+    @property
+    def config(self) -> config_lib.RunConfig:
+        return copy.deepcopy(self.checked)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.checked.out)
+
+
+def require_valid(run, taker: str) -> None:
+    """TypeError unless ``run`` is a `ValidRun` (a raw RunConfig is a programming error: pass validate(cfg))."""
+    if not isinstance(run, ValidRun):
+        raise TypeError(f"{taker} takes the ValidRun that validate(cfg) returns, not a {type(run).__name__}")
+
+
 @dataclasses.dataclass
 class Experiment:
     engine: engine_lib.Engine
     data: FederatedData
     dataset: Dataset
+    config: config_lib.RunConfig  # the run's configuration as built (a model 'auto' resolved by its data)
     data_files: tuple[str, ...] = ()  # the dataset files actually read (none for generated data)
 
     @property
@@ -207,20 +244,36 @@ def beyond_plain_sgd(t: config_lib.TrainConfig) -> tuple[str, ...]:
         if v != plain)
 
 
-def validate(cfg: config_lib.RunConfig) -> None:
-    """Fail fast on names and values, before any data is read; once per configuration (a second call on the
-    same values returns at once).
+def validate(cfg: config_lib.RunConfig) -> ValidRun:
+    """The run ``cfg`` describes, checked: a one-line UserError on a bad name or value, before any data is read.
+    ``cfg`` itself is left as it was.
 
-    Resolves in place what config.json must record as used: the dataset
+    Resolved in the record, as config.json must record them: the dataset
     alias and ``data.name='auto'`` (the CIFAR-10 at hand: `resolve_dataset`),
     ``model.name='auto'`` (by the dataset's inputs: `resolve_model`),
-    ``eval.model='auto'`` (the method's default protocol) and every method
-    option, defaults included (`resolved_method_options`).
+    ``eval.model='auto'`` (the method's default protocol), every method
+    option, defaults included (`resolved_method_options`), the data folder as
+    an absolute path (the run resumes from any working directory) and the
+    output folder (default: runs/<method>-<data>[-sweep]-<time>). A sweep's
+    points (runs/sweep_points.py) are checked too, each with its own values.
     """
+    cfg = copy.deepcopy(cfg)
+    check_values(cfg)
+    if cfg.data.data_dir:
+        cfg.data.data_dir = os.path.abspath(os.path.expanduser(cfg.data.data_dir))
+    sweep = bool(cfg.seeds or cfg.sweep)
+    cfg.out = cfg.out or str(default_run_folder(cfg.method_name, cfg.data.name, "sweep" if sweep else ""))
+    points = expand(cfg) if sweep else []
+    for point, _, _ in points:
+        config_lib.method_options(get_method(cfg.method_name).hparams_type, point.method)  # listed values
+        config_lib.validate_values(point)
+    return ValidRun(cfg, tuple(ValidRun(p, values=MappingProxyType(v), grid_name=g) for p, v, g in points))
+
+
+def check_values(cfg: config_lib.RunConfig) -> None:
+    """`validate`'s checks, resolving ``cfg``'s names in place."""
     from fedjax_pfl.data.registry import canonical_name, input_kind
 
-    if getattr(cfg, VALIDATED, None) == config_lib.fingerprint(cfg):
-        return
     algorithm = get_method(cfg.method_name)
     cfg.method = resolved_method_options(cfg.method_name, cfg.method)
     resolve_dataset(cfg)
@@ -238,7 +291,6 @@ def validate(cfg: config_lib.RunConfig) -> None:
     if data_dir and cfg.data.source == "files" and cfg.data.name != "synthetic" and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder; pass the folder that holds the dataset files "
                         "or leave it out")
-    setattr(cfg, VALIDATED, config_lib.fingerprint(cfg))
 
 
 def _note(cfg: config_lib.RunConfig, key: str, text: str) -> None:
@@ -293,10 +345,11 @@ def check_files_read(data_dir, read: list) -> None:
                         f"put them in {data_dir} or pass --data-dir {Path(outside[0]).parent}")
 
 
-def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, progress: bool = False) -> Experiment:
-    """The experiment of ``cfg`` (on ``dataset`` when given); ``progress``: in-round progress callbacks
+def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bool = False) -> Experiment:
+    """The experiment of ``run`` (on ``dataset`` when given); ``progress``: in-round progress callbacks
     (engine/round_progress.py)."""
-    validate(cfg)
+    require_valid(run, "build_experiment")
+    cfg = run.config
     read: list = []
     if dataset is None:
         extra = ({"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg),
@@ -329,7 +382,7 @@ def build_experiment(cfg: config_lib.RunConfig, dataset: Dataset | None = None, 
     num_clients = data.train.num_clients
     engine_cfg = engine_config(cfg.train, engine_lib.clients_per_round(num_clients, cfg.train.join_ratio), progress)
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
-    return Experiment(engine, data, dataset, tuple(str(p) for p in dict.fromkeys(read)))
+    return Experiment(engine, data, dataset, cfg, tuple(str(p) for p in dict.fromkeys(read)))
 
 
 

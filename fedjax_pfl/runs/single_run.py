@@ -24,18 +24,12 @@ from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import resume as resume_lib
 from fedjax_pfl.outputs import run_output
 from fedjax_pfl.runs.call_planner import CallPlanner
-from fedjax_pfl.runs.experiment import build_experiment, resolved_notes, resolved_settings
+from fedjax_pfl.runs.experiment import ValidRun, build_experiment, require_valid, resolved_notes, resolved_settings
 from fedjax_pfl.runs.loop import run_calls
-from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
 from fedjax_pfl.process.stop_request import StopRequest
-
-
-def run_folder_of(cfg: config_lib.RunConfig) -> Path:
-    """``--out``, else ``runs/<method>-<dataset>-<time>``."""
-    return Path(cfg.out) if cfg.out else default_run_folder(cfg.method_name, cfg.data.name)
 
 
 class SingleProgram:
@@ -59,24 +53,25 @@ class SingleProgram:
         return self.engine.evaluate(self.server, self.clients, eval_key, round_index=round_index)
 
 
-def run_single(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+def run_single(run: ValidRun, progress: bool = True, resume: bool = False, observe=None,
                stop: StopRequest | None = None, start_over: bool = False) -> dict:
-    """Train ``cfg`` (validated) into its run folder, held for the run (outputs/folder_claim.py); returns the final
-    summary.
+    """Train ``run`` into its run folder, held for the run (outputs/folder_claim.py); returns the final summary.
 
     ``stop``: the Ctrl-C and SIGTERM handling to use (the caller reads ``stop.requested`` afterwards);
     ``start_over``: replace the run the folder holds."""
-    out = run_folder_of(cfg)
+    require_valid(run, "run_single")
+    out = run.out
     stop = stop or StopRequest()
     if not distributed.is_main_process():  # only process 0 writes the run folder (checkpoints: every process)
         with tempfile.TemporaryDirectory(prefix="fedjax_pfl-process-") as scratch:
-            return _train(cfg, out, Path(scratch), False, resume, observe, stop)
+            return _train(run, out, Path(scratch), False, resume, observe, stop)
     with claimed(out, checkpoint.has_checkpoint, resume, start_over):
-        return _train(cfg, out, out, progress, resume, observe, stop)
+        return _train(run, out, out, progress, resume, observe, stop)
 
 
-def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, stop: StopRequest) -> dict:
+def _train(run: ValidRun, out: Path, files: Path, progress: bool, resume: bool, observe, stop: StopRequest) -> dict:
     """`run_single` with the run folder ``out`` (checkpoint, resume) and ``files``, where this process writes."""
+    cfg = run.config
     saved = resume_lib.saved_run(out) if resume else None
     if saved is not None:  # before any data is read
         resume_lib.check_same_config(saved, cfg)
@@ -87,7 +82,8 @@ def _train(cfg, out: Path, files: Path, progress: bool, resume: bool, observe, s
     for key, why in resolved_notes(cfg).items():  # what 'auto' became: data.name, model.name
         print(f"{key}: {why}", flush=True)
     print(f"loading {cfg.data.name} and partitioning it ({cfg.partition.scheme}) ...", flush=True)
-    exp = build_experiment(cfg, progress=progress)
+    exp = build_experiment(run, progress=progress)
+    cfg = exp.config  # (with what its data decided: a model 'auto')
     print(exp.partition_text)
     print(f"loaded and partitioned in {time.perf_counter() - began:.1f} s; initialising the model and "
           f"{'restoring' if resume else 'creating'} the clients' state ...", flush=True)

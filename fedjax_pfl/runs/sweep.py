@@ -40,9 +40,6 @@ run one after another.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import itertools
 import os
 import time
 from pathlib import Path
@@ -57,14 +54,13 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine.federations import Federation, FederationRows
 from fedjax_pfl.outputs import run_output
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
 from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs import host_devices
-from fedjax_pfl.runs.experiment import build_experiment, resolved_notes, resolved_settings, validate
+from fedjax_pfl.runs.experiment import (ValidRun, build_experiment, require_valid, resolve_model, resolved_notes,
+                                        resolved_settings)
 from fedjax_pfl.runs.loop import run_calls
 from fedjax_pfl.outputs.folder_lock import locked
-from fedjax_pfl.outputs.output_folder import default_run_folder
 from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
@@ -72,49 +68,6 @@ from fedjax_pfl.runs.single_run import training_clients
 from fedjax_pfl.process.stop_request import StopRequest
 
 STATE_COPIES = 4
-
-
-@dataclasses.dataclass
-class Point:
-    """One run of the sweep: its own config (a plain single-run config), seed and traced values."""
-
-    cfg: config_lib.RunConfig
-    values: dict  # traced name ('lr', option name) -> float
-    grid_name: str  # '' without a grid, else e.g. 'lr0.05_mu0.01'
-
-    @property
-    def out(self) -> Path:
-        return Path(self.cfg.out)
-
-
-def expand(cfg: config_lib.RunConfig) -> list[Point]:
-    """The points of a sweep config: grid (``cfg.sweep``) x seeds (``cfg.seeds`` or ``seed``)."""
-    allowed = get_method(cfg.method_name).hyperparameter_names
-    names = {key: config_lib.hyperparameter_name(key) for key in cfg.sweep}
-    for key, name in names.items():
-        if name not in allowed:
-            raise UserError(f"{key} cannot be a list for method {cfg.method_name!r}: only {', '.join(allowed)} "
-                            "vary inside one program; run other settings one by one")
-        values = cfg.sweep[key]
-        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise UserError(f"{key} must be a non-empty list of numbers, got {values!r}")
-    seeds = list(cfg.seeds) or [cfg.seed]
-    data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
-    root = Path(cfg.out) if cfg.out else default_run_folder(cfg.method_name, cfg.data.name, "sweep")
-    points = []
-    for combo in itertools.product(*cfg.sweep.values()):
-        values = {names[k]: float(v) for k, v in zip(cfg.sweep, combo)}
-        grid_name = "_".join(f"{n}{v:g}" for n, v in values.items())
-        for seed in seeds:
-            point = copy.deepcopy(cfg)
-            point.seeds, point.sweep, point.seed = (), {}, seed
-            point.data_seed, point.vary_data_with_seed = seed if cfg.vary_data_with_seed else data_seed, False
-            for key, v in zip(cfg.sweep, combo):
-                section, name = key.split(".", 1)
-                config_lib.apply_mapping(point, {section: {name: v}})
-            point.out = str(root / grid_name / f"seed{seed}") if grid_name else str(root / f"seed{seed}")
-            points.append(Point(point, values, grid_name))
-    return points
 
 
 def experiments_per_call(engine, cfg: config_lib.RunConfig, count: int) -> int:
@@ -131,21 +84,20 @@ def experiments_per_call(engine, cfg: config_lib.RunConfig, count: int) -> int:
     return int(max(1, min(count, (free // 2) // max(per_point, 1))))
 
 
-def _stack_values(points: list[Point]) -> dict:
+def _stack_values(points: list[ValidRun]) -> dict:
     return {name: jnp.asarray([p.values[name] for p in points], jnp.float32) for name in points[0].values}
 
 
-def experiments_by_data_seed(points: list[Point], progress: bool = False) -> dict:
+def experiments_by_data_seed(points: list[ValidRun], progress: bool = False) -> dict:
     """{data seed: Experiment} for the points' partitions; one-line error when their shapes differ."""
     exps: dict = {}
     for point in points:
-        seed = point.cfg.data_seed
+        seed = point.checked.data_seed
         if seed in exps:
             continue
         first = next(iter(exps.values()), None)
-        reuse = first is not None and point.cfg.data.name != "synthetic"  # generated data depend on the seed
-        exps[seed] = build_experiment(copy.deepcopy(point.cfg), dataset=first.dataset if reuse else None,
-                                      progress=progress)
+        reuse = first is not None and point.checked.data.name != "synthetic"  # generated data depend on the seed
+        exps[seed] = build_experiment(point, dataset=first.dataset if reuse else None, progress=progress)
         shapes = lambda e: jax.tree.map(np.shape, (e.data.train, e.data.test, e.data.val))  # noqa: E731
         if first is not None and shapes(exps[seed]) != shapes(first):
             raise UserError("vary_data_with_seed: the seeds' partitions have different array shapes (largest client "
@@ -167,12 +119,12 @@ class BatchedProgram:
     it (untimed where the run is short, as a single run); ``earlier``: the timed record of an earlier chunk of
     as many points, whose choice this one reuses (the same program shape) instead of timing again."""
 
-    def __init__(self, exps: dict, points: list[Point], report=None, earlier: dict | None = None):
-        cfg = points[0].cfg
+    def __init__(self, exps: dict, points: list[ValidRun], report=None, earlier: dict | None = None):
+        cfg = points[0].checked
         engine = exps[cfg.data_seed].engine
-        self.data = _stacked_data([exps[p.cfg.data_seed] for p in points]) if len(exps) > 1 else None
+        self.data = _stacked_data([exps[p.checked.data_seed] for p in points]) if len(exps) > 1 else None
         self.rounds, self.eval_every = cfg.train.rounds, cfg.eval_every
-        keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.cfg.seed))) for p in points])
+        keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.checked.seed))) for p in points])
         self.keys = keys[:, 1]
         self.servers, self.clients = engine.init_batched(keys[:, 0])
         self.values = _stack_values(points)
@@ -201,22 +153,24 @@ class BatchedProgram:
         return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
 
 
-def run_chunk(exps: dict, points: list[Point], progress: bool, stop: StopRequest, observe,
+def run_chunk(exps: dict, points: list[ValidRun], progress: bool, stop: StopRequest, observe,
               mappings: dict) -> list[dict]:
     """Run one chunk of points to the end (or to Ctrl-C) -> their summaries. ``mappings``: chunk size ->
     client mapping record, read (an earlier chunk of this size: its choice is reused) and updated."""
     program = BatchedProgram(exps, points, report=lambda line: print(line, flush=True),
                              earlier=mappings.get(len(points)))
     mappings.setdefault(len(points), program.mapping)
-    return run_program(program, [exps[p.cfg.data_seed] for p in points], [p.cfg for p in points], progress, stop,
-                       observe)
+    return run_program(program, [exps[p.checked.data_seed] for p in points], points, progress, stop, observe)
 
 
-def run_program(program, exps: list, cfgs: list[config_lib.RunConfig], progress: bool, stop: StopRequest,
+def run_program(program, exps: list, runs: list[ValidRun], progress: bool, stop: StopRequest,
                 observe) -> list[dict]:
-    """Run ``program`` (several runs: ``cfgs``, built as ``exps``) to the end (or to Ctrl-C), each writing its own
+    """Run ``program`` (several runs: ``runs``, built as ``exps``) to the end (or to Ctrl-C), each writing its own
     run folder -> their summaries."""
     print(mapping_choice.describe(program.mapping), flush=True)
+    cfgs = [run.config for run in runs]
+    for cfg, exp in zip(cfgs, exps):
+        resolve_model(cfg, exp.dataset.is_image)  # what its data decided (a model 'auto'), as config.json records
     writers = [RunWriter(Path(cfg.out), Path(cfg.out), cfg, exp.data_files, exp.partition_summary,
                          resolved=resolved_settings(cfg, program.mapping)) for exp, cfg in zip(exps, cfgs)]
     cfg = cfgs[0]
@@ -264,15 +218,16 @@ class FederationProgram:
     """The compiled rounds of runs that differ only in seed, partition or participation, as rows of one program
     (`FederationRows`); the partitions that agree are built (and held) once."""
 
-    def __init__(self, cfgs: list[config_lib.RunConfig], progress: bool = False):
+    def __init__(self, runs: list[ValidRun], progress: bool = False):
         built: dict[str, object] = {}
         self.exps = []
-        for cfg in cfgs:
+        cfgs = [run.checked for run in runs]
+        for run, cfg in zip(runs, cfgs):
             key = repr((config_lib.to_dict(cfg)["partition"], cfg.seed if cfg.data_seed is None else cfg.data_seed))
             if key not in built:
                 first = next(iter(built.values()), None)
                 reuse = first is not None and cfg.data.name != "synthetic"  # generated data depend on the seed
-                built[key] = build_experiment(cfg, dataset=first.dataset if reuse else None, progress=progress)
+                built[key] = build_experiment(run, dataset=first.dataset if reuse else None, progress=progress)
             self.exps.append(built[key])
         federations = [Federation(*e.engine.client_data, engine_lib.clients_per_round(e.engine.num_clients,
                                                                                      cfg.train.join_ratio))
@@ -303,14 +258,15 @@ class FederationProgram:
         return None  # (the snapshot keeps the latest evaluation's clients.csv)
 
 
-def run_federations(cfgs: list[config_lib.RunConfig], progress: bool = True, observe=None,
+def run_federations(runs: list[ValidRun], progress: bool = True, observe=None,
                     stop: StopRequest | None = None, start_over: bool = False) -> list[dict]:
-    """Train the runs ``cfgs`` (each with its own ``out``) as rows of ONE program (module docstring); each writes
+    """Train ``runs`` (each with its own ``out``) as rows of ONE program (module docstring); each writes
     its run folder as its single run would. A one-line UserError when they differ in more than `POOLED` or
     their method cannot run as rows; their folders are held for the whole program."""
     stop = stop or StopRequest()
-    for cfg in cfgs:
-        validate(cfg)
+    for run in runs:
+        require_valid(run, "run_federations")
+    cfgs = [run.checked for run in runs]
     other = pooled_difference(cfgs)
     if other is not None:
         raise UserError(f"runs as rows of one program may differ only in seed, partition and join ratio, not in "
@@ -318,10 +274,10 @@ def run_federations(cfgs: list[config_lib.RunConfig], progress: bool = True, obs
     with contextlib.ExitStack() as held:
         for cfg in cfgs:
             held.enter_context(claimed(Path(cfg.out), checkpoint.has_checkpoint, start_over=start_over))
-        program = FederationProgram(cfgs, progress)
+        program = FederationProgram(runs, progress)
         print(f"{len(cfgs)} runs as rows of one program on {jax.devices()[0].device_kind} ({jax.default_backend()})",
               flush=True)
-        return run_program(program, program.exps, cfgs, progress, stop, observe)
+        return run_program(program, program.exps, runs, progress, stop, observe)
 
 
 def _mean_std(values) -> dict:
@@ -329,13 +285,13 @@ def _mean_std(values) -> dict:
     return {"mean": float(v.mean()), "std": float(v.std()), "n": int(v.size)}
 
 
-def sweep_summary(points: list[Point], summaries: list[dict]) -> dict:
+def sweep_summary(points: list[ValidRun], summaries: list[dict]) -> dict:
     """Per grid point, mean +- std over seeds; the best point by validation accuracy (if any)."""
     groups: dict[str, list[dict]] = {}
     values: dict[str, dict] = {}
     for point, summary in zip(points, summaries):
         groups.setdefault(point.grid_name, []).append(summary)
-        values[point.grid_name] = point.values
+        values[point.grid_name] = dict(point.values)
     table = []
     for name, group in groups.items():
         done = [s for s in group if "last" in s]
@@ -370,31 +326,31 @@ def sweep_markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_sweep(cfg: config_lib.RunConfig, progress: bool = True, resume: bool = False, observe=None,
+def run_sweep(run: ValidRun, progress: bool = True, resume: bool = False, observe=None,
               stop: StopRequest | None = None, start_over: bool = False) -> dict:
-    """Run every point of ``cfg`` (seeds x grid) in vmapped chunks; write each folder and sweep.json/.md. The
-    sweep's folder and every point's are held (locked) for the whole sweep (outputs/folder_claim.py).
+    """Run every point of ``run`` (seeds x grid: ``run.points``) in vmapped chunks; write each folder and
+    sweep.json/.md. The sweep's folder and every point's are held (locked) for the whole sweep
+    (outputs/folder_claim.py).
 
     ``stop``: the Ctrl-C and SIGTERM handling to use (after either no further chunk starts); ``start_over``:
     replace the runs the points' folders hold."""
+    require_valid(run, "run_sweep")
+    if not run.points:
+        raise TypeError("run_sweep takes a sweep (seeds or listed values); run_single runs one configuration")
     stop = stop or StopRequest()
     if resume:
         raise UserError("--resume continues one run: resume a point of a sweep in its own folder "
                         "(e.g. --out RUN/seed1 --resume)")
-    validate(cfg)
-    points = expand(cfg)
-    root = points[0].out.parent if not points[0].grid_name else points[0].out.parent.parent
-    for point in points:
-        config_lib.method_options(get_method(cfg.method_name).hparams_type, point.cfg.method)  # concrete checks
-        config_lib.validate_values(point.cfg)
+    points = list(run.points)
+    root = run.out
     with contextlib.ExitStack() as held:
         held.enter_context(locked(root))
         for point in points:
             held.enter_context(claimed(point.out, checkpoint.has_checkpoint, start_over=start_over))
-        return _run_points(cfg, points, root, progress, stop, observe)
+        return _run_points(run.checked, points, root, progress, stop, observe)
 
 
-def _run_points(cfg: config_lib.RunConfig, points: list[Point], root: Path, progress: bool, stop: StopRequest,
+def _run_points(cfg: config_lib.RunConfig, points: list[ValidRun], root: Path, progress: bool, stop: StopRequest,
                 observe) -> dict:
     """`run_sweep` once its folders are held."""
     for key, why in resolved_notes(cfg).items():  # what 'auto' became: data.name, model.name
