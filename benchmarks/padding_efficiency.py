@@ -39,7 +39,7 @@ def client_steps(clients: int, train_samples: int, test_samples: int, batch: int
                         "partition.num_clients": clients,
                         "partition.min_size": max(1, min(10, train_samples // (4 * clients)))})
     data = partition_dataset(random_cifar_like(train_samples, test_samples), cfg.partition, data_seed(cfg))
-    return np.asarray(real_steps(np.asarray(data.train.n), batch, epochs))
+    return np.asarray(real_steps(np.asarray(data.train.n), batch, epochs, drop_last=False))
 
 
 def mapping_counts(steps, widths) -> dict:

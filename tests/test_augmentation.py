@@ -55,7 +55,7 @@ def _train(augment, normalize=lambda x: x.astype(jnp.float32) / 255.0, seen=None
 
     variables = {"params": {"w": jnp.zeros((4, 4, 1))}}
     out, loss, _ = local_training.train_with_state(objective, optax.sgd(0.05), variables, data, jax.random.key(3),
-                                                   batch_size=4, max_epochs=2, epochs=2, normalize=normalize,
+                                                   batch_size=4, max_epochs=2, epochs=2, normalize=normalize, drop_last=False,
                                                    augment=augment)
     return np.asarray(out["params"]["w"]), float(loss)
 

@@ -39,7 +39,7 @@ def _engine(method_name, options=None, lr=0.1, mapping="map", **schedule):
     bounds = np.cumsum([0, *SIZES])
     data = stack_clients(x, y, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
     model = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
-    setup = local_setup(model=model, optimizer=functools.partial(make_optimizer, "sgd", momentum=0.5), lr=lr,
+    setup = local_setup(model=model, optimizer=functools.partial(make_optimizer, "sgd", momentum=0.5, weight_decay=0.0), lr=lr,
                         batch_size=4, local_epochs=2, normalize=_normalize)
     cls = get_method(method_name)
     method = cls(setup, cls.hparams_type(**(options or {})) if cls.hparams_type else None)

@@ -2,8 +2,8 @@
 
 The records the engine and the methods read (`EngineConfig`, `LocalSetup`,
 `LrSchedule`) carry no defaults of their own for settings; no class field or
-function parameter in engine/ or methods/ repeats a train setting's declared
-default; the client mappings' names are written once (engine/client_mapping.py)
+function parameter in engine/, methods/ or kernels/ repeats a train setting's
+declared default (a kernel takes drop_last, momentum and weight_decay from its caller); the client mappings' names are written once (engine/client_mapping.py)
 and the setting shows that list; the values a grid may vary come from one
 declaration (`Algorithm.hyperparameter_names`, `config.hyperparameter_name`).
 """
@@ -68,7 +68,7 @@ def _repeated_defaults(source: str, where: str) -> list[str]:
 
 
 def test_no_setting_default_is_repeated_below_runs():
-    found = [hit for folder in ("engine", "methods") for path in sorted((PACKAGE / folder).glob("*.py"))
+    found = [hit for folder in ("engine", "methods", "kernels") for path in sorted((PACKAGE / folder).glob("*.py"))
              for hit in _repeated_defaults(path.read_text(), str(path.relative_to(PACKAGE)))]
     assert found == []
 

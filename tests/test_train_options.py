@@ -65,7 +65,7 @@ def test_drop_last_takes_floor_n_over_b_steps_and_never_sees_the_leftover():
     ref, _ = _reference_train(v0, x, y, key, 2, 10, 30, drop_last=True)
     _assert_close(out, ref)
     assert int(local_training.real_steps(25, 10, 2, drop_last=True)) == 4
-    assert int(local_training.real_steps(25, 10, 2)) == 6
+    assert int(local_training.real_steps(25, 10, 2, drop_last=False)) == 6
 
 
 def test_drop_last_client_smaller_than_a_batch_takes_no_step():

@@ -104,22 +104,22 @@ def epoch_orders(key, n, n_max: int, max_epochs: int, batch_size: int):
     return jnp.pad(orders, ((0, 0), (0, spe * batch_size - n_max)), constant_values=0)
 
 
-def client_steps_per_epoch(n, batch_size: int, drop_last: bool = False):
+def client_steps_per_epoch(n, batch_size: int, drop_last: bool):
     """``ceil(n / B)``, or ``floor(n / B)`` with ``drop_last``: one client's steps per epoch.
 
     Examples:
-        >>> int(client_steps_per_epoch(5, 2)), int(client_steps_per_epoch(5, 2, drop_last=True))
+        >>> int(client_steps_per_epoch(5, 2, False)), int(client_steps_per_epoch(5, 2, True))
         (3, 2)
     """
     n = jnp.asarray(n, jnp.int32)
     return n // batch_size if drop_last else (n + batch_size - 1) // batch_size
 
 
-def real_steps(n, batch_size: int, epochs, drop_last: bool = False):
+def real_steps(n, batch_size: int, epochs, drop_last: bool):
     """``epochs * ceil(n / B)`` (``floor`` with ``drop_last``): the steps a client with ``n`` samples takes.
 
     Examples:
-        >>> int(real_steps(61, 10, epochs=2)), int(real_steps(6, 10, 2, drop_last=True))
+        >>> int(real_steps(61, 10, 2, drop_last=False)), int(real_steps(6, 10, 2, drop_last=True))
         (14, 0)
     """
     return jnp.asarray(epochs, jnp.int32) * client_steps_per_epoch(n, batch_size, drop_last)
@@ -196,7 +196,8 @@ def train(objective: Objective, optimizer: optax.GradientTransformation, variabl
         >>> def objective(variables, batch, key):  # fit w to 2 on the real samples
         ...     return feature_mse(batch.x * variables["params"]["w"], 2.0 * batch.x, batch.mask), None
         >>> variables, loss = train(objective, optax.sgd(0.1), {"params": {"w": jnp.zeros(())}}, data,
-        ...                         jax.random.PRNGKey(0), batch_size=2, max_epochs=20, epochs=20, normalize=lambda x: x)
+        ...                         jax.random.PRNGKey(0), batch_size=2, max_epochs=20, epochs=20, normalize=lambda x: x,
+        ...                         drop_last=False)
         >>> round(float(variables["params"]["w"]), 3)  # 40 steps (2 per epoch)
         2.0
     """
@@ -215,8 +216,8 @@ def train_with_state(
     max_epochs: int,
     epochs,
     normalize: Callable,
+    drop_last: bool,
     part: str = "all",
-    drop_last: bool = False,
     opt_state=None,
     augment: Callable | None = None,
 ):
@@ -246,7 +247,7 @@ def train_with_state(
         ...     return feature_mse(batch.x * variables["params"]["w"], 2.0 * batch.x, batch.mask), None
         >>> variables, loss, state = train_with_state(objective, optax.sgd(0.1, momentum=0.9), {"params": {"w": jnp.zeros(())}},
         ...                                           data, jax.random.PRNGKey(0), batch_size=2, max_epochs=1, epochs=1,
-        ...                                           normalize=lambda x: x)
+        ...                                           normalize=lambda x: x, drop_last=False)
         >>> round(float(variables["params"]["w"]), 3), round(float(loss), 3)  # 2 steps; the momentum is in state
         (1.08, 3.28)
     """

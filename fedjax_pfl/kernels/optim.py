@@ -10,11 +10,11 @@ from fedjax_pfl.core.errors import UserError
 OPTIMIZERS = ("sgd", "adam")
 
 
-def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+def make_optimizer(name: str, lr: float, momentum: float, weight_decay: float):
     """torch.optim.SGD / Adam semantics: weight decay is added to the gradient.
 
     Examples:
-        >>> opt = make_optimizer("sgd", 0.1, weight_decay=0.5)
+        >>> opt = make_optimizer("sgd", 0.1, momentum=0.0, weight_decay=0.5)
         >>> w = jnp.array([1.0])
         >>> updates, _ = opt.update(jnp.array([1.0]), opt.init(w), w)
         >>> round(float(updates[0]), 4)  # -lr * (grad + decay * w)
