@@ -45,10 +45,10 @@ def _close(a, b):
 
 
 @pytest.mark.parametrize("method_name,mapping", [("fedavg", "vmap"), ("ditto", "vmap"), ("fedper", "chunked"),
-                                                 ("fedas", "vmap")])
+                                                 ("fedas", "vmap"), ("fedpac", "chunked")])
 def test_host_kept_equals_device_kept(method_name, mapping):
     method, train, test, config = _federation(method_name, mapping, persistent_optimizer=method_name in (
-        "fedavg", "ditto", "fedper"))
+        "fedavg", "ditto", "fedper", "fedpac"))
     device = engine_lib.Engine(method, train, test, config)
     host = host_clients.HostClients(engine_lib.Engine(method, train, test, config), eval_chunk=3)
     init_key, key = jax.random.split(jax.random.PRNGKey(1))
