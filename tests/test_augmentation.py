@@ -5,7 +5,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.kernels import local_training

@@ -7,7 +7,6 @@ must be acknowledged within a second and honoured on the last round.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
