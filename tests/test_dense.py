@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import float32_bounds as f32
+
 from fedjax_pfl.models.dense import Dense, dense_direct
 from fedjax_pfl.models.networks import build_model
 
@@ -61,7 +63,12 @@ def test_layer_has_flax_dense_parameters_and_values(impl):
     params, reference = ours.init(jax.random.key(2), x), flax_dense.init(jax.random.key(2), x)
     _close(params, reference)  # same initialisers, same draws: parameters move between them freely
     loss = lambda module, p: jnp.sum(jnp.sin(module.apply(p, x)))  # noqa: E731
-    np.testing.assert_allclose(ours.apply(params, x), flax_dense.apply(reference, x), rtol=1e-6)
+    # both within float32's bound of the exact x @ kernel + bias (tests/float32_bounds.py), not of each other
+    kernel, bias = (np.asarray(params["params"][k], np.float64) for k in ("kernel", "bias"))
+    exact = np.asarray(x, np.float64) @ kernel + bias
+    bound = f32.gamma(x.shape[-1] + 1) * (np.abs(np.asarray(x)) @ np.abs(kernel) + np.abs(bias))
+    for got in (ours.apply(params, x), flax_dense.apply(reference, x)):
+        f32.assert_within(got, exact, bound, "Dense")
     for a, b in zip(jax.tree.leaves(jax.grad(lambda p: loss(ours, p))(params)),
                     jax.tree.leaves(jax.grad(lambda p: loss(flax_dense, p))(reference))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

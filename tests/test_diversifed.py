@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+import float32_bounds as f32
 import fmnist_two_class
 import majority_baseline
 import mixing_check
@@ -101,13 +102,17 @@ def test_defaults_are_the_papers_form():
     prepared = jax.jit(method.prepare)(server, clients, selected)
     written, _, _ = md.mix_models(server["params"], hp.tau, hp.eta, rows=selected)
     kernel, _, _ = md.mix_models(server["params"], hp.tau, hp.eta, form="kernel", sigma=hp.sigma, rows=selected)
-    for got, want, other in zip(*(jax.tree.leaves(t) for t in (prepared["anchor"], written, kernel))):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # both float32 paths within the float32 bound of the exact written step (tests/float32_mixing_bound.py)
+    u_exact, _, u_bound, _ = f32.exact_mixing(server["params"], hp.tau, hp.eta, selected)
+    f32.assert_within(tree_ops.flatten_stacked(prepared["anchor"]), u_exact, u_bound, "prepare's anchors")
+    f32.assert_within(tree_ops.flatten_stacked(written), u_exact, u_bound, "mix_models' anchors")
+    for got, other in zip(jax.tree.leaves(prepared["anchor"]), jax.tree.leaves(kernel)):
         assert not np.allclose(got, other, rtol=1e-3, atol=1e-3)
     variant = DIVERSIFED(_setup(), DiversiFedConfig(form="kernel", sigma=SIGMA))
     u, xi = jax.jit(lambda s, rows: diversifed.anchors(variant, s, rows))(server, selected)
-    expected, xi_k, _ = md.mix_models(server["params"], hp.tau, hp.eta, form="kernel", sigma=SIGMA, rows=selected)
-    np.testing.assert_allclose(xi, xi_k, rtol=1e-6, atol=1e-7)
+    _, xi_exact, _, xi_bound = f32.exact_mixing(server["params"], hp.tau, hp.eta, selected, form="kernel",
+                                                sigma=SIGMA)
+    f32.assert_within(xi, xi_exact, xi_bound, "the kernel variant's Xi")
 
 
 # ---------------------------------------------------------------- mechanics
@@ -135,9 +140,8 @@ def test_prepare_uses_all_stored_models_and_attracts_own_group():
     selected = jnp.array([4, 1])
     chosen = tree_ops.gather(clients, selected)
     prepared = jax.jit(method.prepare)(server, chosen, selected)
-    expected, _, _ = md.mix_models(server["params"], 1.0, 1e-3, rows=selected)
-    for a, b in zip(jax.tree.leaves(prepared["anchor"]), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    u_exact, _, u_bound, _ = f32.exact_mixing(server["params"], 1.0, 1e-3, selected)
+    f32.assert_within(tree_ops.flatten_stacked(prepared["anchor"]), u_exact, u_bound, "prepare's anchors")
     w = np.asarray(tree_ops.flatten_stacked(server["params"]))
     u = np.asarray(tree_ops.flatten_stacked(prepared["anchor"]))
     groups = {4: (w[3:].mean(0), w[:3].mean(0)), 1: (w[:3].mean(0), w[3:].mean(0))}

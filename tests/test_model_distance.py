@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import float32_bounds as f32
+
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import model_distance as md
 
@@ -160,13 +162,21 @@ def test_stacked_tree_equals_flat_matrix():
     tree = {"body": {"kernel": jnp.asarray(rng.normal(size=(6, 5, 4)), jnp.float32)},
             "head": {"bias": jnp.asarray(rng.normal(size=(6, 3)), jnp.float32)}}
     flat = np.concatenate([np.asarray(tree["body"]["kernel"]).reshape(6, -1), np.asarray(tree["head"]["bias"])], 1)
-    np.testing.assert_allclose(pairwise_distances(tree), pairwise_distances(jnp.asarray(flat)), rtol=1e-6)
-    xi = mixing_matrix(md.pairwise_sq_distances(tree), 1.0, 0.1, rows=jnp.array([4, 1]))
+    # each form within float32's bound of the exact distances (tests/float32_bounds.py), not of each other
+    sq_exact, sq_bound = f32.exact_sq_distances(jnp.asarray(flat))
+    for form in (tree, jnp.asarray(flat)):
+        f32.assert_within(md.pairwise_sq_distances(form), sq_exact, sq_bound, "squared distances")
+    rows = jnp.array([4, 1])
+    xi = mixing_matrix(md.pairwise_sq_distances(tree), 1.0, 0.1, rows=rows)
     u_tree = md.apply_mixing(xi, tree)
     assert u_tree["body"]["kernel"].shape == (2, 5, 4) and u_tree["head"]["bias"].shape == (2, 3)
     u_flat = md.apply_mixing(xi, jnp.asarray(flat))
-    np.testing.assert_allclose(u_tree["body"]["kernel"].reshape(2, -1), u_flat[:, :20], rtol=1e-6)
-    np.testing.assert_allclose(u_tree["head"]["bias"], u_flat[:, 20:], rtol=1e-6)
+    # the same Xi mixes both: U = Xi @ W exactly in float64, within gamma_{N+2} |Xi| |W| in float32
+    u_exact = np.asarray(xi, np.float64) @ flat.astype(np.float64)
+    bound = f32.matmul_bound(xi, flat) + f32.gamma(8) * np.abs(np.asarray(xi)) @ np.abs(flat)
+    f32.assert_within(u_tree["body"]["kernel"].reshape(2, -1), u_exact[:, :20], bound[:, :20], "tree U")
+    f32.assert_within(u_tree["head"]["bias"], u_exact[:, 20:], bound[:, 20:], "tree U")
+    f32.assert_within(u_flat, u_exact, bound, "flat U")
 
 
 # ------------------------------------------------- the paper's form: loss, mixing
@@ -439,8 +449,11 @@ def test_rows_select_clients_from_all_models():
     rows = jnp.array([3, 17, 29, 0])
     u_all, xi_all, _ = mix_models(w, 0.5, 0.01)
     u_sel, xi_sel, _ = mix_models(w, 0.5, 0.01, rows=rows)
-    np.testing.assert_allclose(xi_sel, xi_all[rows], rtol=1e-6)
-    np.testing.assert_allclose(u_sel, u_all[rows], rtol=1e-6, atol=1e-6)
+    # both within float32's bound of the exact step's rows (tests/float32_bounds.py), not of each other
+    u_exact, xi_exact, u_bound, xi_bound = f32.exact_mixing(w, 0.5, 0.01, jnp.arange(30))
+    for u, xi, picked in ((u_all[rows], xi_all[rows], "all rows"), (u_sel, xi_sel, "the chosen rows")):
+        f32.assert_within(xi, xi_exact[rows], xi_bound[rows], f"Xi of {picked}")
+        f32.assert_within(u, u_exact[rows], u_bound[rows], f"U of {picked}")
     assert xi_sel.shape == (4, 30)
 
 
