@@ -451,3 +451,34 @@ def test_learns_on_fashion_mnist(data_dir):
     assert accuracies[-1] > majority + 0.1, (accuracies, majority)
     fedavg = ref.accuracy_of("fedavg", eng, 4)
     assert accuracies[-1] > fedavg + 0.05, (accuracies, fedavg)  # the paper's claim
+
+
+@pytest.mark.parametrize("n", [7, fedas.FEATURE_CHANGE_SAMPLES + 44])
+def test_feature_change_is_the_mean_over_the_first_samples(n):
+    """The diagnostic: the mean squared feature distance over the client's first min(n, 256) train samples,
+    in float64 from the two bodies' features one sample at a time."""
+    model = _model()
+    method = FEDAS(_setup(model))
+    before, after = (jax.jit(model.init)(jax.random.key(k)) for k in (0, 1))
+    rows = fedas.FEATURE_CHANGE_SAMPLES + 50
+    x = jax.random.normal(jax.random.key(2), (rows, *SHAPE))
+    data = ClientData(x, jnp.zeros(rows, jnp.int32), jnp.asarray(n, jnp.int32))
+    got = float(jax.jit(functools.partial(fedas.feature_change, method))(before, after, data))
+    used = min(n, fedas.FEATURE_CHANGE_SAMPLES)
+    f = [np.asarray(fedas.features(method, v, x[:used]), np.float64) for v in (before, after)]
+    want = np.mean(np.sum((f[1] - f[0]) ** 2, axis=1))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_the_fisher_trace_is_computed_only_for_fisher_weights():
+    """With n_i weights (the ablation's 'alignment only' and 'neither') the client computes and uploads no
+    Fisher trace (its pass costs about an epoch)."""
+    model = _model()
+    data = _client(_data(), 0)
+    for weights in (True, False):
+        method = FEDAS(_setup(model), FedASConfig(fisher_weights=weights, align=False))
+        server, clients = _init(method)
+        client = jax.tree.map(lambda a: a[0], clients)
+        _, upload = jax.jit(method.client_update)(server, client, data, jax.random.key(3),
+                                                  ClientRound(jnp.int32(1), jnp.int32(2)))
+        assert ("fisher" in upload) == weights

@@ -20,7 +20,8 @@ Round t, for each selected client i (docs/methods/conventions.md, "FedAS"):
 3. Fisher trace of the trained model (inference mode, parameters of body and
    head, true labels, the client's train batches in order with batch size B):
    ``fisher='batch'`` (default, authors' code) or ``'per_sample'``
-   (fedjax_pfl.kernels.fisher).
+   (fedjax_pfl.kernels.fisher). Only with ``fisher_weights`` (the trace is
+   the aggregation weight; n_i weights need none).
 4. Server: alpha_i = F_i / sum over uploaded j of F_j
    (``aggregation.fisher_weights``; dropped uploads weigh 0), new global body
    = sum_i alpha_i body_i. ``fisher_weights=False``: n_i weights (FedPer's).
@@ -124,15 +125,22 @@ def alignment_objective(m, old_variables, data):
     return objective
 
 
+FEATURE_CHANGE_SAMPLES = 256  # the diagnostic's sample: two inference passes over all data cost ~10% of a round
+
+
 def feature_change(m, before, after, data):
-    """Mean over the client's train samples of ||f_after(x) - f_before(x)||^2 (inference mode): how far the
-    alignment moved the received body's features."""
+    """Mean over the client's first (at most `FEATURE_CHANGE_SAMPLES`) train samples of
+    ||f_after(x) - f_before(x)||^2 (inference mode, one batch): how far the alignment moved the received body's
+    features. A diagnostic, not part of the method: measured on a sample so that it costs a fraction of one
+    inference pass instead of two whole ones."""
+    sample = data._replace(n=jnp.minimum(data.n, FEATURE_CHANGE_SAMPLES))
 
     def batch_sum(batch):
         delta = features(m, after, batch.x) - features(m, before, batch.x)
         return jnp.sum(jnp.sum(delta.astype(jnp.float32) ** 2, axis=-1) * batch.mask)
 
-    return training.sum_batches(m, batch_sum, data) / jnp.maximum(data.n.astype(jnp.float32), 1.0)
+    total = local_training.sum_batches(batch_sum, sample, FEATURE_CHANGE_SAMPLES, m.setup.normalize)
+    return total / jnp.maximum(sample.n.astype(jnp.float32), 1.0)
 
 
 def align(m, old_variables, variables, data, key):
@@ -189,7 +197,8 @@ def client_update(m, server, client, data, key, info):
         variables, extras["align_loss"], extras["feature_change"] = aligned_after_round_zero(
             m, client, variables, data, jax.random.fold_in(key, 1), info.round)
     variables, loss = training.train(m, training.supervised_objective(m), variables, data, key, info.epochs)
-    extras["fisher"] = fisher_trace(m, variables, data)
+    if m.hparams.fisher_weights:  # (n_i weights need no trace: its pass would cost about an epoch)
+        extras["fisher"] = fisher_trace(m, variables, data)
     return shared_body.upload(m, client, variables, loss, extras=extras)
 
 
@@ -210,12 +219,14 @@ def server_update(m, server, clients, uploads, info):
 
 def round_diagnostics(m, server, new_server, uploads, info):
     """Per selected client: ``weight``, its normalised aggregation weight alpha_i (the Fisher weights, or
-    n_i / sum n_j with fisher_weights=False; 0 for a dropped upload), ``fisher``, its Fisher trace F_i, and
-    ``feature_change``, how far the alignment moved the received body's features (0 without it)."""
+    n_i / sum n_j with fisher_weights=False; 0 for a dropped upload), ``fisher``, its Fisher trace F_i (0 with
+    fisher_weights=False: not computed), and ``feature_change``, how far the alignment moved the received
+    body's features (`feature_change`; 0 without the alignment)."""
     weights = aggregation.normalize_weights(aggregation_weights(m, uploads, info))
-    change = uploads["feature_change"] if m.hparams.align else jnp.zeros_like(uploads["fisher"])
-    return {"weight": weights, "fisher": uploads["fisher"], "feature_change": change,
-            "feature_change_mean": jnp.mean(change)}
+    zeros = jnp.zeros_like(weights)
+    change = uploads["feature_change"] if m.hparams.align else zeros
+    return {"weight": weights, "fisher": uploads["fisher"] if m.hparams.fisher_weights else zeros,
+            "feature_change": change, "feature_change_mean": jnp.mean(change)}
 
 
 FEDAS = Algorithm(
