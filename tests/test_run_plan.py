@@ -12,7 +12,7 @@ import pytest
 
 from fedjax_pfl.outputs import results_writer, run_folder
 from fedjax_pfl.engine import client_mapping
-from fedjax_pfl.papers import plan_command, reproduce, round_seconds, run_plan, table_spec
+from fedjax_pfl.papers import plan_command, plan_log, reproduce, round_seconds, run_plan, table_spec
 from fedjax_pfl.papers.run_plan import Margins, Step
 from fedjax_pfl.runs import config as config_lib
 from test_reproduce import TINY as REPRODUCE_TINY
@@ -87,15 +87,18 @@ def test_a_program_too_long_for_any_command_waits_and_later_queues_fill_the_time
     assert [s.cells for s in plan.left] == [tuple(long)] and plan.planned[0].seconds(MARGINS) == 25 + 40 * 2.0
 
 
-def test_the_headline_column_comes_first_its_rivals_nearest_first_then_its_group_then_more_seeds():
+def test_the_headline_row_across_its_group_first_then_its_rivals_nearest_first_then_more_seeds():
     spec = table_spec.find_table("fedas_table3")
     ordered = run_plan.priority(spec, spec.cells(seeds=[0, 1, 2]))
-    first = ordered[:10]
-    assert {c.setting.name for c in first} == {"beta0.1_P0.6"} and {c.seed for c in first} == {0}
-    # FedAS, then by distance of the paper's P0.6 number to FedAS's 90.81
-    assert [c.method.name for c in first] == ["fedas", "fedala", "fedper", "lgfedavg", "fedpac", "fedbabu",
-                                              "fedproto", "ditto", "fedavg_p", "fedprox_p"]
-    assert [c.setting.name for c in ordered[10:40:10]] == ["beta0.1_P0.2", "beta0.1_P0.4", "beta0.1_P1"]
+    # the paper's own row across the headline's column block, the headline setting first
+    assert [c.folder_name for c in ordered[:4]] == ["fedas-beta0.1_P0.6/seed0", "fedas-beta0.1_P0.2/seed0",
+                                                     "fedas-beta0.1_P0.4/seed0", "fedas-beta0.1_P1/seed0"]
+    rivals = ordered[4:13]
+    assert {c.setting.name for c in rivals} == {"beta0.1_P0.6"} and {c.seed for c in rivals} == {0}
+    # then by distance of the paper's P0.6 number to FedAS's 90.81
+    assert [c.method.name for c in rivals] == ["fedala", "fedper", "lgfedavg", "fedpac", "fedbabu", "fedproto",
+                                               "ditto", "fedavg_p", "fedprox_p"]
+    assert [c.setting.name for c in ordered[13:40:9]] == ["beta0.1_P0.2", "beta0.1_P0.4", "beta0.1_P1"]
     assert {c.setting.group for c in ordered[:40]} == {"beta0.1"} and ordered[40].setting.group == "beta0.3"
     assert all(c.seed == 0 for c in ordered[:120]) and {c.seed for c in ordered[120:]} == {1, 2}
     assert [c.folder_name for c in ordered[120:122]] == ["fedas-beta0.1_P0.6/seed1", "fedas-beta0.1_P0.6/seed2"]
@@ -138,7 +141,7 @@ def test_a_methods_new_cells_are_one_queue_and_a_program_costs_less_than_its_cel
                                                sizes)
     assert factor == pytest.approx(2.5) and "calibrated on 2 measured program(s)" in source
     factor, source = round_seconds.calibration([], law, record["work"], sizes)
-    assert factor == 1.0 and source.startswith("modelled, no GPU measurement of a program of cells yet")
+    assert factor == 1.0 and source.startswith("modelled, no measurement of a program of cells on this kind yet")
 
 
 def test_the_work_model_and_the_measured_seconds_of_a_run():
@@ -271,5 +274,107 @@ def test_fedas_table3_plans_at_least_thirty_cells_for_540_seconds_and_says_its_s
     planned = [c for command in plan["commands"] for step in command["steps"] for c in step["cells"]]
     assert len(planned) >= 30 and len(plan["commands"]) == 1, planned
     assert all(step["estimate_from"].startswith("modelled") for c in plan["commands"] for step in c["steps"])
-    assert "modelled, no GPU measurement of a program of cells yet" in (out / "run_plan.md").read_text()
+    assert "modelled, no measurement of a program of cells on this kind yet" in (out / "run_plan.md").read_text()
     assert plan["commands"][0]["estimate"] <= 540
+
+
+# a background kind (the CPU's form): one cell a program, map, its cells in a work folder outside the table's
+BACKGROUND = {"machine": "cpu: nowhere", "command_limit_seconds": 43200, "client_mapping": "map",
+              "overrides": ["devices.cpu=1"], "cells_per_program": 1, "background": {"nice": 19, "cores": 1},
+              "margins_seconds": {"command_start": 30, "cell_start": 40, "stop": 300, "pack": 30},
+              "lane_step_seconds": {"fixed": 0.5, "per_lane": 0.0, "source": "made up"}}
+
+
+def _background_table(tmp_path, monkeypatch):
+    table = _tiny(tmp_path, monkeypatch)
+    record = json.loads(round_seconds.RECORD.read_text())
+    record["kinds"]["tiny-cpu"] = BACKGROUND
+    round_seconds.RECORD.write_text(json.dumps(record))
+    return table
+
+
+def test_a_background_plan_resumes_cut_cells_first_one_cell_a_program_and_reads_its_log(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """--device-kind of a background kind (the CPU's): the work folder outside the table's, the cell cut there
+    first, then the headline row, one cell a program in the script (';'), the kind's mapping and core; a cell the
+    log saw reach round 2 whose run is gone starts again, and the plan says so; a cell finished in the table's
+    folder is not planned; the cell cut by the budget's end is named in the table's note."""
+    from signal_after_round import signal_after
+
+    table = _background_table(tmp_path, monkeypatch)
+    work, out = tmp_path / "work", tmp_path / "table"
+    base = ["--table-file", str(table), "--no-progress"]
+    assert reproduce.main([*base, "--out", str(work), "--cells", "local-synth/seed1"],
+                          observe=signal_after(1, "INT")) == 130
+    assert reproduce.main([*base, "--out", str(out), "--cells", "local-synth/seed0"]) == 0  # finished in the table
+    plan_log.append(work, "global-synth/seed1", "stopped", 2)  # ran before, its folder since removed
+    capsys.readouterr()
+    argv = [*base, "--out", str(out), "--plan-for-seconds", "3600", "--device-kind", "tiny-cpu", "--work", str(work)]
+    assert reproduce.main(argv) == 0
+    plan = json.loads((out / "run_plan.json").read_text())
+    assert plan["background"] and plan["work"] == str(work)
+    assert plan["run_list"] == ["local-synth/seed1", "global-synth/seed0", "global-synth/seed1"]
+    steps = [step for command in plan["commands"] for step in command["steps"]]
+    assert [s["state"] for s in steps] == ["resume", "new", "new"] and all(len(s["cells"]) == 1 for s in steps)
+    assert steps[0]["rounds"] == 3 and steps[0]["seconds_per_round"] > 0
+    assert plan["restarted"] == [plan_log.gone_note("global-synth/seed1", plan_log.started_cells(work)[
+        "global-synth/seed1"])]
+    assert "global-synth/seed1 starts again" in (out / "run_plan.md").read_text()
+    script = (out / "run_plan.sh").read_text()
+    assert "cells='local-synth/seed1;global-synth/seed0;global-synth/seed1'" in script
+    assert "nohup nice -n 19" in script and f"--collect-into {out}" in script
+    assert "train.client_mapping=map devices.cpu=1" in script
+    # a budget that cuts the second cell: the table's note names it as cut, to resume
+    assert reproduce.main([*base, "--out", str(out), "--plan-for-seconds", "560", "--device-kind", "tiny-cpu",
+                           "--work", str(work)]) == 0
+    note = (out / "table.md").read_text()
+    assert "cut by the budget's end, to resume: global-synth/seed0" in note, note
+
+
+def test_collect_into_copies_each_finished_cell_as_a_compact_record_and_writes_the_table(tmp_path, monkeypatch):
+    table = _background_table(tmp_path, monkeypatch)
+    work, out = tmp_path / "work", tmp_path / "table"
+    argv = ["--table-file", str(table), "--no-progress", "--out", str(work), "--collect-into", str(out),
+            "--cells", "global-synth/seed0;local-synth/seed0"]
+    assert reproduce.main(argv) == 0
+    for cell in ("global-synth/seed0", "local-synth/seed0"):
+        kept = out / "runs" / cell
+        assert sorted(p.name for p in kept.iterdir()) == ["config.json", "metrics.jsonl.xz", "summary.json"]
+        assert run_folder.read_records(kept) and (work / "runs" / cell / "metrics.jsonl").is_file()
+    rows = {(r["method"], r["setting"]): r["status"] for r in csv.DictReader(open(out / "table.csv"))}
+    assert rows[("global", "synth")].startswith("1 finished") and rows[("local", "synth")].startswith("1 finished")
+    events = [(e["cell"], e["event"]) for e in plan_log.read(work)]
+    assert events == [("global-synth/seed0", "started"), ("global-synth/seed0", "finished"),
+                      ("global-synth/seed0", "collected"), ("local-synth/seed0", "started"),
+                      ("local-synth/seed0", "finished"), ("local-synth/seed0", "collected")]
+    assert reproduce.main(argv) == 0  # again: both skipped, nothing collected twice
+    assert len(plan_log.read(work)) == 6
+    assert reproduce.main([*argv[:4], "--out", str(out), "--collect-into", str(out), "--cells",
+                           "local-synth/seed0"]) == 2
+
+
+def test_a_background_plan_script_starts_its_runner_and_returns_and_refuses_a_second(tmp_path, monkeypatch):
+    """run_plan.sh of a background plan: returns at once, its runner trains the cell in WORK at nice 19 and copies
+    it into the table's folder; a second start while one runs is refused in one line (exit 2)."""
+    import time
+
+    table = _background_table(tmp_path, monkeypatch)
+    work, out = tmp_path / "work", tmp_path / "table"
+    assert reproduce.main(["--table-file", str(table), "--no-progress", "--out", str(out), "--plan-for-seconds",
+                           "900", "--device-kind", "tiny-cpu", "--work", str(work), "--methods", "global",
+                           "--seeds", "0"]) == 0
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    started = subprocess.run(["bash", out / "run_plan.sh", "900", work], capture_output=True, text=True, env=env,
+                             timeout=120)
+    assert started.returncode == 0 and "started" in started.stdout, started.stderr
+    pid = int((work / "runner.pid").read_text())
+    again = subprocess.run(["bash", out / "run_plan.sh", "900", work], capture_output=True, text=True, env=env,
+                           timeout=120)
+    err = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(err) == 1 and "a plan already runs" in err[0], again.stderr
+    deadline = time.time() + 240
+    while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
+        time.sleep(1)
+    assert not os.path.exists(f"/proc/{pid}"), "the runner did not finish"
+    assert (out / "runs/global-synth/seed0/metrics.jsonl.xz").is_file(), (work / "plan.log").read_text()
+    assert "collected global-synth/seed0" in (work / "plan.log").read_text()

@@ -60,6 +60,8 @@ error (one line, exit 2) instead of cells shown as "no data".
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import shlex
 import sys
 from pathlib import Path
@@ -72,7 +74,9 @@ from fedjax_pfl.commands.command import INTERRUPTED, TERMINATED, Command, OneLin
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
-from fedjax_pfl.papers import plan_command
+from fedjax_pfl.outputs import run_folder
+from fedjax_pfl.papers import plan_command, plan_log
+from fedjax_pfl.papers.collect import collect_cell
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
@@ -113,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-record", metavar="FILE",
                    help="the measured seconds of device kinds the plan reads (default: this repository's "
                         "benchmarks/seconds_per_round.json, whose form a record of your own follows)")
+    p.add_argument("--work", metavar="DIR",
+                   help="with --plan-for-seconds: where the plan's cells run (default: the table's folder; for a "
+                        "background kind such as cpu, the user cache's cells/NAME, outside the repository)")
+    p.add_argument("--collect-into", metavar="DIR",
+                   help="copy each cell that finished into DIR/runs/ as a compact record and write DIR's table, "
+                        "and log each cell's start and end in OUT/plan_log.jsonl (what a background plan passes)")
     p.add_argument("--require-data", action="store_true",
                    help="a setting whose dataset files are missing is an error (exit 2), not cells shown as no data")
     return p
@@ -278,6 +288,14 @@ def check_modes(args) -> None:
                         "--compact write the table, --plan-for-seconds plans runs): give one of them")
     if args.cells is not None and (args.methods or args.settings or args.seeds):
         raise UserError("--cells names the cells itself: give it without --methods, --settings and --seeds")
+    if args.work and args.plan_for_seconds is None:
+        raise UserError("--work names where a plan's cells run: give it with --plan-for-seconds (to run cells "
+                        "elsewhere, pass --out)")
+    if args.collect_into and (chosen and chosen != ["--dry-run"] or args.jobs > 1):
+        raise UserError("--collect-into copies cells as they finish: give it without --table-only, --compact, "
+                        "--plan-for-seconds and --jobs")
+    if args.collect_into and args.out and Path(args.collect_into).resolve() == Path(args.out).resolve():
+        raise UserError("--collect-into must name another folder than --out (the cells run in --out)")
 
 
 def listed_cells(text: str, spec: TableSpec) -> list[list[Cell]]:
@@ -319,8 +337,9 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     spec = load_table(args.table_file) if args.table_file else find_table(args.name)
     if args.rounds is not None and not 1 <= args.rounds <= config_lib.MAX_WHOLE:
         raise UserError(f"--rounds must be a whole number from 1 to {config_lib.MAX_WHOLE}, got {args.rounds}")
-    if args.plan_for_seconds is not None:
-        plan_command.checked_kind(args)  # a bad --plan-for-seconds or --device-kind: before anything is read or written
+    kind = None
+    if args.plan_for_seconds is not None:  # a bad --plan-for-seconds or --device-kind: before anything is read or written
+        kind = plan_command.checked_kind(args)[1]
     out = Path(args.out or Path("reproductions") / spec.name)
     if not args.dry_run:
         check_writable(out)
@@ -331,8 +350,7 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     table_extra = extra
     planning = args.plan_for_seconds is not None
     if planning:
-        plan_command.checked_kind(args)
-        extra = plan_command.plan_overrides(extra)
+        extra = plan_command.plan_overrides(extra, kind)
     if args.cells is not None:
         programs = listed_cells(args.cells, spec)
         cells = [c for part in programs for c in part]
@@ -357,8 +375,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
                                      plan_command.made_by(table_command(args, table_extra), args))
         print((out / "run_plan.md").read_text(), end="")
         print(f"wrote {out}/run_plan.md, run_plan.sh, run_plan.json ({len(plan.planned)} step(s) planned)")
-        write_and_print(spec, table_cells, out, rounds, seeds, args, plan_command.without_plan_mapping(extra), no_data,
-                        write_table, show=False)
+        write_and_print(spec, table_cells, out, rounds, seeds, args, plan_command.without_plan_overrides(extra, kind),
+                        no_data, write_table, show=False)
         return 0
     plans = plan_cells(cells, out, rounds, args, extra, no_data, programs)
     left = {p.cells[0].setting.name for p in plans if p.state == NO_DATA}
@@ -380,6 +398,8 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
                       f"{'' if state == 'finished' else ': ' + command}", flush=True)
         if args.table_only and state not in ("finished", NO_DATA):
             continue
+        if args.collect_into and not args.dry_run and state == "finished":
+            collect(spec, program, out, Path(args.collect_into), args)
         if args.dry_run or state in ("finished", NO_DATA):
             continue
         if args.jobs > 1:  # started below, side by side
@@ -388,9 +408,16 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         if program.rows:
             rc, bad = run_rows(program, not args.no_progress, observe)
             failed += bad
+            if args.collect_into and rc == 0:
+                collect(spec, program, out, Path(args.collect_into), args)
         else:
+            log_cells(program, out, "started", args)
             rc = run_cell(program.argv, state, program.folder, not args.no_progress, observe)
             failed += [c.folder_name for c in program.cells] if rc not in (0, INTERRUPTED, TERMINATED) else []
+            log_cells(program, out, {0: "finished", INTERRUPTED: "stopped", TERMINATED: "stopped"}.get(rc, "failed"),
+                      args)
+            if args.collect_into and rc == 0:
+                collect(spec, program, out, Path(args.collect_into), args)
         if rc in (INTERRUPTED, TERMINATED):
             status = rc
             print("interrupted: the table below holds the cells run so far; run the same command again to continue",
@@ -413,6 +440,32 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
         print(f"{len(failed)} cell(s) failed: {', '.join(failed)} (their errors are above)", file=sys.stderr)
         return status or 1
     return status
+
+
+def log_cells(program: Program, out: Path, event: str, args) -> None:
+    """With --collect-into (a background plan's command): one line per cell of ``program`` in OUT's plan log."""
+    if not args.collect_into:
+        return
+    for cell in program.cells:
+        folder = out / "runs" / cell.folder_name
+        records = run_folder.read_records(folder) if run_folder.is_run(folder) else []
+        plan_log.append(out, cell.folder_name, event, records[-1]["round"] if records else 0)
+
+
+def collect(spec: TableSpec, program: Program, out: Path, into: Path, args) -> None:
+    """Copy ``program``'s finished cells from ``out`` into ``into`` (papers/collect.py) and, when one was new
+    there, write ``into``'s table (as ``--table-only`` would), saying so in one line."""
+    copied = [c.folder_name for c in program.cells
+              if collect_cell(out / "runs" / c.folder_name, into / "runs" / c.folder_name)]
+    if not copied:
+        return
+    for name in copied:
+        plan_log.append(out, name, "collected", run_folder.read_records(into / "runs" / name)[-1]["round"])
+    table = [args.name] if args.name else ["--table-file", args.table_file]
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = main([*table, "--out", str(into), "--table-only", "--no-progress"])
+    print(f"collected {', '.join(copied)} into {display_path(into)}/runs/ and wrote its table "
+          f"({'exit ' + str(status) if status else 'table.md, table.csv'}): commit them", flush=True)
 
 
 def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, seeds: list[int], args,

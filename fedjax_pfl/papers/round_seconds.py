@@ -154,9 +154,10 @@ class ClientSizes:
         return self.sizes[key]
 
 
-def program_seconds(cfgs: list, law: LaneLaw, work: dict, sizes: ClientSizes) -> float:
+def program_seconds(cfgs: list, law: LaneLaw, work: dict, sizes: ClientSizes, one_lane: bool = False) -> float:
     """Modelled seconds a round of the cells ``cfgs`` (RunConfigs of one method) as rows of one program take
-    (module docstring)."""
+    (module docstring); ``one_lane``: the kind maps clients one at a time (``map``, a CPU's plan), so a round
+    is its real steps one after another."""
     from fedjax_pfl.engine.client_mapping import packed_width
 
     counts, rows, expected, training_work, round_work_sum = [], 0, 0.0, 0.0, 0.0
@@ -171,17 +172,19 @@ def program_seconds(cfgs: list, law: LaneLaw, work: dict, sizes: ClientSizes) ->
         training_work += training * t.local_epochs
         round_work_sum += round_work(config, work)
     counts = np.concatenate(counts)
-    lanes = packed_width(counts, rows, backend="gpu")
+    lanes = 1 if one_lane else packed_width(counts, rows, backend="gpu")
     return max(float(counts.max()), expected / lanes) * law.step(lanes) * round_work_sum / max(training_work, 1e-9)
 
 
-def measured_programs(runs_dir: Path, machine: str) -> list[tuple[list, float]]:
+def measured_programs(runs_dir: Path, machine: str, unfinished: bool = False) -> list[tuple[list, float]]:
     """(the cells' RunConfigs, measured seconds per round) of each program whose finished runs under
-    ``runs_dir`` were made on ``machine`` (config.json's resolved client mapping names a program's runs)."""
+    ``runs_dir`` were made on ``machine`` (config.json's resolved client mapping names a program's runs);
+    ``unfinished``: runs still going or cut count too (a background plan's cells, measured as they run)."""
     found: dict[tuple, tuple[list, float]] = {}
     for folder in sorted(Path(runs_dir).glob("*/seed*")) if Path(runs_dir).is_dir() else []:
+        status = (run_folder.read_summary(folder) or {}).get("status") if run_folder.is_run(folder) else None
         if (not run_folder.is_run(folder) or machine not in run_folder.read_provenance(folder)["machines"]
-                or (run_folder.read_summary(folder) or {}).get("status") != "finished"):
+                or not (status == "finished" or unfinished and status != "failed")):
             continue
         seconds = steady_seconds(run_folder.read_records(folder))
         saved = json.loads((folder / "config.json").read_text())
@@ -193,11 +196,12 @@ def measured_programs(runs_dir: Path, machine: str) -> list[tuple[list, float]]:
     return [(cfgs, seconds) for program, (cfgs, seconds) in found.items() if len(cfgs) == len(program)]
 
 
-def calibration(measured: list, law: LaneLaw, work: dict, sizes: ClientSizes) -> tuple[float, str]:
+def calibration(measured: list, law: LaneLaw, work: dict, sizes: ClientSizes,
+                one_lane: bool = False) -> tuple[float, str]:
     """(factor, what it comes from): the median of measured over modelled seconds of ``measured`` programs,
     else 1."""
-    ratios = [seconds / program_seconds(cfgs, law, work, sizes) for cfgs, seconds in measured]
+    ratios = [seconds / program_seconds(cfgs, law, work, sizes, one_lane) for cfgs, seconds in measured]
     if not ratios:
-        return 1.0, "modelled, no GPU measurement of a program of cells yet (the kind's lane_step_seconds)"
+        return 1.0, "modelled, no measurement of a program of cells on this kind yet (the kind's lane_step_seconds)"
     return statistics.median(ratios), (f"modelled, calibrated on {len(ratios)} measured program(s) of this table "
                                        f"(measured / modelled, median {statistics.median(ratios):.2f})")

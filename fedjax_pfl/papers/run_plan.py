@@ -5,12 +5,14 @@ commands of at most the device kind's ``command_limit_seconds`` (600 s)
 each, and what runs when it ends is lost. The plan:
 
 1. **Order** (`priority`): the first seed of every cell before any further
-   seed; among the settings, the table's ``headline`` settings first, then
-   those of the same group (the rest of the headline's column block), then
-   the others, each in table order; within a setting, the headline row first,
-   then the rows whose published numbers lie nearest its own (the cells that
-   decide its rank), rows without a published number last. Without a
-   ``headline``: column by column, settings and rows in table order.
+   seed; the headline row's cells in the headline's group of settings (the
+   paper's own row across its column block) first; then among the settings,
+   the table's ``headline`` settings first, then those of the same group,
+   then the others, each in table order; within a setting, the headline row
+   first, then the rows whose published numbers lie nearest its own (the
+   cells that decide its rank), rows without a published number last.
+   Without a ``headline``: column by column, settings and rows in table
+   order. Resumable cells go before all (plan_command.py).
 2. **Programs** (`pack`): the cells a program may hold are queued: a method's
    new cells (papers/reproduce.py: rows of one program, engine/federations.py),
    in that order, the queues in the order of their first cell (so a method's
@@ -42,6 +44,7 @@ import math
 import shlex
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.papers import plan_log
 from fedjax_pfl.papers.table_spec import Cell, TableSpec
 
 STANDBY_CELLS = 40  # at most this many steps left over are listed after the planned ones
@@ -136,7 +139,9 @@ def priority(spec: TableSpec, cells: list[Cell]) -> list[Cell]:
     row_index = {m.name: i for i, m in enumerate(spec.methods)}
 
     def key(c: Cell) -> tuple:
-        return (c.seed != first_seed, _setting_key(spec, c.setting.name, setting_index[c.setting.name]),
+        setting = _setting_key(spec, c.setting.name, setting_index[c.setting.name])
+        own_row = c.method.name == spec.headline_row and setting[0] <= 1
+        return (c.seed != first_seed, not own_row, setting,
                 _rival_key(spec, c.method.name, c.setting.name, row_index[c.method.name]), c.seed)
 
     return sorted(cells, key=key)
@@ -177,6 +182,23 @@ def pack(queues: list[list[Cell]], step_of, budget_seconds: float, limit: float,
     return Plan(commands, [step_of(q) for q in queues if q])
 
 
+def sequence(queues: list[list[Cell]], step_of, budget_seconds: float, margins: Margins) -> Plan:
+    """A background plan (one command of ``budget_seconds``): every queue's cells one program each, in order,
+    without fitting; a cell cut by the budget's end resumes in the next plan (it checkpoints as it goes). The
+    command's parts are the steps expected to start within the budget, the last with the seconds it gets."""
+    command = Command(budget_seconds)
+    steps = [step_of([cell]) for queue in queues for cell in queue]
+    left = []
+    for step in steps:
+        free = command.seconds - command.estimate(margins)
+        seconds = step.seconds(margins)
+        if seconds is None or free < MIN_PART_SECONDS:
+            left.append(step)
+            continue
+        command.parts.append((step, min(seconds, free)))
+    return Plan([command], left)
+
+
 def _step_line(step: Step, seconds: float | None, margins: Margins) -> str:
     rate = "?" if step.seconds_per_round is None else f"{step.seconds_per_round:.2f}"
     total = step.seconds(margins)
@@ -186,25 +208,39 @@ def _step_line(step: Step, seconds: float | None, margins: Margins) -> str:
 
 
 def markdown(spec: TableSpec, plan: Plan, budget_seconds: float, kind: str, margins: Margins, command: str,
-             script_path: str) -> str:
-    """The plan for people: what each command is expected to run, what waits, and how to run it."""
+             script_path: str, restarted: list[str] = (), work: str | None = None) -> str:
+    """The plan for people: what each command is expected to run, what waits, and how to run it; ``work``: the
+    work folder of a background plan (None: a device's commands)."""
     heads = ["| step | state | rounds | s/round | seconds | estimate from |", "|---|---|---|---|---|---|"]
+    programs = ("one cell a program, cut by the budget's end where it must (it resumes in the next plan)"
+                if work is not None else "a method's cells as rows of one program")
+    if work is not None:
+        how = [f"Run: `bash {script_path} [SECONDS [WORK]]` from the folder the table's configs are found from, with "
+               "FEDJAX_PFL_DATA_DIR naming the dataset files: it starts the plan in the background at low priority "
+               "on one core (CORE=k picks it) and returns; SECONDS (default the plan's) later the cell in flight "
+               f"stops after its round, with a checkpoint. The cells run in WORK (default {work}, outside the "
+               "repository: every clone finds them); each finished cell is copied into this table's runs/ as a "
+               f"compact record and the table written again, to commit. Its output: WORK/{plan_log.OUTPUT}; its "
+               f"log, which the next plan reads: WORK/{plan_log.NAME}. Plan again to continue: resumable cells go "
+               "first.", ""]
+    else:
+        how = [f"Run: `bash {script_path} [SECONDS [WORK]]` once per command, one right after another, from the "
+               "folder the table's configs are found from, with FEDJAX_PFL_DATA_DIR naming the dataset files (the "
+               "command refuses in one line, exit 2, before training when they are missing). SECONDS: the "
+               f"command's limit minus {CALL_SLACK:.0f} (default: the first command's); WORK: where the runs go "
+               "(default: this table's folder; elsewhere, copy its finished run folders into runs/ here and write "
+               "the table again with --table-only). A cut cell resumes from its checkpoint in WORK.", ""]
     lines = [f"# Run plan: {spec.name} on {kind}", "",
              f"Made by `{command}` from the cells not finished when it ran, in the order of "
              "fedjax_pfl/papers/run_plan.py (the headline setting first, then the rows nearest the headline "
-             "row's published number), a method's cells as rows of one program. Seconds are estimates of each "
+             f"row's published number, resumable cells first), {programs}. Seconds are estimates of each "
              "program, its cells together (papers/round_seconds.py); margins per command: "
              f"start {margins.command_start:.0f}, stop {margins.stop:.0f}, packing {margins.pack:.0f}; per step: "
              f"start {margins.cell_start:.0f} (benchmarks/seconds_per_round.json says why, and what the model's "
              "step law is fitted to).", "",
              f"{len(plan.commands)} command(s) for {budget_seconds:.0f} s; {len(plan.planned)} step(s) planned "
              f"({sum(len(s.cells) for s in plan.planned)} cells), {len(plan.left)} left for a later plan.", "",
-             f"Run: `bash {script_path} [SECONDS [WORK]]` once per command, one right after another, from the "
-             "folder the table's configs are found from, with FEDJAX_PFL_DATA_DIR naming the dataset files (the "
-             "command refuses in one line, exit 2, before training when they are missing). SECONDS: the "
-             f"command's limit minus {CALL_SLACK:.0f} (default: the first command's); WORK: where the runs go "
-             "(default: this table's folder; elsewhere, copy its finished run folders into runs/ here and write "
-             "the table again with --table-only). A cut cell resumes from its checkpoint in WORK.", ""]
+             *how, *([f"- {note}" for note in restarted] + [""] if restarted else [])]
     for i, command in enumerate(plan.commands, 1):
         lines += [f"## Command {i}: {command.seconds:.0f} s, estimated {command.estimate(margins):.0f} s", "",
                   f"    bash {script_path} {command.seconds - CALL_SLACK:.0f}", "", *heads,
@@ -252,12 +288,62 @@ def script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str],
         ""])
 
 
+def background_script(spec: TableSpec, plan: Plan, margins: Margins, table_args: list[str], run_args: list[str],
+                      made_by: str, script_path: str, out: str, work: str, background: dict) -> str:
+    """The bash script of a background plan (a CPU's): checks the dataset files, then starts the table command
+    on the planned cells (``--cells``, one a program) at ``background['nice']`` on one core, in WORK, copying
+    each finished cell into ``out`` (``--collect-into``), stopped by SIGINT SECONDS later; and returns."""
+    cells = ";".join(c.folder_name for step in plan.run_list() for c in step.cells)  # (";": a program each)
+    table = shlex.join(["-m", "fedjax_pfl.reproduce", *table_args])
+    run = shlex.join([*run_args, "--no-progress", "--require-data"])
+    keep = margins.stop + margins.pack
+    default = plan.commands[0].seconds - CALL_SLACK
+    cache = '${FEDJAX_PFL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fedjax_pfl}'
+    usage = (f"bash {script_path} [SECONDS [WORK]] (SECONDS: how long the plan may run, default {default:.0f}; "
+             f"WORK: where its cells run, default {cache}/cells/{spec.name}; CORE=k: the core, default the last)")
+    nice = int(background.get("nice", 19))
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        f"# The background run plan for {spec.name}: starts the cells below (finished ones skipped, a cut one resumed",
+        f"# from its checkpoint) at nice {nice} on one core, in WORK (outside the repository: every clone finds them),",
+        f"# and returns. Each finished cell is copied into {out}/runs/ as a compact record and the table written",
+        "# again (commit them). SECONDS after the start the cell in flight stops after its round, with a checkpoint;",
+        f"# output in WORK/{plan_log.OUTPUT}, the log the next plan reads in WORK/{plan_log.NAME}.",
+        f"#   {usage}",
+        f"# Written by: {made_by}",
+        "set -uo pipefail",
+        f"seconds=${{1:-{default:.0f}}}",
+        f'work=${{2:-{cache}/cells/{spec.name}}}',
+        f"[[ $seconds =~ ^[0-9]+$ ]] || {{ echo \"error: SECONDS must be a whole number; usage: {usage}\" >&2; exit 2; }}",
+        f"run_for=$((seconds - {keep:.0f}))",
+        f"(( run_for > {margins.command_start + margins.cell_start:.0f} )) || {{ echo \"error: SECONDS too small "
+        f"(at least {keep + margins.command_start + margins.cell_start + 1:.0f}); usage: {usage}\" >&2; exit 2; }}",
+        'core=${CORE:-$(( $(nproc) - 1 ))}',
+        'mkdir -p "$work"',
+        'if [[ -f "$work/runner.pid" ]] && kill -0 "$(cat "$work/runner.pid")" 2>/dev/null; then',
+        '  echo "error: a plan already runs in $work (pid $(cat "$work/runner.pid")); let it finish, or stop it after '
+        'its round with: kill -INT $(cat "$work/runner.pid")" >&2; exit 2',
+        "fi",
+        "export PYTHONUNBUFFERED=1",
+        "python=$(command -v python3 || command -v python)",
+        "cells=" + shlex.quote(cells),
+        f'"$python" {table} {run} --out "$work" --cells "$cells" --dry-run > /dev/null || exit $?  # missing data: one line',
+        'pin=(); command -v taskset > /dev/null && pin=(taskset -c "$core")',
+        f'nohup nice -n {nice} "${{pin[@]}}" timeout -s INT -k {margins.stop:.0f} "$run_for" "$python" {table} {run} '
+        f'--out "$work" --collect-into {shlex.quote(out)} --cells "$cells" >> "$work/{plan_log.OUTPUT}" 2>&1 < /dev/null &',
+        'echo $! > "$work/runner.pid"',
+        f'echo "started {spec.name}\'s plan in the background (pid $!, core $core, nice {nice}, $seconds s): output in '
+        f'$work/{plan_log.OUTPUT}; finished cells are copied into {out}/runs/"',
+        ""])
+
+
 def as_json(spec: TableSpec, plan: Plan, budget_seconds: float, kind: str, margins: Margins, extra: list[str]) -> dict:
     """The plan as data: what made it (to make it again later), the commands, the standby steps (the first
     `STANDBY_CELLS` of those left) and the run list."""
     def step(s: Step, seconds: float | None) -> dict:
         return {"cells": [c.folder_name for c in s.cells], "state": s.state, "rounds": s.rounds,
-                "seconds_per_round": s.seconds_per_round, "seconds": seconds, "estimate_from": s.source}
+                "seconds_per_round": s.seconds_per_round, "seconds": seconds, "seconds_whole": s.seconds(margins),
+                "estimate_from": s.source}
 
     return {"table": spec.name, "kind": kind, "plan_for_seconds": budget_seconds, "overrides": list(extra),
             "margins_seconds": dataclasses.asdict(margins),
