@@ -20,14 +20,16 @@ ROWS = {
                       "apfl", "pfedme", "ditto", "fedfomo", "pfedhn", "fedpac", "fedpac_replicate", "fedpac_proto"],
 }
 ROWS["fedas_table3"] = ROWS["fedas_table2"]
+ROWS["fedas_table4"] = ["fedas", "align_only", "sync_only", "fedper"]  # both parts, one each, neither
 ROWS["diversifed_table2"] = ROWS["diversifed_table1"]
-METRIC = {"fedas_table2": "best_weighted", "fedas_table3": "best_weighted", "pfakd_table1": "mean_last_10_weighted",
+METRIC = {"fedas_table2": "best_weighted", "fedas_table3": "best_weighted", "fedas_table4": "best_weighted", "pfakd_table1": "mean_last_10_weighted",
           "pfakd_table2": "mean_last_10_weighted", "diversifed_table1": "best", "diversifed_table2": "best",
           "pfedkd_table1": "last", "fedpac_table1": "last"}
 # (row, setting) -> (mean, std) as printed
 CELLS = {
     "fedas_table3": {("fedas", "beta0.1_P0.2"): (89.92, None), ("fedavg_p", "beta0.5_P1"): (73.59, None),
                      ("fedpac", "beta0.1_P1"): (87.08, None), ("fedproto", "beta0.3_P0.4"): (74.13, None)},
+    "fedas_table4": {("fedas", "beta0.1_P0.6"): (90.81, None), ("fedper", "beta0.1_P0.2"): (88.51, None)},
     "fedas_table2": {("fedas", "beta0.5_P1"): (39.57, None), ("fedavg_p", "beta0.1_P0.2"): (27.61, None),
                      ("fedproto", "beta0.5_P0.2"): (17.62, None), ("lgfedavg", "beta0.3_P0.6"): (33.26, None)},
     "pfakd_table1": {("local", "cifar10_E20"): (68.70, None), ("fedrep", "cifar10_E10"): (75.37, None),
@@ -42,7 +44,7 @@ CELLS = {
                       ("fedpac_proto", "fmnist_20"): (92.03, None), ("pfedhn", "fmnist_100"): (87.93, None)},
 }
 # how many cells the paper gives a number for (only those are transcribed)
-GIVEN = {"fedas_table2": 120, "fedas_table3": 120, "pfakd_table1": 42, "pfakd_table2": 12, "diversifed_table1": 24,
+GIVEN = {"fedas_table2": 120, "fedas_table3": 120, "fedas_table4": 4, "pfakd_table1": 42, "pfakd_table2": 12, "diversifed_table1": 24,
          "diversifed_table2": 72, "pfedkd_table1": 10, "fedpac_table1": 68}
 
 
@@ -124,3 +126,15 @@ def test_diversifed_and_fedpac_columns(specs):
     assert fedpac.row("fedpac_replicate").runs_of == "fedpac"
     assert fedpac.row("fedpac_replicate").shown == "fedpac (Replicate)"
     assert "fedpac_replicate" not in {c.method.name for c in fedpac.cells()}
+
+
+def test_the_ablations_rows_are_fedas_with_its_switches_and_share_table_3s_cells(specs):
+    """Table 4: alignment only = n_i weights, synchronisation only = no alignment, and the rows with both parts
+    and with neither run exactly Table 3's cells (the same configuration, so their runs are copied, not rerun)."""
+    spec, table3 = specs["fedas_table4"], specs["fedas_table3"]
+    for setting in ("beta0.1_P0.2", "beta0.1_P0.6"):
+        assert built(spec, "align_only", setting).method == {**built(spec, "fedas", setting).method,
+                                                              "fisher_weights": False}
+        assert built(spec, "sync_only", setting).method == {**built(spec, "fedas", setting).method, "align": False}
+        for row in ("fedas", "fedper"):
+            assert built(spec, row, setting) == built(table3, row, setting)

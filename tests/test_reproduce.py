@@ -48,8 +48,8 @@ def _error_line(capsys):
     return err[0]
 
 
-TABLES = {"diversifed_table1", "diversifed_table2", "fedas_table2", "fedas_table3", "fedpac_table1", "pfakd_table1",
-          "pfakd_table2", "pfedkd_table1"}
+TABLES = {"diversifed_table1", "diversifed_table2", "fedas_table2", "fedas_table3", "fedas_table4", "fedpac_table1",
+          "pfakd_table1", "pfakd_table2", "pfedkd_table1"}
 
 
 def test_list_shows_every_table(capsys):
