@@ -463,3 +463,18 @@ def test_vs_pfl_starts_both_sides_from_the_same_model(x64):
     params = jax.tree.map(np.asarray, vs_pfl.as_flax_params(torch_params))
     logits = model.apply({"params": params}, x).logits
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_the_fedas_round_split_subtracts_its_variants():
+    """benchmarks/fedas_round_split.py: each phase is a difference of real rounds, local training the slope over
+    epochs; the shares are of the FedAS round and its evaluation."""
+    sys.path.insert(0, str(BENCH))
+    import fedas_round_split
+
+    rounds = {"fedas": 100.0, "no_alignment": 80.0, "fedper": 66.0, "fedper_E1": 18.0, "fedavg": 60.0}
+    seconds = {name: {"round_s": s, "evaluation_s": 4.0} for name, s in rounds.items()}
+    got = fedas_round_split.split(seconds, epochs=5)
+    assert got["seconds"] == {"alignment": 20.0, "fisher_trace": 14.0, "local_training": 60.0,
+                              "aggregation_and_fixed": 6.0, "evaluation": 4.0}
+    assert sum(got["seconds"].values()) == pytest.approx(104.0)
+    assert got["share_of_round_and_evaluation"]["local_training"] == pytest.approx(60 / 104, abs=1e-3)
