@@ -220,13 +220,14 @@ def server_update(m, server, clients, uploads, info):
 def round_diagnostics(m, server, new_server, uploads, info):
     """Per selected client: ``weight``, its normalised aggregation weight alpha_i (the Fisher weights, or
     n_i / sum n_j with fisher_weights=False; 0 for a dropped upload), ``fisher``, its Fisher trace F_i (0 with
-    fisher_weights=False: not computed), and ``feature_change``, how far the alignment moved the received
-    body's features (`feature_change`; 0 without the alignment)."""
+    fisher_weights=False: not computed), ``feature_change``, how far the alignment moved the received body's
+    features (`feature_change`), and ``align_loss``, the alignment's mean loss (both 0 without the alignment,
+    and in round 0)."""
     weights = aggregation.normalize_weights(aggregation_weights(m, uploads, info))
     zeros = jnp.zeros_like(weights)
-    change = uploads["feature_change"] if m.hparams.align else zeros
+    change, align_loss = (uploads["feature_change"], uploads["align_loss"]) if m.hparams.align else (zeros, zeros)
     return {"weight": weights, "fisher": uploads["fisher"] if m.hparams.fisher_weights else zeros,
-            "feature_change": change, "feature_change_mean": jnp.mean(change)}
+            "feature_change": change, "feature_change_mean": jnp.mean(change), "align_loss": align_loss}
 
 
 FEDAS = Algorithm(

@@ -75,7 +75,7 @@ from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
 from fedjax_pfl.outputs import run_folder
-from fedjax_pfl.papers import plan_command, plan_log
+from fedjax_pfl.papers import plan_command, plan_log, weight_notes
 from fedjax_pfl.papers.collect import collect_cell
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
@@ -475,7 +475,8 @@ def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict,
     out.mkdir(parents=True, exist_ok=True)
     head_extra = [f"Command: `{table_command(args, extra)}`."]
     head_extra += [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
-    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data, plan_command.plan_note(out))
+    text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data,
+                       [*weight_notes.notes(cells, out / "runs"), *plan_command.plan_note(out)])
     print(text if show else "", end="")
     print(f"wrote {out}/ (table.md, table.csv, runs/)")
 
