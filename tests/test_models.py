@@ -297,3 +297,40 @@ def test_batchnorm_mask_makes_a_padded_batch_equal_the_unpadded_one():
     # An all-padding batch (a skipped step) stays finite.
     (l_empty, out_empty), _ = run(variables["params"], x_pad, y_pad, jnp.zeros(6, bool))
     assert all(np.isfinite(v).all() for v in jax.tree.leaves(out_empty.batch_stats))
+
+
+def test_pfl_cnn_dropout_trains_with_a_key_and_evaluates_as_without():
+    """pfl_cnn(dropout=True): the same parameters as without; evaluation drops nothing; training draws its masks
+    from the step's key (same key, same output) and refuses to run without one."""
+    plain = build_model("pfl_cnn", (12, 12, 1), 5)
+    dropped = build_model("pfl_cnn", (12, 12, 1), 5, dropout=True)
+    assert dropped.dropout and not plain.dropout
+    variables = plain.init(jax.random.key(0))
+    assert jax.tree.structure(variables) == jax.tree.structure(dropped.init(jax.random.key(0)))
+    x = jax.random.normal(jax.random.key(1), (4, 12, 12, 1))
+    np.testing.assert_array_equal(dropped.apply(variables, x).logits, plain.apply(variables, x).logits)
+    k1, k2 = jax.random.split(jax.random.key(2))
+    a = dropped.apply(variables, x, train=True, rng=k1).logits
+    np.testing.assert_array_equal(a, dropped.apply(variables, x, train=True, rng=k1).logits)
+    assert not np.allclose(a, dropped.apply(variables, x, train=True, rng=k2).logits)
+    assert not np.allclose(a, plain.apply(variables, x, train=True).logits)
+    with pytest.raises(UserError, match="dropout"):
+        dropped.apply(variables, x, train=True)
+    with pytest.raises(UserError, match="no option"):
+        build_model("mlp", (12, 12, 1), 5, dropout=True)
+
+
+def test_dropout_zeroes_at_its_rate_and_scales_the_rest():
+    """A body with dropout 0.5 after its Dense layer: each feature is 0 or twice its evaluation value, about
+    half of them 0."""
+    from fedjax_pfl.models.networks import ConvNetBody
+
+    body = ConvNetBody(hidden=(256,), dropout=(0.0, 0.5))
+    x = jax.random.normal(jax.random.key(0), (8, 20))
+    variables = body.init(jax.random.key(1), x)
+    clean, _ = body.apply(variables, x)
+    train, _ = body.apply(variables, x, train=True, rngs={"dropout": jax.random.key(2)})
+    kept = np.asarray(train) != 0
+    np.testing.assert_allclose(np.asarray(train)[kept], 2 * np.asarray(clean)[kept], rtol=1e-6)
+    live = np.asarray(clean) != 0
+    assert 0.4 < (kept & live).sum() / live.sum() < 0.6
