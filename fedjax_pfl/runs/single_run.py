@@ -36,9 +36,20 @@ class SingleProgram:
     """The compiled rounds of one run (`Engine.run_rounds`, or `HostClients.run_rounds` with client state on the
     host), holding its state between calls."""
 
-    def __init__(self, engine, server, clients, key, cfg: config_lib.RunConfig):
+    def __init__(self, engine, server, clients, key, cfg: config_lib.RunConfig, choice: dict | None = None):
         self.engine, self.server, self.clients, self.key = engine, server, clients, key
         self.rounds, self.eval_every = cfg.train.rounds, cfg.eval_every
+        self.choice = choice  # the client mapping's record, until its estimate is checked (`timed`)
+
+    def timed(self, rounds: int, seconds: float, next_round: int) -> None:
+        """The first call without compiling took ``seconds`` for ``rounds`` rounds: an ``auto`` mapping that ran
+        slower than estimated is timed again (mapping_choice.retime), once."""
+        if self.choice is not None:
+            self.engine, _ = mapping_choice.retime(
+                self.engine, self.choice, seconds / rounds, self.server, self.clients,
+                engine_lib.round_keys(self.key, next_round)[0], next_round, self.rounds - next_round,
+                report=lambda line: print(line, flush=True))
+            self.choice = None
 
     def call(self, first: int, count: int, stop: int):
         self.server, self.clients, metrics, evaluations = self.engine.run_rounds(
@@ -114,7 +125,7 @@ def _train(run: ValidRun, out: Path, files: Path, progress: bool, resume: bool, 
     print(f"{host_devices.describe(resolved['devices.cpu'])}; {mapping_choice.describe(choice)}", flush=True)
     writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done,
                        resolved=resolved)
-    program = SingleProgram(store or exp.engine, server, clients, key, cfg)
+    program = SingleProgram(store or exp.engine, server, clients, key, cfg, None if on_host else choice)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress,
                           devices=sharding.mesh_size(exp.engine.mesh), timed_round=mapping_choice.round_seconds(choice))
