@@ -413,12 +413,13 @@ def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_abs
     _finite_positive(ours, ["e2e_s_per_round", "train_s_per_round", "eval_s", "warmup_block_s", "peak_memory_bytes"])
     assert ours["e2e_s_per_round"] > ours["train_s_per_round"] > 0 and 0 <= ours["accuracy"] <= 1
     assert len(ours["accuracy_per_block"]) == 2 and comparison["accuracy_fedjax_pfl"] == ours["accuracy"]
+    assert ours["dropout"] and ours["workload"]["dropout"]  # simple_cnn's dropout on fedjax_pfl's side too
     if len(sides) == 1:  # pfl-research not installed: fedjax_pfl's side stands, and the comparison says why
         assert "pfl" in comparison["peer_note"] and "\n" not in comparison["peer_note"]
-        assert comparison["ratio_e2e"] is None and "vs_pfl: pfl-research is not installed" in proc.stderr
+        assert comparison["ratio_e2e"] is None and "vs_pfl: pfl-research not timed" in proc.stderr
     else:
         theirs = sides[0]
-        assert theirs["side"] == "pfl" and theirs["rounds"] == ours["rounds"]
+        assert theirs["side"] == "pfl" and theirs["rounds"] == ours["rounds"] and theirs["dropout"]
         assert theirs["client_steps_per_round"] == ours["client_steps_per_round"]
         assert comparison["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
 
