@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -39,6 +40,20 @@ def gate(record: dict) -> None:
     send(record)
     if LAST not in record and not sys.stdin.readline():
         raise SystemExit(1)
+
+
+def serve(benchmark: str, records, spec: dict) -> int:
+    """A child's part: each record of ``records(spec)`` to the parent, in turn (`gate`); fedjax_pfl's one-line
+    user error (a missing data file) as such, exit 2."""
+    from fedjax_pfl.core.errors import UserError
+
+    try:
+        for record in records(spec):
+            gate(record)
+    except UserError as e:
+        print(f"{benchmark}: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 class Side:
@@ -121,7 +136,7 @@ def find_python(given: str | None, flag: str, variable: str, modules: list[str],
     """(the interpreter that runs a peer, None) or (None, one line on why there is none): ``given`` (the option
     ``flag``), else the environment variable ``variable``, else this interpreter; it must import ``modules``.
     ``install``: how to make such an environment, said when there is none."""
-    python = given or os.environ.get(variable) or sys.executable
+    python = os.path.expanduser(given or os.environ.get(variable) or sys.executable)
     where = flag if given else (variable if os.environ.get(variable) else "this Python")
     if not os.path.exists(python):
         return None, f"{python} ({where}) does not exist; {install}"
@@ -159,3 +174,46 @@ def child_env(device: str) -> dict:
     else:
         env.update(XLA_PYTHON_CLIENT_MEM_FRACTION="0.6")  # both sides share the chip
     return env
+
+
+def add_options(parser, python_flag: str, variable: str, peer: str) -> None:
+    """The options every comparison takes: fedjax_pfl's host devices, client mapping and seed, the peer's
+    Python (``python_flag``, default the environment variable ``variable``), --no-peer, the logs' folder, the
+    rows' file, and the children's own."""
+    import argparse
+
+    parser.add_argument("--cpu-devices", default="auto", help="fedjax_pfl's host devices on a CPU (devices.cpu)")
+    parser.add_argument("--client-mapping", default="auto",
+                        help="fedjax_pfl's client mapping (default: its timed choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(python_flag, help=f"the Python that runs {peer} (default: ${variable}, else this one)")
+    parser.add_argument("--no-peer", action="store_true", help="time fedjax_pfl only")
+    parser.add_argument("--log-dir", default=None, help="the sides' logs and arrays (default: a temporary folder)")
+    parser.add_argument("--out", help="also append the rows to this JSONL file")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+
+
+def compare(benchmark: str, peer: str, found: tuple[str | None, str | None], spec: dict, log_dir: str | None,
+            make_arrays, run, out: str | None) -> int:
+    """The parent's part of ``benchmark``: says in one line why ``peer`` is not timed when ``found`` (its
+    interpreter, or None and why: `find_python`) has none, writes ``make_arrays(spec)`` where the sides read
+    them (``spec['arrays']``, in ``log_dir`` or a temporary folder), prints the rows ``run(spec, python, why,
+    log_dir)`` returns as JSON lines (also appended to ``out``). A missing data file: one line, exit 2."""
+    from fedjax_pfl.core.errors import UserError
+
+    python, why = found
+    if why:
+        print(f"{benchmark}: {peer} not timed: {why}; timing fedjax_pfl alone", file=sys.stderr)
+    log_dir = log_dir or tempfile.mkdtemp(prefix=f"{benchmark}_")
+    try:
+        spec["arrays"] = save_arrays(os.path.join(log_dir, "workload.npz"), make_arrays(spec))
+    except UserError as e:
+        print(f"{benchmark}: {e}", file=sys.stderr)
+        return 2
+    rows = run(spec, python, why, log_dir)
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0

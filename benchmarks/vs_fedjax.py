@@ -51,7 +51,7 @@ alone, seconds per evaluation (medians over the timed blocks), the accuracy
 on the test images after each block, and the ratios FedJAX / fedjax_pfl.
 Without FedJAX the comparison says why in one line and fedjax_pfl runs alone.
 
-    python benchmarks/vs_fedjax.py --quick --fedjax-python /work/venvs/fedjax/bin/python  # 4 timed blocks
+    python benchmarks/vs_fedjax.py --quick --fedjax-python ~/venvs/fedjax/bin/python  # 4 timed blocks
     python benchmarks/vs_fedjax.py --blocks 10       # 10 timed blocks (55 rounds per side)
     python benchmarks/vs_fedjax.py --tiny            # tests: FedJAX's shapes and counts per round on random
                                                      # images, 30 clients of about 40, 1 timed block
@@ -63,7 +63,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -79,9 +78,9 @@ FEDJAX_CONFIG = {"task": "EMNIST_CONV", "num_rounds": 1500, "num_clients_per_rou
                  "classes": 62, "image_shape": [28, 28, 1]}
 SIZE_SPREAD = 88.94 / 226.83  # LEAF's FEMNIST images per writer: standard deviation over mean
 FEDJAX_PYTHON = "FEDJAX_PFL_FEDJAX_PYTHON"  # the environment variable naming FedJAX's interpreter
-FEDJAX_INSTALL = ("python -m venv /work/venvs/fedjax && /work/venvs/fedjax/bin/pip install 'fedjax==0.0.17' "
+FEDJAX_INSTALL = ("python -m venv ~/venvs/fedjax && ~/venvs/fedjax/bin/pip install 'fedjax==0.0.17' "
                   "'jax==0.4.30' 'jaxlib==0.4.30' 'dm-haiku==0.0.14' 'optax==0.2.4' 'numpy==2.0.2', then "
-                  "--fedjax-python /work/venvs/fedjax/bin/python (docs/benchmarks/index.md)")
+                  "--fedjax-python ~/venvs/fedjax/bin/python (docs/benchmarks/index.md)")
 FEDJAX_SIDES = {"jit": "fedjax", "pmap": "fedjax_pmap"}  # FedJAX's for_each_client backend -> its side
 
 
@@ -273,15 +272,7 @@ def child_main(side: str, spec: dict) -> int:
         for record in fedjax_blocks(spec, backend):
             sides_lib.gate(record)
         return 0
-    from fedjax_pfl.core.errors import UserError
-
-    try:
-        for record in fedjax_pfl_blocks(spec):
-            sides_lib.gate(record)
-    except UserError as e:  # one line, exit 2
-        print(f"vs_fedjax: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return sides_lib.serve("vs_fedjax", fedjax_pfl_blocks, spec)
 
 
 def run(spec: dict, fedjax_python: str | None, note: str | None, log_dir: str, backends: list[str]) -> list[dict]:
@@ -325,14 +316,7 @@ def main(argv=None) -> int:
                    "images, 30 clients of about 40, 1 timed block")
     p.add_argument("--blocks", type=int, default=10, help="timed blocks of 5 rounds, after block 0")
     p.add_argument("--backends", default="jit,pmap", help="FedJAX's for_each_client backends to time")
-    p.add_argument("--cpu-devices", default="auto", help="fedjax_pfl's host devices (devices.cpu)")
-    p.add_argument("--client-mapping", default="auto", help="fedjax_pfl's client mapping (default: its timed choice)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fedjax-python", help=f"the Python that runs FedJAX (default: ${FEDJAX_PYTHON}, else this one)")
-    p.add_argument("--no-peer", action="store_true", help="time fedjax_pfl only")
-    p.add_argument("--log-dir", default=None, help="the sides' logs and arrays (default: a temporary folder)")
-    p.add_argument("--out", help="also append the rows to this JSONL file")
-    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    sides_lib.add_options(p, "--fedjax-python", FEDJAX_PYTHON, "FedJAX")
     args = p.parse_args(argv)
     if args.child:
         return child_main(args.child[0], json.loads(args.child[1]))
@@ -350,26 +334,11 @@ def main(argv=None) -> int:
         spec.update(data="random", clients=30, train_images=30 * 40, test_images=30 * 5, blocks=1, mapping="map")
     if set(args.backends.split(",")) - set(FEDJAX_SIDES):
         p.error(f"--backends: FedJAX's for_each_client backends are {', '.join(FEDJAX_SIDES)}")
-    fedjax_python, note = (None, "--no-peer given") if args.no_peer else sides_lib.find_python(
+    found = (None, "--no-peer given") if args.no_peer else sides_lib.find_python(
         args.fedjax_python, "--fedjax-python", FEDJAX_PYTHON, ["fedjax", "haiku"], FEDJAX_INSTALL)
-    if note:
-        print(f"vs_fedjax: FedJAX not timed: {note}; timing fedjax_pfl alone", file=sys.stderr)
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="vs_fedjax_")
-    from fedjax_pfl.core.errors import UserError
-
-    try:
-        spec["arrays"] = sides_lib.save_arrays(os.path.join(log_dir, "workload.npz"), workload_arrays(spec))
-    except UserError as e:  # missing data files: one line, exit 2
-        print(f"vs_fedjax: {e}", file=sys.stderr)
-        return 2
-    rows = run(spec, fedjax_python, note, log_dir, args.backends.split(","))
-    for row in rows:
-        print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    return 0
-
+    backends = args.backends.split(",")
+    return sides_lib.compare("vs_fedjax", "FedJAX", found, spec, args.log_dir, workload_arrays,
+                             lambda *a: run(*a, backends), args.out)
 
 if __name__ == "__main__":
     sys.exit(main())

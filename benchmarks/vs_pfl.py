@@ -51,7 +51,7 @@ peer's row says why in one line and fedjax_pfl runs alone.
 BlazeFL (PyPI ``blazefl``) is not compared: its release 3.0.0 requires Python
 3.14 (benchmarks/RESULTS.md).
 
-    python benchmarks/vs_pfl.py --quick --peer-python /work/venvs/peers/bin/python  # block 0, 2 timed blocks
+    python benchmarks/vs_pfl.py --quick --peer-python ~/venvs/peers/bin/python  # block 0, 2 timed blocks
     python benchmarks/vs_pfl.py --blocks 10          # 10 timed blocks (111 rounds per side)
     python benchmarks/vs_pfl.py --quick --device gpu # pfl-research on torch CUDA against fedjax_pfl on the GPU
     python benchmarks/vs_pfl.py --tiny               # tests: pfl-research's counts on random CIFAR-shaped data,
@@ -64,7 +64,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -77,8 +76,8 @@ PFL_CONFIG = {"dataset": "cifar10_iid", "model": "simple_cnn", "algorithm": "fed
               "central_lr": 1.0, "weight_by_samples": False, "eval_every": 10, "eval_batch": 10000,
               "central_rounds": 1500}
 PEERS_PYTHON = "FEDJAX_PFL_PEERS_PYTHON"  # the environment variable naming pfl-research's interpreter
-PEERS_INSTALL = ("python -m venv /work/venvs/peers && /work/venvs/peers/bin/pip install 'pfl==0.6.0' "
-                 "'torch==2.13.0', then --peer-python /work/venvs/peers/bin/python (docs/benchmarks/index.md)")
+PEERS_INSTALL = ("python -m venv ~/venvs/peers && ~/venvs/peers/bin/pip install 'pfl==0.6.0' "
+                 "'torch==2.13.0', then --peer-python ~/venvs/peers/bin/python (docs/benchmarks/index.md)")
 
 
 # ------------------------------------------------------------------------------------ the shared workload --
@@ -332,15 +331,7 @@ def child_main(side: str, spec: dict) -> int:
     if side == "pfl":  # pfl-research's environment: no fedjax_pfl package needed
         pfl_blocks(spec, sides_lib.gate)
         return 0
-    from fedjax_pfl.core.errors import UserError
-
-    try:
-        for record in fedjax_blocks(spec):
-            sides_lib.gate(record)
-    except UserError as e:  # one line, exit 2
-        print(f"vs_pfl: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return sides_lib.serve("vs_pfl", fedjax_blocks, spec)
 
 
 def run(spec: dict, peer_python: str | None, note: str | None, log_dir: str) -> list[dict]:
@@ -387,16 +378,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=PFL_CONFIG["eval_every"])
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="cpu: both on the CPU; gpu: pfl-research on torch CUDA, fedjax_pfl on JAX's GPU")
-    p.add_argument("--cpu-devices", default="auto", help="fedjax_pfl's host devices on a CPU (devices.cpu)")
-    p.add_argument("--client-mapping", default="auto", help="fedjax_pfl's client mapping (default: its timed choice)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-dropout", action="store_true", help="both sides without simple_cnn's dropout layers")
-    p.add_argument("--peer-python", help=f"the Python that runs pfl-research (default: ${PEERS_PYTHON}, else "
-                   "this one)")
-    p.add_argument("--no-peer", action="store_true", help="time fedjax_pfl only")
-    p.add_argument("--log-dir", default=None, help="the sides' logs (default: a temporary folder)")
-    p.add_argument("--out", help="also append the rows to this JSONL file")
-    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    sides_lib.add_options(p, "--peer-python", PEERS_PYTHON, "pfl-research")
     args = p.parse_args(argv)
     if args.child:
         return child_main(args.child[0], json.loads(args.child[1]))
@@ -409,26 +392,9 @@ def main(argv=None) -> int:
         spec["blocks"] = 2
     if args.tiny:
         spec.update(data="random", test_images=1000, eval_every=1, blocks=1, mapping="map")
-    peer_python, note = (None, "--no-peer given") if args.no_peer else sides_lib.find_python(
+    found = (None, "--no-peer given") if args.no_peer else sides_lib.find_python(
         args.peer_python, "--peer-python", PEERS_PYTHON, ["pfl", "torch"], PEERS_INSTALL)
-    if note:
-        print(f"vs_pfl: pfl-research not timed: {note}; timing fedjax_pfl alone", file=sys.stderr)
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="vs_pfl_")
-    from fedjax_pfl.core.errors import UserError
-
-    try:
-        spec["arrays"] = sides_lib.save_arrays(os.path.join(log_dir, "workload.npz"), workload_arrays(spec))
-    except UserError as e:  # missing data files: one line, exit 2
-        print(f"vs_pfl: {e}", file=sys.stderr)
-        return 2
-    rows = run(spec, peer_python, note, log_dir)
-    for row in rows:
-        print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    return 0
-
+    return sides_lib.compare("vs_pfl", "pfl-research", found, spec, args.log_dir, workload_arrays, run, args.out)
 
 if __name__ == "__main__":
     sys.exit(main())
