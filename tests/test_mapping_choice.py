@@ -196,7 +196,8 @@ def test_a_run_times_its_mapping_again_when_it_ran_past_its_estimate(monkeypatch
     chosen, record = mapping_choice.choose_mapping(engine, server, clients, round_key, 0)
     assert record["chosen"] == "chunked:2"
     same = mapping_choice.retime(chosen, record, 1.2 * 28.3, server, clients, round_key, 1, 100)
-    assert same[0] is chosen and same[1] is record
+    assert same[0] is chosen and same[1] == {**record, "checked": pytest.approx(1.2 * 28.3)}
+    assert not mapping_choice.ran_slower(same[1], 100.0)  # checked once: the run goes on with it
     _fake_timing(monkeypatch, {"map": 30.0, "chunked:2": 40.0}, jitter=0.0)
     heard = []
     again, retimed = mapping_choice.retime(chosen, record, 1.4 * 28.3, server, clients, round_key, 1, 100,
@@ -206,8 +207,10 @@ def test_a_run_times_its_mapping_again_when_it_ran_past_its_estimate(monkeypatch
                                   "round": 1}
     assert "1.40x its estimate" in heard[0] and heard[-1].endswith("switching from chunked:2 to map")
     assert not mapping_choice.ran_slower(retimed, 100.0)  # a run times its mapping again once
-    # too few rounds left: the slow mapping stays, untimed
+    # too few rounds left: the slow mapping stays, untimed; an untimed record stays as it is
     assert mapping_choice.retime(chosen, record, 2 * 28.3, server, clients, round_key, 1, 3)[0] is chosen
+    untimed = mapping_choice.untimed(chosen, "auto", "why")
+    assert mapping_choice.retime(chosen, untimed, 9.9, server, clients, round_key, 1, 100) == (chosen, untimed)
 
 
 def test_the_training_command_checks_its_mapping_after_its_first_timed_round(tmp_path, capsys, monkeypatch):

@@ -292,9 +292,10 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
 
 
 def ran_slower(record: dict, seconds_per_round: float) -> bool:
-    """Whether the timed choice ``record`` (not timed again yet) ran more than `RETIME_OVER` times its estimate."""
+    """Whether the timed choice ``record`` (not checked yet) ran more than `RETIME_OVER` times its estimate."""
     estimate = round_seconds(record)
-    return estimate is not None and "retimed" not in record and seconds_per_round > RETIME_OVER * estimate
+    return (estimate is not None and "checked" not in record and "retimed" not in record
+            and seconds_per_round > RETIME_OVER * estimate)
 
 
 def retime(engine, record: dict, seconds_per_round: float, server, clients, key, round_index: int, rounds_left: int,
@@ -304,9 +305,10 @@ def retime(engine, record: dict, seconds_per_round: float, server, clients, key,
     than `RETIME_OVER` times its estimate (`ran_slower`: the machine was busier while timing, or the estimate
     wrong) and the run has rounds enough left (`worth_timing`), every candidate is timed again on this state for
     round ``round_index`` (round key ``key``), the new choice is taken, and ``report(line)`` hears both (the
-    record's ``retimed`` keeps what ran and what was estimated). Otherwise ``engine`` and ``record`` as given."""
+    record's ``retimed`` keeps what ran and what was estimated). Otherwise ``engine`` and ``record`` as given,
+    a timed record marked ``checked`` (with the seconds that ran): a run checks its estimate once."""
     if not ran_slower(record, seconds_per_round) or not worth_timing(rounds_left):
-        return engine, record
+        return engine, record if round_seconds(record) is None else {**record, "checked": round(seconds_per_round, 4)}
     estimate, before = round_seconds(record), record["chosen"]
     say = report or (lambda line: None)
     say(f"client mapping auto: {before} ran {seconds_per_round:.3g} s a round, {seconds_per_round / estimate:.2f}x "

@@ -7,8 +7,6 @@ compiled rounds of one run, or of several runs on an experiment axis) and one
     program.call(first, count, stop) -> [(metrics, evaluations) per run]
     program.state(i)                 -> run i's (server, clients), to checkpoint
     program.evaluate(i, t)           -> run i's per-client evaluation after round t (None: not offered)
-    program.timed(rounds, seconds, t) -> optional: the last call ran ``rounds`` rounds, up to t, in ``seconds``
-                                        without compiling
 
 Each call runs rounds ``first .. stop-1`` (by the engine's index from 0;
 `CallPlanner` picks how many); then each writer checks and records them,
@@ -62,9 +60,8 @@ def _run_calls(program, writers, planner, first, stop_request, display, observe)
         display.call_starts(t, stop_at, planner.compiling, planner.count)
         compiled, began = planner.compiling, time.perf_counter()
         outputs = program.call(t, planner.count, stop_at)
-        seconds = time.perf_counter() - began
-        planner.done(stop_at - t, seconds, rounds - stop_at)
-        if not compiled and hasattr(program, "timed"):  # rounds timed without a compile (mapping_choice.retime)
+        planner.done(stop_at - t, seconds := time.perf_counter() - began, rounds - stop_at)
+        if not compiled and hasattr(program, "timed"):  # rounds timed without compiling (mapping_choice.retime)
             program.timed(stop_at - t, seconds, stop_at)
         if observe is not None:
             observe(stop_at)
