@@ -89,14 +89,14 @@ FEDJAX_SIDES = {"jit": "fedjax", "pmap": "fedjax_pmap"}  # FedJAX's for_each_cli
 
 def client_sizes(clients: int, total: int, seed: int) -> np.ndarray:
     """Sizes of ``clients`` clients, ``total`` in all: normal with the mean total / clients and `SIZE_SPREAD`
-    of it as standard deviation, at least 10 each (the last few adjusted to the total)."""
+    of it as standard deviation, at least 10 each (half the mean where that is less)."""
     rng = np.random.default_rng(seed)
-    mean = total / clients
-    sizes = np.maximum(10, np.round(rng.normal(mean, SIZE_SPREAD * mean, clients))).astype(np.int64)
-    sizes = np.maximum(10, np.round(sizes * total / sizes.sum())).astype(np.int64)
-    order = rng.permutation(clients)
-    for i in order[:abs(int(total - sizes.sum()))]:  # rounding: a sample more or less for a few clients
-        sizes[i] += np.sign(total - sizes.sum())
+    mean, floor = total / clients, max(1, min(10, total // (2 * clients)))
+    sizes = np.maximum(floor, np.round(rng.normal(mean, SIZE_SPREAD * mean, clients))).astype(np.int64)
+    sizes = np.maximum(floor, np.round(sizes * total / sizes.sum())).astype(np.int64)
+    gap = int(total - sizes.sum())  # rounding: a sample more or less for a few clients (none below the floor)
+    able = np.flatnonzero(sizes > floor) if gap < 0 else np.arange(clients)
+    sizes[rng.choice(able, abs(gap), replace=False)] += np.sign(gap)
     return sizes
 
 
