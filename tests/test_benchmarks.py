@@ -407,7 +407,7 @@ def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_abs
     *sides, comparison = rows
     ours = sides[-1]
     assert ours["side"] == "fedjax_pfl" and ours["workload"]["clients"] == 1000
-    assert ours["clients_per_round"] == 50 and ours["train_images_per_client"] == [50]
+    assert ours["clients_per_round"] == 50 and ours["train_images_per_client"] == [50, 50]  # [smallest, largest]
     assert ours["client_steps_per_round"] == 50 * 5  # 50 clients x ceil(50 / 10) steps x 1 epoch
     assert ours["test_images"] == 1000 and ours["rounds"] == 3  # block 0 (rounds 0, 1) and one timed block
     _finite_positive(ours, ["e2e_s_per_round", "train_s_per_round", "eval_s", "warmup_block_s", "peak_memory_bytes"])
