@@ -47,8 +47,8 @@ COVERED = {
 
 
 def listed_scripts() -> list[str]:
-    """The benchmarks/ scripts the page's commands run, in order."""
-    found = re.findall(r"benchmarks/([a-z_]+\.(?:py|sh))", PAGE.read_text())
+    """The benchmarks/ scripts the page's commands run (``python``, ``python3`` or ``bash``), in order."""
+    found = re.findall(r"(?:python3?|bash) benchmarks/([a-z_]+\.(?:py|sh))", PAGE.read_text())
     return list(dict.fromkeys(found))
 
 
