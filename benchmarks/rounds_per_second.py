@@ -114,7 +114,7 @@ def per_batch_round(engine):
 
     method = engine.method
     setup = method.setup
-    opt = setup.optimizer
+    opt = setup.optimizer(setup.lr)  # the local optimizer is a function of the learning rate
 
     @jax.jit
     def step(variables, opt_state, x, y):

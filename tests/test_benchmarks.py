@@ -407,18 +407,19 @@ def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_abs
     *sides, comparison = rows
     ours = sides[-1]
     assert ours["side"] == "fedjax_pfl" and ours["workload"]["clients"] == 1000
-    assert ours["clients_per_round"] == 50 and ours["train_images_per_client"] == [50]
+    assert ours["clients_per_round"] == 50 and ours["train_images_per_client"] == [50, 50]  # [smallest, largest]
     assert ours["client_steps_per_round"] == 50 * 5  # 50 clients x ceil(50 / 10) steps x 1 epoch
     assert ours["test_images"] == 1000 and ours["rounds"] == 3  # block 0 (rounds 0, 1) and one timed block
     _finite_positive(ours, ["e2e_s_per_round", "train_s_per_round", "eval_s", "warmup_block_s", "peak_memory_bytes"])
     assert ours["e2e_s_per_round"] > ours["train_s_per_round"] > 0 and 0 <= ours["accuracy"] <= 1
     assert len(ours["accuracy_per_block"]) == 2 and comparison["accuracy_fedjax_pfl"] == ours["accuracy"]
+    assert ours["dropout"] and ours["workload"]["dropout"]  # simple_cnn's dropout on fedjax_pfl's side too
     if len(sides) == 1:  # pfl-research not installed: fedjax_pfl's side stands, and the comparison says why
         assert "pfl" in comparison["peer_note"] and "\n" not in comparison["peer_note"]
-        assert comparison["ratio_e2e"] is None and "vs_pfl: pfl-research is not installed" in proc.stderr
+        assert comparison["ratio_e2e"] is None and "vs_pfl: pfl-research not timed" in proc.stderr
     else:
         theirs = sides[0]
-        assert theirs["side"] == "pfl" and theirs["rounds"] == ours["rounds"]
+        assert theirs["side"] == "pfl" and theirs["rounds"] == ours["rounds"] and theirs["dropout"]
         assert theirs["client_steps_per_round"] == ours["client_steps_per_round"]
         assert comparison["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
 
@@ -463,6 +464,70 @@ def test_vs_pfl_starts_both_sides_from_the_same_model(x64):
     params = jax.tree.map(np.asarray, vs_pfl.as_flax_params(torch_params))
     logits = model.apply({"params": params}, x).logits
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_vs_fedjax_tiny_runs_fedjaxs_round_and_says_why_when_fedjax_is_absent():
+    """vs_fedjax.py --tiny: FedJAX's EMNIST FedAvg round (10 clients, batches of 10, 28x28x1 images, 62 classes,
+    an evaluation after round 1 and every 5) on random images; FedJAX's rows where its Python is given
+    (FEDJAX_PFL_FEDJAX_PYTHON), else one line."""
+    proc = subprocess.run([sys.executable, str(BENCH / "vs_fedjax.py"), "--tiny"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    sides = [r for r in rows if "side" in r]
+    comparisons = [r for r in rows if "comparison" in r]
+    ours = sides[-1]
+    assert ours["side"] == "fedjax_pfl" and ours["method"] == "fedavg_server_adam" and ours["dropout"]
+    assert ours["clients_per_round"] == 10 and ours["rounds"] == 10  # block 0 (rounds 1-5) and one timed block
+    assert ours["test_images"] == 30 * 5 and ours["workload"]["fedjax_config"]["client_learning_rate"] == 0.001
+    _finite_positive(ours, ["e2e_s_per_round", "train_s_per_round", "eval_s", "client_steps_per_round",
+                            "peak_memory_bytes"])
+    assert ours["mapping_check"]["chosen"] == "map" and len(ours["accuracy_per_block"]) == 2
+    if len(sides) == 1:
+        (comparison,) = comparisons
+        assert "fedjax" in comparison["peer_note"] and "\n" not in comparison["peer_note"]
+        assert comparison["ratio_train"] is None and "vs_fedjax: FedJAX not timed" in proc.stderr
+    else:
+        assert [s["side"] for s in sides] == ["fedjax", "fedjax_pmap", "fedjax_pfl"]
+        for theirs, comparison in zip(sides, comparisons):
+            assert theirs["rounds"] == ours["rounds"] and comparison["comparison"] == f"{theirs['side']} / fedjax_pfl"
+            assert comparison["ratio_train"] == theirs["train_s_per_round"] / ours["train_s_per_round"]
+
+
+def test_fedavg_server_adam_steps_the_global_model_as_fedjaxs_server_adam(x64):
+    """benchmarks/fedavg_server_adam.py: Adam (bias-corrected) along the global parameters minus the uploads'
+    mean weighted by n_i, two rounds against a float64 NumPy reference."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import fedavg_server_adam as sa
+    finally:
+        sys.path.remove(str(BENCH))
+    from fedjax_pfl.methods.base import ServerRound
+
+    m = type("Bound", (), {"hparams": sa.ServerAdamConfig(server_lr=0.5, b1=0.9, b2=0.99, eps=0.01)})()
+    rng = np.random.default_rng(0)
+    params = {"w": rng.normal(size=(3, 2)), "b": rng.normal(size=2)}
+    server = {"variables": {"params": jax.tree.map(jnp.asarray, params)},
+              "opt_state": sa.server_optimizer(m).init(jax.tree.map(jnp.asarray, params))}
+    mom = {k: np.zeros_like(v) for k, v in params.items()}
+    sec = {k: np.zeros_like(v) for k, v in params.items()}
+    for step in (1, 2):
+        uploads = {k: rng.normal(size=(4, *v.shape)) for k, v in params.items()}
+        n = np.array([10.0, 30.0, 0.0, 60.0])
+        info = ServerRound(jnp.int32(step - 1), jnp.arange(4), jnp.asarray(n), jnp.array([True, True, True, False]))
+        server, _ = sa.server_update(m, server, {}, {"variables": {"params": jax.tree.map(jnp.asarray, uploads)}},
+                                     info)
+        weights = np.where([True, True, True, False], n, 0.0)
+        for k in params:
+            delta = params[k] - np.tensordot(weights, uploads[k], 1) / weights.sum()
+            mom[k] = 0.9 * mom[k] + 0.1 * delta
+            sec[k] = 0.99 * sec[k] + 0.01 * delta ** 2
+            m_hat, v_hat = mom[k] / (1 - 0.9 ** step), sec[k] / (1 - 0.99 ** step)
+            params[k] = params[k] - 0.5 * m_hat / (np.sqrt(v_hat) + 0.01)
+            np.testing.assert_allclose(np.asarray(server["variables"]["params"][k]), params[k], rtol=1e-7)  # optax: f32 factors
 
 
 def test_the_fedas_round_split_subtracts_its_variants():

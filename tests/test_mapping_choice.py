@@ -2,6 +2,7 @@
 fastest, and the choice never changes the numbers (each candidate equals the per-client loop)."""
 
 import jax
+import pytest
 import numpy as np
 
 from fedjax_pfl.data.client_data import stack_clients
@@ -125,3 +126,103 @@ def test_the_shortened_rounds_share_one_program_and_grow_with_their_share():
         assert (np.asarray(train.n) <= np.asarray(timing.train.n)).all()
     assert not np.asarray(rounds[0][0].n).any()  # the first trains no step
     assert all((np.asarray(train.n)[real] >= 1).all() for train, _ in rounds[1:-1])
+
+
+class FakeClock:
+    """A clock that moves only when a fake compiled round runs: each costs what the test says it costs."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def _fake_timing(monkeypatch, slopes: dict, jitter: float, fixed: float = 0.3):
+    """choose_mapping on a fake clock: candidate ``name``'s round costs ``fixed + slopes[name] * share`` seconds
+    (its estimate: fixed + slope), each shortened round with steps off by +-``jitter`` on alternate runs."""
+    import itertools
+    import types
+
+    clock = FakeClock()
+    monkeypatch.setattr(mapping_choice, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    signs = itertools.cycle([0.0, 1.0])
+    rounds = [("none", 0.0), ("few", 0.02), (None, 1.0)]
+
+    class Timing:
+        def __init__(self, name):
+            self.name = name
+
+        def compiled_round(self, *args):
+            def run(train=None):
+                share = dict(rounds)[train]
+                clock.now += fixed + slopes[self.name] * share + (jitter * next(signs) if share else 0.0)
+                return np.zeros(())
+            return run
+
+    monkeypatch.setattr(mapping_choice, "shortened",
+                        lambda engine, m, c, data=None: (Timing(mapping_choice.label(m, c)), rounds, None))
+
+
+def test_a_padded_mapping_beats_a_padding_free_one_only_by_more_than_the_timings_noise(monkeypatch):
+    """chunked:2 (padding on these ragged clients) estimated 2 s under map: chosen on a quiet clock; when the
+    shortened rounds' repeats spread by 0.03 s (1.5 s at share 1 for each candidate), map is kept, and says why."""
+    engine = _engine()
+    server, clients, round_key = _start(engine, jax.random.key(5))
+    options = [("map", None), ("chunked", 2)]
+    assert mapping_choice.padding_free(engine, options, round_key, 0) == {"map"}
+    slopes = {"map": 30.0, "chunked:2": 28.0}
+    _fake_timing(monkeypatch, slopes, jitter=0.0)
+    _, quiet = mapping_choice.choose_mapping(engine, server, clients, round_key, 0, options=options)
+    assert quiet["chosen"] == "chunked:2" and "margin" not in quiet
+    assert quiet["candidates"]["map"]["round_s"] == pytest.approx(30.3) and quiet["candidates"]["map"]["noise_s"] == 0
+    _fake_timing(monkeypatch, slopes, jitter=0.03)
+    chosen, busy = mapping_choice.choose_mapping(engine, server, clients, round_key, 0, options=options)
+    assert busy["candidates"]["chunked:2"]["noise_s"] == pytest.approx(1.5)
+    assert busy["chosen"] == "map" and chosen.mapping == "map"
+    assert "executes padding" in busy["margin"] and busy["margin"] in mapping_choice.describe(busy)
+    # between padded mappings alone (or clients that all take as many steps), the fastest estimate wins
+    assert mapping_choice.choose_with_margin(busy["candidates"], set())[0] == "chunked:2"
+
+
+def test_a_run_times_its_mapping_again_when_it_ran_past_its_estimate(monkeypatch):
+    """The chosen chunked:2 (estimated 28.3 s) ran 1.2x that: kept without timing; 1.4x: every candidate is
+    timed again, and now that chunked:2 costs 40 s the run switches to map and says so, once."""
+    engine = _engine()
+    server, clients, round_key = _start(engine, jax.random.key(5))
+    options = [("map", None), ("chunked", 2)]
+    monkeypatch.setattr(mapping_choice, "candidates", lambda *a, **k: options)
+    _fake_timing(monkeypatch, {"map": 30.0, "chunked:2": 28.0}, jitter=0.0)
+    chosen, record = mapping_choice.choose_mapping(engine, server, clients, round_key, 0)
+    assert record["chosen"] == "chunked:2"
+    same = mapping_choice.retime(chosen, record, 1.2 * 28.3, server, clients, round_key, 1, 100)
+    assert same[0] is chosen and same[1] == {**record, "checked": pytest.approx(1.2 * 28.3)}
+    assert not mapping_choice.ran_slower(same[1], 100.0)  # checked once: the run goes on with it
+    _fake_timing(monkeypatch, {"map": 30.0, "chunked:2": 40.0}, jitter=0.0)
+    heard = []
+    again, retimed = mapping_choice.retime(chosen, record, 1.4 * 28.3, server, clients, round_key, 1, 100,
+                                           report=heard.append)
+    assert again.mapping == "map" and retimed["chosen"] == "map"
+    assert retimed["retimed"] == {"was": "chunked:2", "ran_s": pytest.approx(1.4 * 28.3), "estimate_s": 28.3,
+                                  "round": 1}
+    assert "1.40x its estimate" in heard[0] and heard[-1].endswith("switching from chunked:2 to map")
+    assert not mapping_choice.ran_slower(retimed, 100.0)  # a run times its mapping again once
+    # too few rounds left: the slow mapping stays, untimed; an untimed record stays as it is
+    assert mapping_choice.retime(chosen, record, 2 * 28.3, server, clients, round_key, 1, 3)[0] is chosen
+    untimed = mapping_choice.untimed(chosen, "auto", "why")
+    assert mapping_choice.retime(chosen, untimed, 9.9, server, clients, round_key, 1, 100) == (chosen, untimed)
+
+
+def test_the_training_command_checks_its_mapping_after_its_first_timed_round(tmp_path, capsys, monkeypatch):
+    """The run loop hands the first call without compiling to the mapping's check: with any slowdown counted as
+    too slow, the run times its candidates again and says what it keeps."""
+    from fedjax_pfl.commands import train as cli
+
+    monkeypatch.setattr(mapping_choice, "RETIME_OVER", 0.0)
+    args = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "--rounds",
+            str(mapping_choice.MIN_ROUNDS + 2), "--out", str(tmp_path / "run"), "partition.num_clients=4",
+            "model.hidden=[8]", "eval_every=10"]
+    assert cli.main(args) == 0
+    log = capsys.readouterr().out
+    assert log.count("timing the candidates again") == 1
+    assert "keeping" in log or "switching from" in log

@@ -18,9 +18,21 @@ two times against the shares of client-steps they took under that mapping
 (sizes keep their proportions, so padding counts as it will), at share 1
 (`estimated_round`): what a round costs whatever its steps (gathers, the
 server step) is counted once, not scaled up with the steps. The first candidate's estimate is the run's first estimate of its
-time, reported at once. The candidates within 25% of the best run once more
-and each keeps its faster times. A candidate that fails (out of memory) is
-recorded with its error and left out.
+time, reported at once. Each shortened round runs `REPEATS` times (the
+candidates within 25% of the best once more): the fastest is its time and
+the spread its noise, carried to the estimate (`estimate_noise`). The
+fastest estimate wins, except that a mapping which executes padding this
+round beats a padding-free one (``map``; any mapping where every client
+takes as many steps) only by more than the two estimates' noise
+(`choose_with_margin`): on a busy machine a shortened round of a few steps
+per client misleads, and padding is work the padding-free mapping never
+does. A candidate that fails (out of memory) is recorded with its error and
+left out.
+
+A run then checks the estimate (`retime`): when its first rounds after
+compiling ran more than `RETIME_OVER` times the chosen mapping's estimate,
+it times the candidates again on its state, switches to the new choice if
+it differs, and says so.
 
 The numbers do not depend on the choice: the timed rounds run on copies
 that are thrown away, then the run goes on from the same state with the
@@ -58,6 +70,7 @@ RETIME_WITHIN = 1.25  # candidates this close to the best run a second time
 MIN_ROUNDS = 20  # timing costs a few rounds: shorter runs keep the default
 BUDGET = 0.05  # the other candidates are timed only if that costs at most this share of the run
 SLOWER = 3.0  # a candidate's round is budgeted as this many of the default's (vmap of a CNN on CPU: 3-8)
+RETIME_OVER = 1.3  # a run whose chosen mapping ran this many times its estimate times the candidates again
 
 
 def worth_timing(rounds_left: int) -> bool:
@@ -94,6 +107,7 @@ def clients_per_device(engine) -> int:
 
 TIMED_BATCHES = (1, 2, 4, 8, 16)  # the shortened rounds: the largest client keeps this many batches per epoch
 MEASURABLE_S = 0.5  # a shortened round is long enough once its steps take this long (timer noise: ~0.1 s)
+REPEATS = 2  # each shortened round runs this many times after its warm-up: the fastest counts, the spread is noise
 
 
 def _cut(data, sizes):
@@ -162,6 +176,47 @@ def estimated_round(seconds: list[float], shares: list[float]) -> tuple[float, f
     return round(fixed + slope, 6), round(fixed, 6)
 
 
+def estimate_noise(spreads: list[float], shares: list[float]) -> float:
+    """How far the estimated round can move with the timing's noise: the shortened rounds' spreads over their
+    repeats (the round without steps first) carried to share 1 along `estimated_round`'s line.
+
+    Examples:
+        >>> estimate_noise([0.01, 0.02], [0.0, 0.1])  # 0.02 / 0.1 + 0.01 * (1 / 0.1 - 1)
+        0.29
+    """
+    return round(spreads[1] / shares[1] + spreads[0] * (1 / shares[1] - 1), 6)
+
+
+def choose_with_margin(candidates: dict[str, dict], padding_free: set[str]) -> tuple[str, str | None]:
+    """(the candidate to run, why it is not the fastest estimate or None): the fastest estimated round
+    (``round_s``), except that a candidate executing padding beats the fastest padding-free one only by more
+    than the two estimates' measured noise (``noise_s``): on a busy machine the shortened rounds of a few steps
+    per client mislead, and padding is work a padding-free mapping never does.
+
+    Examples:
+        >>> timed = {"map": {"round_s": 10.0, "noise_s": 0.5}, "chunked:4": {"round_s": 9.0, "noise_s": 1.0}}
+        >>> choose_with_margin(timed, {"map"})[0], choose_with_margin(timed, set())[0]
+        ('map', 'chunked:4')
+    """
+    best = min(candidates, key=lambda n: candidates[n]["round_s"])
+    free = [n for n in candidates if n in padding_free]
+    if best in padding_free or not free:
+        return best, None
+    fallback = min(free, key=lambda n: candidates[n]["round_s"])
+    a, b = candidates[best], candidates[fallback]
+    margin = a.get("noise_s", 0.0) + b.get("noise_s", 0.0)
+    if b["round_s"] - a["round_s"] > margin:
+        return best, None
+    return fallback, (f"{best} ({a['round_s']:.3g} s) executes padding and beats {fallback} ({b['round_s']:.3g} s) "
+                      f"by no more than the timing's noise ({margin:.3g} s)")
+
+
+def padding_free(engine, options: list[tuple[str, int | None]], round_key, round_index: int) -> set[str]:
+    """The labels of the ``options`` under which the round ``round_index`` executes no padding step."""
+    return {label(m, c) for m, c in options
+            if engine.with_mapping(m, c).round_padding(round_key, round_index)["padding_efficiency"] >= 1.0}
+
+
 def choose_mapping(engine, server, clients, key, round_index: int = 0, values: dict | None = None,
                    options: list[tuple[str, int | None]] | None = None, rounds_left: int | None = None,
                    report=None, batched: bool = False, data=None):
@@ -221,17 +276,49 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
         raise RuntimeError(f"client_mapping=auto: every candidate failed: {record}")
     best = min(record[n]["round_s"] for n in timed)
     for name in [n for n in timed if record[n]["round_s"] <= RETIME_WITHIN * best] if len(timed) > 1 else ():
-        run, used, seconds = runs[name]  # each shortened round keeps its faster time
-        record[name].update(_estimate([min(t, _seconds(run, train)) for t, (train, _) in zip(seconds, used)], used))
+        run, used, seconds = runs[name]  # each shortened round once more: its fastest time, its spread
+        record[name].update(_estimate([t + [_seconds(run, train)] for t, (train, _) in zip(seconds, used)], used))
     runs.clear()
-    chosen = min(timed, key=lambda n: record[n]["round_s"])
+    round_key = engine_lib.round_keys(key[0], round_index)[0] if batched else key
+    chosen, why = choose_with_margin({n: record[n] for n in timed},
+                                     padding_free(engine, list(timed.values()), round_key, round_index))
     mapping, chunk = timed[chosen]
     winner = engine.with_mapping(mapping, chunk)
     out = {"requested": client_mapping.AUTO, "chosen": chosen, "mapping": winner.mapping, "chunk_size": chunk,
            "timed": True,
            "devices": sharding.mesh_size(engine.mesh), "timed_round": int(round_index), "candidates": record,
-           "seconds": round(time.perf_counter() - began, 2)}
+           "seconds": round(time.perf_counter() - began, 2), **({"margin": why} if why else {})}
     return winner, out if skipped is None else {**out, "skipped": skipped}
+
+
+def ran_slower(record: dict, seconds_per_round: float) -> bool:
+    """Whether the timed choice ``record`` (not checked yet) ran more than `RETIME_OVER` times its estimate."""
+    estimate = round_seconds(record)
+    return (estimate is not None and "checked" not in record and "retimed" not in record
+            and seconds_per_round > RETIME_OVER * estimate)
+
+
+def retime(engine, record: dict, seconds_per_round: float, server, clients, key, round_index: int, rounds_left: int,
+           report=None):
+    """(the engine to go on with, its record) once the run's first rounds after compiling took
+    ``seconds_per_round`` each (their evaluations included) under the mapping ``record`` chose: when that is more
+    than `RETIME_OVER` times its estimate (`ran_slower`: the machine was busier while timing, or the estimate
+    wrong) and the run has rounds enough left (`worth_timing`), every candidate is timed again on this state for
+    round ``round_index`` (round key ``key``), the new choice is taken, and ``report(line)`` hears both (the
+    record's ``retimed`` keeps what ran and what was estimated). Otherwise ``engine`` and ``record`` as given,
+    a timed record marked ``checked`` (with the seconds that ran): a run checks its estimate once."""
+    if not ran_slower(record, seconds_per_round) or not worth_timing(rounds_left):
+        return engine, record if round_seconds(record) is None else {**record, "checked": round(seconds_per_round, 4)}
+    estimate, before = round_seconds(record), record["chosen"]
+    say = report or (lambda line: None)
+    say(f"client mapping auto: {before} ran {seconds_per_round:.3g} s a round, {seconds_per_round / estimate:.2f}x "
+        f"its estimate of {estimate:.3g} s: timing the candidates again ...")
+    winner, again = choose_mapping(engine, server, clients, key, round_index, rounds_left=rounds_left, report=report)
+    again = {**again, "retimed": {"was": before, "ran_s": round(seconds_per_round, 4), "estimate_s": estimate,
+                                  "round": int(round_index)}}
+    switched = again["chosen"] != before
+    say(f"{describe(again)}; " + (f"switching from {before} to {again['chosen']}" if switched else f"keeping {before}"))
+    return (winner if switched else engine), again
 
 
 def first_estimate(name: str, timed: dict, rounds_left: int | None) -> str:
@@ -276,9 +363,10 @@ def describe(record: dict) -> str:
         return f"client mapping {record['requested']}: {record['chosen']} ({record['why']}){padding}"
     parts = [f"{n} {c['round_s']:.3g} s" if "round_s" in c else f"{n} failed" for n, c in record["candidates"].items()]
     skipped = f"; not the others: {record['skipped']}" if "skipped" in record else ""
+    margin = f"; {record['margin']}" if "margin" in record else ""
     took = f"reused: {record['reused']}" if "reused" in record else f"choosing took {record['seconds']:.1f} s"
     return (f"client mapping auto: {record['chosen']} (a round each, estimated from a shortened one: "
-            f"{', '.join(parts)}; {took}{skipped}){padding}")
+            f"{', '.join(parts)}{margin}; {took}{skipped}){padding}")
 
 
 def with_padding(engine, record: dict, round_key, round_index: int) -> dict:
@@ -304,27 +392,31 @@ def choose_or_default(engine, requested: str, rounds_left: int, server, clients,
     return engine, with_padding(engine, record, round_key, round_index)
 
 
-def _time_shortened(run, rounds) -> tuple[list[float], list]:
-    """(seconds, rounds) of the round without steps and the first of the longer ``rounds`` whose steps take
-    `MEASURABLE_S` over it (else the longest), each the faster of two runs after a first that warms up."""
-    def best(train):
-        return min(_seconds(run, train), _seconds(run, train))
+def _time_shortened(run, rounds) -> tuple[list[list[float]], list]:
+    """(each one's repeated seconds, rounds) of the round without steps and the first of the longer ``rounds``
+    whose steps take `MEASURABLE_S` over it (else the longest), each run `REPEATS` times after a first that
+    warms up: the fastest is its time, the spread its noise."""
+    def runs(train):
+        return [_seconds(run, train) for _ in range(REPEATS)]
 
     _seconds(run, rounds[0][0])
-    fixed = best(rounds[0][0])
+    fixed = runs(rounds[0][0])
     for train, share in rounds[1:]:
-        seconds = best(train)
-        if seconds - fixed >= MEASURABLE_S or share == rounds[-1][1]:
+        seconds = runs(train)
+        if min(seconds) - min(fixed) >= MEASURABLE_S or share == rounds[-1][1]:
             return [fixed, seconds], [rounds[0], (train, share)]
     raise ValueError("shortened rounds: none with steps")
 
 
-def _estimate(seconds: list[float], rounds: list) -> dict:
-    """A candidate's record from its shortened rounds' ``seconds``: the longer one's time and share, the
-    seconds a round costs whatever its steps, and the whole round (`estimated_round`)."""
-    round_s, fixed_s = estimated_round(seconds, [share for _, share in rounds])
-    return {"timed_s": round(seconds[-1], 4), "share": round(rounds[-1][1], 5), "fixed_s": round(fixed_s, 4),
-            "round_s": round(round_s, 4)}
+def _estimate(seconds: list[list[float]], rounds: list) -> dict:
+    """A candidate's record from its shortened rounds' repeated ``seconds``: the longer one's time and share, the
+    seconds a round costs whatever its steps, the whole round (`estimated_round`, from the fastest of each) and
+    that estimate's noise (`estimate_noise`, from their spreads)."""
+    shares = [share for _, share in rounds]
+    round_s, fixed_s = estimated_round([min(t) for t in seconds], shares)
+    return {"timed_s": round(min(seconds[-1]), 4), "share": round(shares[-1], 5), "fixed_s": round(fixed_s, 4),
+            "round_s": round(round_s, 4),
+            "noise_s": round(estimate_noise([max(t) - min(t) for t in seconds], shares), 4)}
 
 
 def _seconds(run, train=None) -> float:

@@ -26,10 +26,10 @@ def shared_init(m, key, num_clients: int):
 
 def supervised_objective(m, extra: Callable | None = None):
     """objective(variables, batch, key) -> (CE of the model output [+ ``extra(variables, batch, output, key)``],
-    the model's new BatchNorm statistics)."""
+    the model's new BatchNorm statistics); a model with dropout draws it from ``key``."""
 
     def objective(variables, batch, key):
-        out = m.model.apply(variables, batch.x, train=True, mask=batch.mask)
+        out = m.model.apply(variables, batch.x, train=True, mask=batch.mask, rng=key)
         loss = losses.cross_entropy(out.logits, batch.y, batch.mask)
         if extra is not None:
             loss = loss + extra(variables, batch, out, key)

@@ -23,9 +23,10 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
   flatten (400 at 32x32), Dense 120, 84 (ReLU); head Dense(C).
 * ``pfl_cnn``: pfl-research's CIFAR-10 benchmark CNN (its ``simple_cnn``):
   conv3x3 32 VALID, ReLU, conv3x3 64 VALID, ReLU, maxpool 2, flatten (12,544
-  at 32x32), Dense 128 ReLU; head Dense(C). Its two dropout layers (0.25
-  after the pool, 0.5 after Dense 128) are not here: no model here has
-  dropout.
+  at 32x32), Dense 128 ReLU; head Dense(C). ``dropout=True`` adds its two
+  dropout layers (`PFL_DROPOUT`: 0.25 after the pool, 0.5 after Dense 128,
+  so the feature is the dropped-out one the head sees) in training; at
+  28x28x1 with 62 classes it is also FedJAX's EMNIST CNN.
 * ``pfakd_cnn``: the PFAKD authors' CNN: conv3x3 16, conv4x4 32, conv3x3 64
   (VALID, each ReLU + maxpool 2), flatten (256 at 32x32, 64 at 28x28) = the
   feature; head Dense 64 ReLU, Dense(C).
@@ -44,6 +45,9 @@ Registered models (inputs NHWC, already normalised; MLPs flatten):
   PyTorch's defaults (momentum 0.1, eps 1e-5), batch statistics when
   ``train=True`` (over the rows that ``mask`` marks real), running averages
   otherwise.
+
+A model with dropout trains with a key (``Model.apply(..., train=True, rng=key)``: the local step's key, folded
+with `DROPOUT_STREAM`); evaluation (``train=False``) drops nothing.
 
 Convolutions use ``conv.Conv2D`` and fully connected layers ``dense.Dense``,
 both with ``conv_impl`` ('auto' picks direct on CPU and GPU, native elsewhere; a
@@ -109,13 +113,16 @@ class DenseStack(nn.Module):
 
 
 class ConvNetBody(nn.Module):
-    """Conv blocks (conv, activation, 2x2 max-pool unless the spec says no pool), flatten, then a DenseStack."""
+    """Conv blocks (conv, activation, 2x2 max-pool unless the spec says no pool), flatten, then a DenseStack;
+    in training, dropout at rate ``dropout[0]`` after the conv blocks and ``dropout[1]`` after the DenseStack
+    (none by default)."""
 
     convs: Sequence[ConvSpec] = ()
     hidden: Sequence[int] = ()
     activation: Callable = nn.relu
     conv_impl: str = "auto"
     dtype: Any = None
+    dropout: tuple[float, float] = (0.0, 0.0)
 
     @nn.compact
     def __call__(self, x, train: bool = False, mask=None):  # no BatchNorm: mask unused
@@ -126,9 +133,16 @@ class ConvNetBody(nn.Module):
             x = self.activation(x)
             x = max_pool(x, 2) if spec.pool else x
             maps.append(x)
+        x = _dropout(x, self.dropout[0], train)
         x = x.reshape(x.shape[0], -1)
         x = DenseStack(self.hidden, self.activation, self.conv_impl, self.dtype, name="mlp")(x)
-        return x, tuple(maps)
+        return _dropout(x, self.dropout[1], train), tuple(maps)
+
+
+def _dropout(x, rate: float, train: bool):
+    """``x`` with each entry zeroed at ``rate`` and the others scaled by 1 / (1 - rate) in training; as is
+    otherwise."""
+    return nn.Dropout(rate, deterministic=not train)(x) if rate else x
 
 
 class Head(nn.Module):
@@ -230,6 +244,7 @@ class Model:
     feature_dim: int
     initialization: str = "flax"  # 'flax' | 'torch' (initialization.py)
     precision: str = "fp32"  # 'fp32' | 'bf16' (precision.py): what the layers compute in; outputs are float32
+    dropout: bool = False  # training drops activations: `apply` with train=True needs a key
 
     def init(self, key: jax.Array) -> dict:
         """Variables ``{'params': {'body', 'head'}}`` (+ ``{'batch_stats': {'body'}}`` with BN),
@@ -243,22 +258,30 @@ class Model:
         return variables
 
     def apply(self, variables: dict, x: jax.Array, *, train: bool = False,
-              mask: jax.Array | None = None) -> ModelOutput:
+              mask: jax.Array | None = None, rng: jax.Array | None = None) -> ModelOutput:
         """Runs the model on ``x [B, *input_shape]``; BN uses batch stats when training.
 
         ``mask [B]`` (bool, False for padding rows) restricts BatchNorm's batch
         statistics and running-average updates to the real rows, so a padded
         batch trains exactly as the unpadded one; it changes nothing else
         (losses mask their own rows) and nothing when ``train=False``.
+        ``rng``: the key a model with dropout draws its training masks from (folded with `DROPOUT_STREAM`);
+        such a model trained without one raises `UserError`.
         Under ``precision='bf16'`` logits, features and maps come back float32.
         """
         stats = variables.get("batch_stats", {})
+        rngs = {}
+        if train and self.dropout:
+            if rng is None:
+                raise UserError(f"model {self.name!r} with dropout trains with a key per step, and this method's "
+                                "local step gives it none: leave model.dropout false for this method")
+            rngs = {"dropout": jax.random.fold_in(rng, DROPOUT_STREAM)}
         if train and stats:
             (logits, features, maps), updates = self.module.apply(
-                variables, x, train=True, mask=mask, mutable=["batch_stats"])
+                variables, x, train=True, mask=mask, mutable=["batch_stats"], rngs=rngs)
             stats = updates["batch_stats"]
         else:
-            logits, features, maps = self.module.apply(variables, x, train=train)
+            logits, features, maps = self.module.apply(variables, x, train=train, rngs=rngs)
         logits, features, maps = to_float32((logits, features, maps), self.precision)
         return ModelOutput(logits, features, maps, stats)
 
@@ -298,10 +321,15 @@ def _lenet(input_shape, num_classes, conv_impl):
     return ConvNetBody(convs, (120, 84), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
 
 
-def _pfl_cnn(input_shape, num_classes, conv_impl):
+PFL_DROPOUT = (0.25, 0.5)  # pfl-research's simple_cnn (and FedJAX's EMNIST CNN): after the pool, after Dense 128
+DROPOUT_STREAM = 2  # fold_in constant of the dropout keys (augmentation's is 1: kernels/local_training.py)
+
+
+def _pfl_cnn(input_shape, num_classes, conv_impl, dropout: bool = False):
     _need_image("pfl_cnn", input_shape)
     convs = (ConvSpec(32, 3, pool=False), ConvSpec(64, 3))
-    return ConvNetBody(convs, (128,), conv_impl=conv_impl), Head(num_classes, impl=conv_impl)
+    body = ConvNetBody(convs, (128,), conv_impl=conv_impl, dropout=PFL_DROPOUT if dropout else (0.0, 0.0))
+    return body, Head(num_classes, impl=conv_impl)
 
 
 def _pfakd_cnn(input_shape, num_classes, conv_impl):
@@ -368,7 +396,7 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, *,
     ``init`` is where parameters start: 'flax' (Flax's defaults) or 'torch'
     (PyTorch's defaults, as in the papers' code; ``initialization.py``).
     ``precision`` is what its layers compute in: 'fp32' or 'bf16' (``precision.py``).
-    ``kwargs`` are model options (``hidden`` for mlp, ``variant`` for fedpac_cnn).
+    ``kwargs`` are model options (``hidden`` for mlp, ``variant`` for fedpac_cnn, ``dropout`` for pfl_cnn).
     Raises ``UserError`` for an unknown name or option, or an input shape the
     model cannot take.
     """
@@ -398,4 +426,5 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, *,
             lambda x: module.init_with_output(jax.random.PRNGKey(0), x)[0], x)
     except (ValueError, TypeError) as e:
         raise UserError(f"Model {name!r} cannot take inputs of shape {input_shape}: {e}") from e
-    return Model(name, module, input_shape, int(num_classes), int(features.shape[-1]), init, precision)
+    dropout = any(getattr(body, "dropout", (0.0,)))
+    return Model(name, module, input_shape, int(num_classes), int(features.shape[-1]), init, precision, dropout)

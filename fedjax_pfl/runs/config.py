@@ -221,6 +221,7 @@ class ModelConfig:
     hidden: tuple[int, ...] | None = setting(None, "MLP hidden sizes", at_least=1, none="the model's own")
     init: str = setting("flax", "where parameters start: Flax's defaults or PyTorch's (the papers' code)",
                         choices=_inits)
+    dropout: bool = setting(False, "pfl_cnn: pfl-research's dropout in training (0.25 after the pool, 0.5 after Dense)")
 
 
 @dataclasses.dataclass

@@ -193,7 +193,7 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
 
 def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
     t, m = cfg.train, cfg.model
-    model_kwargs = {"hidden": m.hidden} if m.hidden else {}
+    model_kwargs = {**({"hidden": m.hidden} if m.hidden else {}), **({"dropout": True} if m.dropout else {})}
     model = build_model(m.name, dataset.input_shape, dataset.num_classes, conv_impl=m.conv_impl, init=m.init,
                         precision=t.precision, **model_kwargs)
 

@@ -58,9 +58,11 @@ def _run_calls(program, writers, planner, first, stop_request, display, observe)
         stop_at = planner.stop_after(t)
         stop_request.in_flight = (stop_at, rounds)
         display.call_starts(t, stop_at, planner.compiling, planner.count)
-        began = time.perf_counter()
+        compiled, began = planner.compiling, time.perf_counter()
         outputs = program.call(t, planner.count, stop_at)
-        planner.done(stop_at - t, time.perf_counter() - began, rounds - stop_at)
+        planner.done(stop_at - t, seconds := time.perf_counter() - began, rounds - stop_at)
+        if not compiled and hasattr(program, "timed"):  # rounds timed without compiling (mapping_choice.retime)
+            program.timed(stop_at - t, seconds, stop_at)
         if observe is not None:
             observe(stop_at)
         last = stop_at - 1

@@ -19,6 +19,7 @@ import numpy as np
 
 from fedjax_pfl.engine import checkpoint, distributed, host_clients, mapping_choice, sharding
 from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.engine.mapping_choice import training_clients  # (the sweep's too: one definition)
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import resume as resume_lib
@@ -36,9 +37,15 @@ class SingleProgram:
     """The compiled rounds of one run (`Engine.run_rounds`, or `HostClients.run_rounds` with client state on the
     host), holding its state between calls."""
 
-    def __init__(self, engine, server, clients, key, cfg: config_lib.RunConfig):
+    def __init__(self, engine, server, clients, key, cfg: config_lib.RunConfig, choice: dict | None = None):
         self.engine, self.server, self.clients, self.key = engine, server, clients, key
-        self.rounds, self.eval_every = cfg.train.rounds, cfg.eval_every
+        self.rounds, self.eval_every, self.choice = cfg.train.rounds, cfg.eval_every, choice  # (`timed`)
+
+    def timed(self, rounds: int, seconds: float, t: int) -> None:
+        """A call ran rounds .. t-1 without compiling: an ``auto`` mapping slower than its estimate is timed again."""
+        self.engine, self.choice = mapping_choice.retime(self.engine, self.choice, seconds / rounds, self.server,
+                                                         self.clients, engine_lib.round_keys(self.key, t)[0], t,
+                                                         self.rounds - t, print)
 
     def call(self, first: int, count: int, stop: int):
         self.server, self.clients, metrics, evaluations = self.engine.run_rounds(
@@ -114,7 +121,7 @@ def _train(run: ValidRun, out: Path, files: Path, progress: bool, resume: bool, 
     print(f"{host_devices.describe(resolved['devices.cpu'])}; {mapping_choice.describe(choice)}", flush=True)
     writer = RunWriter(out, files, cfg, exp.data_files, exp.partition_summary, saved, history, done, seconds_done,
                        resolved=resolved)
-    program = SingleProgram(store or exp.engine, server, clients, key, cfg)
+    program = SingleProgram(store or exp.engine, server, clients, key, cfg, choice)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
     display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress,
                           devices=sharding.mesh_size(exp.engine.mesh), timed_round=mapping_choice.round_seconds(choice))
@@ -134,11 +141,6 @@ def _train(run: ValidRun, out: Path, files: Path, progress: bool, resume: bool, 
         raise writer.error
     report_end(out, writer, summary, cfg.eval.model, (stop.reason or stop.name) if stop.requested else None)
     return summary
-
-
-def training_clients(engine) -> int:
-    """Clients that train each round (all of them with ``train.all_clients_train``)."""
-    return engine.num_clients if engine.config.all_clients_train else engine.config.clients_per_round
 
 
 def written(folder: Path) -> list[str]:
