@@ -31,6 +31,7 @@ SMALLEST = {
                              "--no-round"],
     "apple_mix.py": ["--quick", "--repeats", "1"],
     "profile_round.py": ["--workload", "0", "--mappings", "map", "--top", "3"],
+    "fedas_round_split.py": ["--quick"],  # its five variants of a tiny synthetic cell
 }
 # script -> the test that runs it small (file::name)
 COVERED = {
