@@ -52,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedjax_pfl import aggregation
-from fedjax_pfl.kernels import model_distance
+from fedjax_pfl.kernels import collaboration, model_distance
 from fedjax_pfl.methods import anchored
 from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
@@ -73,12 +73,16 @@ class DiversiFedConfig(Options):
                           "parameter distance", more_than=0.0)
     start: str = option("own", "local training starts from the client's own w_i (the paper) or from the "
                         "anchor u_i (variant)", choices=anchored.START_POINTS)
+    distance_unit: str = option("raw", "the unit the server step reads the distances in: 'mean' (the round's mean "
+                                "distance between the stored models), 'sqrt_params' (sqrt of the parameter count) "
+                                "or 'raw' (parameter units)", choices=model_distance.UNITS)
 
 
 def anchors(m, server, selected):
     """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
     hp = m.hparams
-    u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta, form=hp.form, sigma=hp.sigma, rows=selected)
+    u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta, form=hp.form, sigma=hp.sigma,
+                                      unit=hp.distance_unit, rows=selected)
     return u, xi
 
 
@@ -95,9 +99,17 @@ def client_update(m, server, client, data, key, info):
 
 
 def round_diagnostics(m, server, new_server, uploads, info):
-    """The mixing diagnostics (methods/anchored.py) and Xi's attracting and repelling mass."""
+    """The mixing diagnostics (methods/anchored.py), Xi's attracting and repelling mass, how the step read the
+    models (`model_distance.step_diagnostics`) and how far the largest distance grew in the round."""
+    hp, params = m.hparams, server["params"]
     _, xi = anchors(m, server, info.selected)
-    return {**anchored.mixing_diagnostics(server, xi, info.selected), **model_distance.signed_mass(xi, info.selected)}
+    mixing = anchored.mixing_diagnostics(server, xi, info.selected)
+    read = model_distance.read_in_unit(model_distance.pairwise_sq_distances(params), hp.distance_unit,
+                                       model_distance.num_parameters(params))
+    step = model_distance.step_diagnostics(read, xi, hp.tau, hp.eta, rows=info.selected, form=hp.form,
+                                           sigma=hp.sigma)
+    growth = collaboration.distance_summary(new_server["params"])["distance_max"] - mixing["distance_max"]
+    return {**mixing, **model_distance.signed_mass(xi, info.selected), **step, "distance_max_growth": growth}
 
 
 DIVERSIFED = Algorithm(
