@@ -483,6 +483,12 @@ def mix_models(models, tau, eta, *, form: str = "distance", sigma: float = 1.0, 
     return apply_mixing(xi, models), xi, safe_sqrt(sq)
 
 
+def sq_distances_in_unit(models, unit: str):
+    """The squared distances [N, N] of the N models the server step reads: `pairwise_sq_distances` in the
+    unit ``unit`` (`read_in_unit`)."""
+    return read_in_unit(pairwise_sq_distances(models), unit, num_parameters(models))
+
+
 def loss_logits(sq_distances, tau, form: str = "distance", sigma: float = 1.0):
     """[N, N] logits of each row's softmax in the loss: d_ij / tau (``distance``) or tau k_ij (``kernel``)."""
     if form == "kernel":

@@ -104,10 +104,8 @@ def round_diagnostics(m, server, new_server, uploads, info):
     hp, params = m.hparams, server["params"]
     _, xi = anchors(m, server, info.selected)
     mixing = anchored.mixing_diagnostics(server, xi, info.selected)
-    read = model_distance.read_in_unit(model_distance.pairwise_sq_distances(params), hp.distance_unit,
-                                       model_distance.num_parameters(params))
-    step = model_distance.step_diagnostics(read, xi, hp.tau, hp.eta, rows=info.selected, form=hp.form,
-                                           sigma=hp.sigma)
+    step = model_distance.step_diagnostics(model_distance.sq_distances_in_unit(params, hp.distance_unit), xi, hp.tau,
+                                           hp.eta, rows=info.selected, form=hp.form, sigma=hp.sigma)
     growth = collaboration.distance_summary(new_server["params"])["distance_max"] - mixing["distance_max"]
     return {**mixing, **model_distance.signed_mass(xi, info.selected), **step, "distance_max_growth": growth}
 
