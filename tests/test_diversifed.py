@@ -279,7 +279,8 @@ def test_diagnostics_read_a_collapsed_federation():
     assert out["bound_rows"] == 39.0 and out["merged_fraction"] == pytest.approx(39 / 40), out
     assert out["distance_max_growth"] == pytest.approx(6.9, abs=0.05), out
     assert out["distance_mean"] == pytest.approx(172.0, rel=0.01), out
-    assert out["self_weight"] == pytest.approx(0.026, abs=0.002) and out["attraction"] == pytest.approx(0.975, abs=0.002)
+    assert out["self_weight"] == pytest.approx(0.026, abs=0.002), out
+    assert out["attraction"] == pytest.approx(0.975, abs=0.002), out
     assert -0.002 < out["repulsion"] < 0.0, out
     # a federation spread out evenly reads as graded: no row's step cut, nothing merged
     spread = DIVERSIFED(_setup(), DiversiFedConfig(tau=1.0, eta=0.01, distance_unit="mean"))

@@ -360,6 +360,14 @@ def test_mean_unit_step_does_not_change_when_the_models_spread_further():
     assert np.abs(xi[("raw", 30.0)] - xi[("raw", 1.0)]).max() > 0.05
 
 
+@pytest.mark.parametrize("eta", [1e-4, 0.5])
+def test_sqrt_params_unit_is_raw_with_tau_and_eta_rescaled(eta):
+    """A constant unit s = sqrt(P) is the raw reading with tau s and eta s^2 (the step is taken in the unit)."""
+    w, p = jnp.asarray(random_models(8, 50, seed=3)), 50
+    xi = mix_models(w, 0.3, eta, unit="sqrt_params")[1]
+    np.testing.assert_allclose(xi, mix_models(w, 0.3 * np.sqrt(p), eta * p, unit="raw")[1], rtol=1e-5, atol=1e-6)
+
+
 def test_bad_unit_fails():
     with pytest.raises(ValueError, match="unit"):
         md.read_in_unit(jnp.zeros((2, 2)), "median", 4)
@@ -386,7 +394,8 @@ def step_diagnostics_loop64(d, xi, tau, eta, rows):
     pushed = [d[i, j] / mean for r, i in enumerate(rows) for j in range(n) if j != i and xi[r, j] < 0]
     return {"softmax_entropy_mean": np.mean(entropies), "softmax_entropy_min": np.min(entropies),
             "bound_rows": bound, "merged_fraction": np.mean([v < 0.01 * mean for v in nearest]),
-            "pulled_distance": np.mean(pulled) if pulled else 0.0, "pushed_distance": np.mean(pushed) if pushed else 0.0}
+            "pulled_distance": np.mean(pulled) if pulled else 0.0,
+            "pushed_distance": np.mean(pushed) if pushed else 0.0}
 
 
 @pytest.mark.parametrize("eta", [0.002, 5.0])

@@ -192,7 +192,12 @@ MERGED_SHARE = 0.01  # `step_diagnostics`: a model is merged when another lies w
 
 
 def num_parameters(models) -> int:
-    """P, the parameters of one model: the columns of W [N, P], or a stacked tree's leaf sizes per row."""
+    """P, the parameters of one model: the columns of W [N, P], or a stacked tree's leaf sizes per row.
+
+    Examples:
+        >>> num_parameters(jnp.zeros((3, 7))), num_parameters({"w": jnp.zeros((3, 2, 4)), "b": jnp.zeros((3, 4))})
+        (7, 12)
+    """
     if hasattr(models, "ndim"):
         return _as_matrix(models).shape[1]
     return sum(a[0].size for a in jax.tree.leaves(models))
@@ -395,7 +400,13 @@ def mixing_matrix(sq_distances, tau, eta, *, form: str = "distance", sigma: floa
 
 def cut_step_sizes(pull, eta, form: str = "distance"):
     """Each client's server step size [N]: `bounded_step_sizes` for the distance form, `step_sizes` for the
-    kernel form."""
+    kernel form.
+
+    Examples:
+        >>> pull = jnp.array([[0.0, 0.5, -0.25], [4.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> cut_step_sizes(pull, 1.0).tolist(), cut_step_sizes(pull, 1.0, "kernel").tolist()
+        ([1.0, 0.25, 1.0], [1.0, 0.25, 1.0])
+    """
     return bounded_step_sizes(pull, eta) if form == "distance" else step_sizes(pull, eta)
 
 
@@ -485,12 +496,28 @@ def mix_models(models, tau, eta, *, form: str = "distance", sigma: float = 1.0, 
 
 def sq_distances_in_unit(models, unit: str):
     """The squared distances [N, N] of the N models the server step reads: `pairwise_sq_distances` in the
-    unit ``unit`` (`read_in_unit`)."""
+    unit ``unit`` (`read_in_unit`).
+
+    Examples:
+        >>> w = jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])  # distances 5, 1 and sqrt(18)
+        >>> [round(float(v), 3) for v in sq_distances_in_unit(w, "raw")[0]]
+        [0.0, 25.0, 1.0]
+        >>> [round(float(v), 3) for v in sq_distances_in_unit(w, "mean")[0]]  # mean distance 3.414
+        [0.0, 2.145, 0.086]
+    """
     return read_in_unit(pairwise_sq_distances(models), unit, num_parameters(models))
 
 
 def loss_logits(sq_distances, tau, form: str = "distance", sigma: float = 1.0):
-    """[N, N] logits of each row's softmax in the loss: d_ij / tau (``distance``) or tau k_ij (``kernel``)."""
+    """[N, N] logits of each row's softmax in the loss: d_ij / tau (``distance``) or tau k_ij (``kernel``).
+
+    Examples:
+        >>> sq = jnp.array([[0.0, 4.0], [4.0, 0.0]])
+        >>> loss_logits(sq, 0.5).tolist()
+        [[0.0, 4.0], [4.0, 0.0]]
+        >>> [[round(float(v), 3) for v in row] for row in loss_logits(sq, 2.0, "kernel", 4.0)]
+        [[2.0, 0.736], [0.736, 2.0]]
+    """
     if form == "kernel":
         return tau * similarities(sq_distances, sigma)
     if form != "distance":

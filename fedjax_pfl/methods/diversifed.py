@@ -32,6 +32,42 @@ Where the paper's text leaves a choice open:
 - eta, tau and lamda are not given in the paper; the defaults are the
   validation choice at Dirichlet(0.5) (reproductions/diversifed_table2 holds
   the sweeps and the values each table column uses).
+- The scale of d in d_ij / tau (``distance_unit``; the paper's equations are
+  lost in our copy). The loss and its step are read in a unit s: logits
+  (d_ij / s) / tau and xi_ij = eta_i c_ij / (d_ij / s). ``raw`` (s = 1,
+  parameter units: the default), ``mean`` (s = the round's mean distance
+  between the stored models) and ``sqrt_params`` (s = sqrt(P)).
+
+  Why the scale is in question: in parameter units the distances reach tens
+  within 10 rounds and hundreds later, so for tau in the paper's range
+  (0.1-1.0, its Table IV) the softmax over d / tau is a hard max: every model
+  attracts alike except the farthest, which is pushed away without limit, and
+  the step bound binds on nearly every row. The Table II runs end with 39 of
+  40 models merged around the inverse-distance mean of the others and one
+  expelled (the diagnostics read it: tests/test_diversifed.py builds that
+  geometry). The paper describes a graded response instead: accuracy moving
+  smoothly with tau (up at Dirichlet 0.1, down at 1.0), pulled pairs closer
+  and pushed pairs farther as tau grows (its Fig. 7).
+
+  Why ``mean`` is the reading put to the test: it is the one under which
+  d / tau has tau's scale whatever the network (the paper sweeps the same tau
+  range on an MLP, a LeNet and a ResNet-8) and whatever the round (distances
+  grow with every round of local training); ``sqrt_params`` fixes the network
+  but not the round, its softmax hardening as training spreads the models.
+
+  What the runs show (reproductions/diversifed_table2/sweeps/README.md, on
+  Fashion-MNIST): neither ``raw`` nor ``mean`` gives the published behaviour
+  (``sqrt_params``, a constant unit, is ``raw`` with tau and eta rescaled:
+  tau sqrt(P) and eta P). Under ``mean``
+  the forces are scale-free, but the loss is still unbounded below, and its
+  feedback remains: once the step moves the models appreciably (its bound
+  binding), pushing the farthest models widens the spread of d / s, which
+  hardens the softmax, which pushes them harder; within 5-20 rounds the
+  federation reaches the same state as in parameter units (a tight cluster,
+  its rows' softmax a hard max, a few models expelled). Where the step stays
+  small (eta 1e-3 at tau >= 0.5) the server step hardly acts and DiversiFed
+  is Local. The default therefore stays the text's literal reading (``raw``);
+  ``mean`` and ``sqrt_params`` are named variants.
 
 Variant, not the paper's: ``form='kernel'`` replaces the logits by
 tau exp(-d_ij^2 / sigma), a similarity that fades for far pairs, so far
@@ -40,8 +76,14 @@ scale); ``start='anchor'`` starts local training from u_i instead of w_i.
 
 Diagnostics (`round_diagnostics`, in metrics.jsonl and plots/diagnostics.png):
 the mean self-weight xi_ii of the round's clients, the mass on the others
-(sum |xi_ij|) and its attracting and repelling parts, and the mean and max
-distance between the stored models.
+(sum |xi_ij|) and its attracting and repelling parts, the mean and max
+distance between the stored models and how far the max grew in the round,
+and how the step read the models (`model_distance.step_diagnostics`): the
+entropy of the rows' softmax (mean and min, nats; log(N-1) is uniform, 0 a
+hard max), the rows whose step the bound cut, the share of models whose
+nearest other model lies within 1% of the mean distance (merged), and the
+mean distance, in units of the mean, of the pairs pulled together and of
+those pushed apart.
 
 Presets: configs/diversifed_*.yaml (FMNIST pathological, Dirichlet
 0.1/0.5/1.0, practical; CIFAR-10 LeNet).
