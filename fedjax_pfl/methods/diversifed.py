@@ -60,14 +60,17 @@ Where the paper's text leaves a choice open:
   (``sqrt_params``, a constant unit, is ``raw`` with tau and eta rescaled:
   tau sqrt(P) and eta P). Under ``mean``
   the forces are scale-free, but the loss is still unbounded below, and its
-  feedback remains: once the step moves the models appreciably (its bound
-  binding), pushing the farthest models widens the spread of d / s, which
-  hardens the softmax, which pushes them harder; within 5-20 rounds the
-  federation reaches the same state as in parameter units (a tight cluster,
-  its rows' softmax a hard max, a few models expelled). Where the step stays
-  small (eta 1e-3 at tau >= 0.5) the server step hardly acts and DiversiFed
-  is Local. The default therefore stays the text's literal reading (``raw``);
-  ``mean`` and ``sqrt_params`` are named variants.
+  feedback remains: once the step moves the models appreciably, pushing the
+  farthest models widens the spread of d / s, which hardens the softmax,
+  which pushes them harder; within 5-20 rounds the rows' softmax is a hard
+  max, the bound cuts nearly every row, clusters are pulled to a few percent
+  of the mean distance and a few models pushed to 3-18 times it (at
+  Dirichlet 0.1, eta 0.1, tau 1, 25 of 40 models are merged by round 20).
+  Where the step stays small (eta 0.001 at tau 1) the server step hardly
+  acts and DiversiFed is Local; weaker settings flip later rather than
+  settle. tau thus works as a switch, not a graded control. The default
+  therefore stays the text's literal reading (``raw``); ``mean`` and
+  ``sqrt_params`` are named variants.
 
 Variant, not the paper's: ``form='kernel'`` replaces the logits by
 tau exp(-d_ij^2 / sigma), a similarity that fades for far pairs, so far
