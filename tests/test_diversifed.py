@@ -232,20 +232,67 @@ def test_round_diagnostics_report_the_server_step():
     server = {"params": _two_group_params(method, jax.random.key(1))}
     selected = jnp.array([4, 1, 2])
     info = ServerRound(jnp.int32(3), selected, jnp.ones(3), jnp.ones(3, bool))
-    out = jax.jit(method.round_diagnostics)(server, server, {}, info)
+    moved = {"params": jax.tree.map(lambda a: a.at[0].multiply(3.0), server["params"])}  # after the round
+    out = jax.jit(method.round_diagnostics)(server, moved, {}, info)
     _, xi, d = md.mix_models(server["params"], 1.0, 0.01, rows=selected)
     xi, d = np.asarray(xi, np.float64), np.asarray(d, np.float64)
     own = xi[np.arange(3), np.asarray(selected)]
     others = xi.copy()
     others[np.arange(3), np.asarray(selected)] = 0.0
     off = ~np.eye(N, dtype=bool)
+    d_after = np.asarray(md.pairwise_distances(moved["params"]), np.float64)
+    step = md.step_diagnostics(md.pairwise_sq_distances(server["params"]), jnp.asarray(xi, jnp.float32), 1.0, 0.01,
+                               rows=selected)
     expected = {"self_weight": own.mean(), "other_weight": np.abs(others).sum(1).mean(),
                 "attraction": np.clip(others, 0, None).sum(1).mean(), "repulsion": np.clip(others, None, 0).sum(1).mean(),
-                "distance_mean": d[off].mean(), "distance_max": d[off].max()}
+                "distance_mean": d[off].mean(), "distance_max": d[off].max(),
+                "distance_max_growth": d_after[off].max() - d[off].max(),
+                **{name: float(value) for name, value in step.items()}}  # tested against float64 in test_model_distance
     assert set(out) == set(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(float(out[name]), value, rtol=1e-5, atol=1e-7, err_msg=name)
     assert out["self_weight"] < 1 and out["attraction"] > 0 and out["repulsion"] < 0
+
+
+def _collapsed_models(far_distance, seed=0):
+    """The geometry of a collapsed federation (40 models on `_setup`'s network): 39 models about 0.5 apart
+    around one point, and one model ``far_distance`` away from it."""
+    method = DIVERSIFED(_setup())
+    _, clients = method.init(jax.random.key(0), 40)
+    like = clients["variables"]["params"]
+    p = md.num_parameters(like)
+    rng = np.random.default_rng(seed)
+    direction = rng.normal(size=p)
+    w = np.tile(rng.normal(size=p), (40, 1)) + rng.normal(size=(40, p)) * 0.5 / np.sqrt(2 * p)
+    w[39] = w[39] + far_distance * direction / np.linalg.norm(direction)
+    return tree_ops.unflatten_stacked(jnp.asarray(w, jnp.float32), like)
+
+
+def test_diagnostics_read_a_collapsed_federation():
+    """39 of 40 models merged and one expelled (the state the written loss reached in parameter units at tau 1,
+    eta 0.1): the rows' softmax is a hard max, the step bound binds on every row but the expelled one's, 39 of
+    40 models lie within 1% of the mean distance of another, and the largest distance grew by the round's
+    outward move; the anchors are the mean of the others (self-weight about 1e-4 in the merged rows)."""
+    method = DIVERSIFED(_setup(), DiversiFedConfig(tau=1.0, eta=0.1, distance_unit="raw"))
+    before, after = _collapsed_models(3430.0), _collapsed_models(3436.9)
+    selected = jnp.arange(40)
+    info = ServerRound(jnp.int32(400), selected, jnp.ones(40), jnp.ones(40, bool))
+    out = {k: float(v) for k, v in jax.jit(method.round_diagnostics)({"params": before}, {"params": after}, {},
+                                                                     info).items()}
+    assert out["softmax_entropy_min"] < 1e-3 and out["softmax_entropy_mean"] < 0.1 * math.log(39), out
+    assert out["bound_rows"] == 39.0 and out["merged_fraction"] == pytest.approx(39 / 40), out
+    assert out["distance_max_growth"] == pytest.approx(6.9, abs=0.05), out
+    assert out["distance_mean"] == pytest.approx(172.0, rel=0.01), out
+    assert out["self_weight"] == pytest.approx(0.026, abs=0.002), out
+    assert out["attraction"] == pytest.approx(0.975, abs=0.002), out
+    assert -0.002 < out["repulsion"] < 0.0, out
+    # a federation spread out evenly reads as graded: no row's step cut, nothing merged
+    spread = DIVERSIFED(_setup(), DiversiFedConfig(tau=1.0, eta=0.01, distance_unit="mean"))
+    models = jax.tree.map(lambda a: jnp.asarray(np.random.default_rng(1).normal(size=a.shape), a.dtype), before)
+    even = {k: float(v) for k, v in jax.jit(spread.round_diagnostics)({"params": models}, {"params": models}, {},
+                                                                      info).items()}
+    assert even["bound_rows"] == 0.0 and even["merged_fraction"] == 0.0 and even["distance_max_growth"] == 0.0
+    assert even["softmax_entropy_min"] > 0.95 * math.log(39), even
 
 
 def _alpha05_engine(data_dir, *extra):

@@ -19,7 +19,7 @@ from fedjax_pfl.kernels import model_distance as md
 REL = 1e-5
 
 # Eager dispatch compiles every primitive separately (slow on busy CPUs): jit once.
-mix_models = jax.jit(md.mix_models, static_argnames=("form",))
+mix_models = jax.jit(md.mix_models, static_argnames=("form", "unit"))
 pairwise_distances = jax.jit(md.pairwise_distances)
 mixing_matrix = jax.jit(md.mixing_matrix, static_argnames=("form",))
 
@@ -337,6 +337,91 @@ def test_single_pair_and_identical_pairs_have_no_force():
     w3 = jnp.asarray(np.stack([random_models(1, 10)[0]] * 2 + [random_models(1, 10, seed=1)[0]]))
     xi3 = np.asarray(mix_models(w3, 1.0, 0.5)[1])
     assert xi3[0, 1] == 0.0 and xi3[1, 0] == 0.0 and np.all(np.isfinite(xi3))
+
+
+# ------------------------------------------------------- the unit the distances are read in
+@pytest.mark.parametrize("unit", ["mean", "sqrt_params"])
+@pytest.mark.parametrize("kind,eta", [("random", 0.01), ("groups", 0.01), ("groups", 5.0)])
+def test_mixing_in_a_unit_matches_float64_loop_on_rescaled_distances(unit, kind, eta):
+    """Xi read in unit s is the raw pair-by-pair Xi of the distances d / s (s: the mean distance of the pairs,
+    or sqrt(P)): the loss and its step both in units of s."""
+    n, p = 12, 300
+    w = random_models(n, p, seed=2) if kind == "random" else two_groups(n // 2, p, spread=0.3, seed=2)
+    d64 = distances_loop64(w)
+    s = d64[~np.eye(n, dtype=bool)].mean() if unit == "mean" else np.sqrt(p)
+    xi64 = distance_mixing_loop64(d64 / s, 0.4, eta)
+    u, xi, d = mix_models(jnp.asarray(w), 0.4, eta, unit=unit)
+    assert off_diag_rel_err(d, d64) < REL  # D stays in parameter units
+    np.testing.assert_allclose(np.asarray(xi, np.float64), xi64, rtol=2e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(u, np.float64), mix_loop64(xi64, w), rtol=1e-4, atol=1e-4)
+
+
+def test_mean_unit_step_does_not_change_when_the_models_spread_further():
+    """Scaling every model difference by the same factor (training that moves all models further apart)
+    leaves Xi unchanged in the mean unit; in parameter units it changes."""
+    w = two_groups(6, 200, spread=0.3, seed=5)
+    center = w.mean(0)
+    xi = {}
+    for factor in (1.0, 30.0):
+        spread = jnp.asarray(center + factor * (w - center))
+        xi[("mean", factor)] = np.asarray(mix_models(spread, 0.3, 0.05, unit="mean")[1])
+        xi[("raw", factor)] = np.asarray(mix_models(spread, 0.3, 0.05, unit="raw")[1])
+    np.testing.assert_allclose(xi[("mean", 30.0)], xi[("mean", 1.0)], rtol=1e-4, atol=1e-6)
+    assert np.abs(xi[("raw", 30.0)] - xi[("raw", 1.0)]).max() > 0.05
+
+
+@pytest.mark.parametrize("eta", [1e-4, 0.5])
+def test_sqrt_params_unit_is_raw_with_tau_and_eta_rescaled(eta):
+    """A constant unit s = sqrt(P) is the raw reading with tau s and eta s^2 (the step is taken in the unit)."""
+    w, p = jnp.asarray(random_models(8, 50, seed=3)), 50
+    xi = mix_models(w, 0.3, eta, unit="sqrt_params")[1]
+    np.testing.assert_allclose(xi, mix_models(w, 0.3 * np.sqrt(p), eta * p, unit="raw")[1], rtol=1e-5, atol=1e-6)
+
+
+def test_bad_unit_fails():
+    with pytest.raises(ValueError, match="unit"):
+        md.read_in_unit(jnp.zeros((2, 2)), "median", 4)
+
+
+def step_diagnostics_loop64(d, xi, tau, eta, rows):
+    """`step_diagnostics` of the paper's form written out row by row in float64 (d: distances in the unit read)."""
+    n = d.shape[0]
+    mean = d[~np.eye(n, dtype=bool)].mean()
+    softmax = np.zeros((n, n))
+    for i in range(n):
+        others = [k for k in range(n) if k != i]
+        z = np.array([d[i, k] / tau for k in others])
+        softmax[i, others] = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    entropies, bound = [], 0
+    for i in rows:
+        prob = np.array([softmax[i, k] for k in range(n) if k != i])
+        entropies.append(-np.sum(prob * np.log(np.where(prob > 0, prob, 1.0))))
+        pulls = [((1 - (n - 1) * softmax[i, j]) + (1 - (n - 1) * softmax[j, i])) / tau / d[i, j]
+                 for j in range(n) if j != i and d[i, j] > 0]
+        bound += int(eta * sum(abs(v) for v in pulls) > 1)  # the full step would weigh the others more than 1
+    nearest = [min(d[i, j] for j in range(n) if j != i) for i in range(n)]
+    pulled = [d[i, j] / mean for r, i in enumerate(rows) for j in range(n) if j != i and xi[r, j] > 0]
+    pushed = [d[i, j] / mean for r, i in enumerate(rows) for j in range(n) if j != i and xi[r, j] < 0]
+    return {"softmax_entropy_mean": np.mean(entropies), "softmax_entropy_min": np.min(entropies),
+            "bound_rows": bound, "merged_fraction": np.mean([v < 0.01 * mean for v in nearest]),
+            "pulled_distance": np.mean(pulled) if pulled else 0.0,
+            "pushed_distance": np.mean(pushed) if pushed else 0.0}
+
+
+@pytest.mark.parametrize("eta", [0.002, 5.0])
+def test_step_diagnostics_match_float64_loop(eta):
+    w = two_groups(5, 80, spread=0.4, seed=7)
+    w[0] = w[1] + 1e-3 * np.random.default_rng(0).normal(size=80)  # one merged pair (below resolution: d = 0)
+    rows = np.array([0, 3, 7, 9])
+    sq = md.pairwise_sq_distances(jnp.asarray(w))
+    xi = mixing_matrix(sq, 0.5, eta, rows=jnp.asarray(rows))
+    got = jax.jit(lambda sq, xi: md.step_diagnostics(sq, xi, 0.5, eta, rows=jnp.asarray(rows)))(sq, xi)
+    want = step_diagnostics_loop64(np.sqrt(np.asarray(sq, np.float64)), np.asarray(xi, np.float64), 0.5, eta, rows)
+    assert set(got) == set(want)
+    for name, value in want.items():
+        np.testing.assert_allclose(float(got[name]), value, rtol=1e-4, atol=1e-6, err_msg=name)
+    assert abs(float(got["merged_fraction"]) - 0.2) < 1e-6  # models 0 and 1 of 10
+    assert (float(got["bound_rows"]) > 0) == (eta == 5.0)
 
 
 # ------------------------------------------------------- the kernel variant: loss, mixing

@@ -248,11 +248,29 @@ def test_personal_models_are_initialised_independently():
         assert np.abs(flat[i] - glob).max() > 1e-3
 
 
-@pytest.mark.parametrize("direction", ["teacher_first", "student_first"])
-def test_round_takes_one_sgd_step_with_the_weighted_mean_gradient(direction):
-    """An engine round: w_new = w - server_lr * sum_i n_i g_i / sum n_i, every g_i at the old w,
-    recomputed in float64 numpy from each selected client's trained personal model."""
-    method = _method(alpha=0.1, temperature=1.5, server_lr=0.7, server_kl=direction)
+def authors_accumulation(grads, sizes):
+    """What the authors' ``aggregate`` leaves in the global model's .grad, replayed step by step: per client,
+    ``compute_kl_gradients`` zeroes the buffer (``global_model.zero_grad()``) and its ``backward`` writes g_i
+    into it; ``aggregate`` then adds (n_i / sum n) g_i to that buffer."""
+    buffer, total = None, float(sum(sizes))
+    for g, n in zip(grads, sizes):
+        buffer = np.zeros_like(g)  # zero_grad
+        buffer = buffer + g  # kl_loss.backward()
+        buffer = buffer + g * (n / total)  # g_param.grad.add_(grad * weight)
+    return buffer
+
+
+@pytest.mark.parametrize("direction,weights", [
+    ("teacher_first", "sample_size"),  # the default: the authors' direction and aggregate as written
+    ("student_first", "sample_size"),
+    ("student_first", "uniform"),  # the paper's text
+    ("teacher_first", "last_client"),  # the step the authors' code takes
+])
+def test_round_takes_one_sgd_step_with_the_combined_gradient(direction, weights):
+    """An engine round: w_new = w - server_lr * sum_i a_i g_i, every g_i at the old w, recomputed in float64
+    numpy from each selected client's trained personal model; a_i = n_i / sum n, 1/S, or the authors'
+    accumulation loop replayed (`authors_accumulation`) over the clients in the order they were selected."""
+    method = _method(alpha=0.1, temperature=1.5, server_lr=0.7, server_kl=direction, server_weights=weights)
     x, y, idx = _data()
     train = stack_clients(x, y, idx)
     eng = engine_lib.Engine(method, train, train, engine_config(3, client_mapping="vmap"))
@@ -273,7 +291,7 @@ def test_round_takes_one_sgd_step_with_the_weighted_mean_gradient(direction):
     w_vec = _flat(leaves0).astype(np.float64)
     eps = 1e-6
     shifts = np.concatenate([np.eye(w_vec.size), -np.eye(w_vec.size)]) * eps
-    grads, weights = [], []
+    grads, sizes = [], []
     with jax.enable_x64(True):
         many = jax.jit(jax.vmap(logits64, in_axes=(0, None)))
         for c in selected:
@@ -284,9 +302,12 @@ def test_round_takes_one_sgd_step_with_the_weighted_mean_gradient(direction):
             kl = [_np_kl(g, pers, 1.5) if direction == "teacher_first" else _np_kl(pers, g, 1.5) for g in shifted]
             kl = np.asarray(kl)
             grads.append((kl[:w_vec.size] - kl[w_vec.size:]) / (2 * eps))
-            weights.append(SIZES[c])
-    mean = np.tensordot(np.asarray(weights, np.float64) / sum(weights), np.stack(grads), axes=1)
-    want = w_vec - 0.7 * mean
+            sizes.append(SIZES[c])
+    sizes = np.asarray(sizes, np.float64)
+    combined = {"sample_size": lambda: np.tensordot(sizes / sizes.sum(), np.stack(grads), axes=1),
+                "uniform": lambda: np.mean(np.stack(grads), axis=0),
+                "last_client": lambda: authors_accumulation(grads, sizes)}[weights]()
+    want = w_vec - 0.7 * combined
     got = _flat(jax.tree.leaves(server["variables"]["params"]))
     assert np.abs(got - w_vec).max() > 1e-4  # the step is not trivially zero
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6)
@@ -295,7 +316,8 @@ def test_round_takes_one_sgd_step_with_the_weighted_mean_gradient(direction):
 def test_bad_options_raise_user_error():
     cls = get_method("pfedkd")
     for bad in [{"alpha": 1.5}, {"alpha": -0.1}, {"temperature": 0}, {"local_steps": 0}, {"server_lr": -1.0},
-                {"server_kl": "reverse"}, {"local_steps": 2.5}, {"grad_chunk": 0}, {"kd_weight": 0.1}]:
+                {"server_kl": "reverse"}, {"local_steps": 2.5}, {"grad_chunk": 0}, {"kd_weight": 0.1},
+                {"server_weights": "mean"}]:
         with pytest.raises(UserError):
             config_lib.method_options(cls.hparams_type, bad)
     assert config_lib.method_options(cls.hparams_type, {"server_kl": "student_first"}).server_kl == "student_first"

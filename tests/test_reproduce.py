@@ -97,6 +97,10 @@ def test_pfedkd_table_sets_the_papers_baseline_options():
     assert built["pfedme", "synthetic_mlp"].method["personal_lr"] == 0.01  # 0.1 diverges at lambda 30
     assert (built["pfedkd", "mnist_mlr"].train.local_epochs, built["pfedkd", "mnist_mlr"].train.rounds) == (20, 800)
     assert built["pfedkd", "mnist_mlr"].partition.max_classes_per_client == 3
+    step = {s: (built["pfedkd", s].method["server_kl"], built["pfedkd", s].method["server_weights"])
+            for s in ("mnist_mlr", "synthetic_mlp", "mnist_mlr_text", "mnist_mlp_text")}
+    assert step == {"mnist_mlr": ("teacher_first", "sample_size"), "synthetic_mlp": ("teacher_first", "sample_size"),
+                    "mnist_mlr_text": ("student_first", "uniform"), "mnist_mlp_text": ("student_first", "uniform")}
     assert built["fedavg", "synthetic_mlp"].model.hidden == built["fedavg", "mnist_mlp"].model.hidden == (128,)
     assert built["fedavg", "synthetic_mlr"].train.rounds == 600
     assert spec.metric == "last" and spec.also_metrics == ("best",)

@@ -7,9 +7,20 @@ Two directions (docs/methods/conventions.md, pFedKD-WCL):
 - ``student_first`` (the paper's text): KL(p_theta || p_w).
 Both carry the T^2 factor of `batch_losses.kd_kl` and average over real samples.
 
+The server step combines the selected clients' gradients as sum_i a_i g_i
+(`gradient_weights`, `combine_gradients`), three ways:
+- ``sample_size`` (default): a_i = n_i / sum_j n_j, the n_i-weighted mean that
+  the authors' ``aggregate`` writes;
+- ``uniform`` (the paper's text, Algorithm 1): a_i = 1 / S;
+- ``last_client`` (the step the authors' code takes): their
+  ``compute_kl_gradients`` calls ``global_model.zero_grad()`` for every
+  client, which clears what ``aggregate`` had added for the clients before, and
+  its ``backward`` leaves g_i in the buffer that ``aggregate`` then adds
+  (n_i / sum_j n_j) g_i to, so the optimizer steps on
+  (1 + n_last / sum_j n_j) g_last of the last client sampled alone.
+
 Pure, jit-able functions of arrays and parameter pytrees; no method logic, no
-engine. The method (methods/pfedkd.py) averages the per-client gradients with
-weights n_i and takes one SGD step on the server.
+engine. The method (methods/pfedkd.py) takes one SGD step on the combination.
 """
 
 from __future__ import annotations
@@ -24,6 +35,47 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import batch_losses
 
 DIRECTIONS = ("teacher_first", "student_first")
+GRADIENT_WEIGHTS = ("sample_size", "uniform", "last_client")
+
+
+def gradient_weights(num_samples, uploaded, rule: str = "sample_size"):
+    """a [S]: the server step's weights on the selected clients' gradients, in selection order (module
+    docstring). Clients whose upload did not arrive get 0; all 0 when none arrived.
+
+    Examples:
+        >>> n, arrived = jnp.array([100.0, 300.0, 100.0]), jnp.array([True, True, True])
+        >>> for rule in GRADIENT_WEIGHTS:
+        ...     print(rule, [round(float(a), 4) for a in gradient_weights(n, arrived, rule)])
+        sample_size [0.2, 0.6, 0.2]
+        uniform [0.3333, 0.3333, 0.3333]
+        last_client [0.0, 0.0, 1.2]
+        >>> gradient_weights(n, jnp.array([True, True, False]), "last_client").tolist()  # the last that arrived
+        [0.0, 1.75, 0.0]
+    """
+    arrived = jnp.asarray(uploaded, bool)
+    n = jnp.where(arrived, jnp.asarray(num_samples, jnp.float32), 0.0)
+    share = n / jnp.maximum(jnp.sum(n), 1e-30)
+    if rule == "sample_size":
+        return share
+    if rule == "uniform":
+        count = arrived.astype(jnp.float32)
+        return count / jnp.maximum(jnp.sum(count), 1.0)
+    if rule == "last_client":
+        s = arrived.shape[0]
+        last = s - 1 - jnp.argmax(arrived[::-1])
+        return jnp.where((jnp.arange(s) == last) & arrived, 1.0 + share, 0.0)
+    raise ValueError(f"rule must be one of {GRADIENT_WEIGHTS}, got {rule!r}")
+
+
+def combine_gradients(stacked, weights):
+    """sum_i a_i g_i over the leading axis of every leaf of ``stacked`` [S, ...]; ``weights`` a [S].
+
+    Examples:
+        >>> combine_gradients({"w": jnp.array([[1.0, 2.0], [3.0, 4.0]])}, jnp.array([0.0, 1.5]))["w"].tolist()
+        [4.5, 6.0]
+    """
+    a = jnp.asarray(weights, jnp.float32)
+    return jax.tree.map(lambda g: jnp.tensordot(a, g.astype(jnp.float32), axes=1).astype(g.dtype), stacked)
 
 
 def server_kl(global_logits, personal_logits, temperature: float = 1.0, direction: str = "teacher_first", mask=None):

@@ -53,6 +53,25 @@ gradient's direction (a shorter descent step on the same L), xi_ii >= 0, and
 u_i stays within the span of the distances to the other models. Far pairs
 still repel and near ones attract at every step.
 
+The unit distances are read in (``unit``)
+-----------------------------------------
+The loss and its step see d_ij / s, the distances in a unit s, and the step is
+taken in that unit: xi_ij = eta_i c_ij(d / s) / (d_ij / s) (`read_in_unit`):
+
+- ``mean``: s = the mean distance over all pairs of the N stored models, so the
+  distances that tau divides have mean 1 in every round, whatever the
+  network's size and however far training has moved the models; Xi does not
+  change when every model difference is scaled by the same factor;
+- ``sqrt_params``: s = sqrt(P) for P parameters (the root-mean-square
+  difference per parameter);
+- ``raw``: s = 1, parameter units (the distances reach tens to thousands).
+
+Diagnostics of one step (`step_diagnostics`): the entropy of each row's
+softmax (log(N-1) for a uniform one, 0 for a hard max), the rows on which the
+step bound binds, the share of models whose nearest other model is closer than
+1% of the mean distance (a merged cluster), and the mean distance, in units of
+the mean, of the pairs the step pulls together and of those it pushes apart.
+
 The kernel variant (``form='kernel'``)
 -------------------------------------
 Logits tau k_ij with k_ij = exp(-d_ij^2 / sigma), a bounded similarity:
@@ -168,6 +187,52 @@ def _off_diagonal(n: int):
 
 
 FORMS = ("distance", "kernel")  # the paper's loss on d_ij / tau; the bounded-similarity variant
+UNITS = ("mean", "sqrt_params", "raw")  # the unit distances are read in (module docstring)
+MERGED_SHARE = 0.01  # `step_diagnostics`: a model is merged when another lies within this share of the mean distance
+
+
+def num_parameters(models) -> int:
+    """P, the parameters of one model: the columns of W [N, P], or a stacked tree's leaf sizes per row.
+
+    Examples:
+        >>> num_parameters(jnp.zeros((3, 7))), num_parameters({"w": jnp.zeros((3, 2, 4)), "b": jnp.zeros((3, 4))})
+        (7, 12)
+    """
+    if hasattr(models, "ndim"):
+        return _as_matrix(models).shape[1]
+    return sum(a[0].size for a in jax.tree.leaves(models))
+
+
+def mean_distance(sq_distances):
+    """The mean of d_ij over the N (N - 1) ordered pairs of different models (0 for fewer than two).
+
+    Examples:
+        >>> round(float(mean_distance(jnp.array([[0.0, 25.0, 1.0], [25.0, 0.0, 18.0], [1.0, 18.0, 0.0]]))), 3)
+        3.414
+    """
+    n = sq_distances.shape[0]
+    return jnp.sum(safe_sqrt(sq_distances)) / max(n * (n - 1), 1)
+
+
+def read_in_unit(sq_distances, unit: str, num_params: int):
+    """Squared distances (d_ij / s)^2 in the unit s named by ``unit`` (module docstring): ``mean`` the mean
+    distance of the pairs (1 where all models coincide), ``sqrt_params`` sqrt(num_params), ``raw`` 1.
+
+    Examples:
+        >>> sq = jnp.array([[0.0, 4.0, 16.0], [4.0, 0.0, 4.0], [16.0, 4.0, 0.0]])  # distances 2, 4 and 2
+        >>> [round(float(v), 4) for v in read_in_unit(sq, "mean", num_params=4)[0]]  # mean distance 8/3
+        [0.0, 0.5625, 2.25]
+        >>> read_in_unit(sq, "sqrt_params", num_params=4)[0].tolist()
+        [0.0, 1.0, 4.0]
+    """
+    if unit == "raw":
+        return sq_distances
+    if unit == "sqrt_params":
+        return sq_distances / num_params
+    if unit == "mean":
+        s = mean_distance(sq_distances)
+        return sq_distances / jnp.where(s > 0, s, 1.0) ** 2
+    raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
 
 
 def model_distance_loss(distances, tau):
@@ -326,12 +391,23 @@ def mixing_matrix(sq_distances, tau, eta, *, form: str = "distance", sigma: floa
          [-0.006  0.064  0.943]]
     """
     pull = step_pulls(sq_distances, tau, form=form, sigma=sigma)
-    steps = bounded_step_sizes(pull, eta) if form == "distance" else step_sizes(pull, eta)
-    off = steps[:, None] * pull
+    off = cut_step_sizes(pull, eta, form)[:, None] * pull
     xi = off + jnp.diag(1.0 - jnp.sum(off, axis=1))
     if rows is not None:
         xi = xi[rows]
     return xi
+
+
+def cut_step_sizes(pull, eta, form: str = "distance"):
+    """Each client's server step size [N]: `bounded_step_sizes` for the distance form, `step_sizes` for the
+    kernel form.
+
+    Examples:
+        >>> pull = jnp.array([[0.0, 0.5, -0.25], [4.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        >>> cut_step_sizes(pull, 1.0).tolist(), cut_step_sizes(pull, 1.0, "kernel").tolist()
+        ([1.0, 0.25, 1.0], [1.0, 0.25, 1.0])
+    """
+    return bounded_step_sizes(pull, eta) if form == "distance" else step_sizes(pull, eta)
 
 
 def bounded_step_sizes(pull, eta):
@@ -394,12 +470,13 @@ def _unflatten_rows(matrix, like):
     return jax.tree.unflatten(treedef, out)
 
 
-def mix_models(models, tau, eta, *, form: str = "distance", sigma: float = 1.0, rows=None):
+def mix_models(models, tau, eta, *, form: str = "distance", sigma: float = 1.0, unit: str = "raw", rows=None):
     """DiversiFed's server step in one call: -> (U for ``rows`` (all if None), Xi, D).
 
     models: [N, P] or a stacked tree of all N stored models; U comes back in
-    the same form with S = len(rows) rows; D are the Euclidean distances [N, N].
-    ``form`` and ``sigma``: see `mixing_matrix`.
+    the same form with S = len(rows) rows; D are the Euclidean distances [N, N]
+    in parameter units. ``form`` and ``sigma``: see `mixing_matrix`; ``unit``:
+    the unit the step reads the distances in (`read_in_unit`).
 
     Examples:
         >>> import numpy as np
@@ -413,8 +490,96 @@ def mix_models(models, tau, eta, *, form: str = "distance", sigma: float = 1.0, 
         [[ 0.101 -0.034]]
     """
     sq = pairwise_sq_distances(models)
-    xi = mixing_matrix(sq, tau, eta, form=form, sigma=sigma, rows=rows)
+    xi = mixing_matrix(read_in_unit(sq, unit, num_parameters(models)), tau, eta, form=form, sigma=sigma, rows=rows)
     return apply_mixing(xi, models), xi, safe_sqrt(sq)
+
+
+def sq_distances_in_unit(models, unit: str):
+    """The squared distances [N, N] of the N models the server step reads: `pairwise_sq_distances` in the
+    unit ``unit`` (`read_in_unit`).
+
+    Examples:
+        >>> w = jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])  # distances 5, 1 and sqrt(18)
+        >>> [round(float(v), 3) for v in sq_distances_in_unit(w, "raw")[0]]
+        [0.0, 25.0, 1.0]
+        >>> [round(float(v), 3) for v in sq_distances_in_unit(w, "mean")[0]]  # mean distance 3.414
+        [0.0, 2.145, 0.086]
+    """
+    return read_in_unit(pairwise_sq_distances(models), unit, num_parameters(models))
+
+
+def loss_logits(sq_distances, tau, form: str = "distance", sigma: float = 1.0):
+    """[N, N] logits of each row's softmax in the loss: d_ij / tau (``distance``) or tau k_ij (``kernel``).
+
+    Examples:
+        >>> sq = jnp.array([[0.0, 4.0], [4.0, 0.0]])
+        >>> loss_logits(sq, 0.5).tolist()
+        [[0.0, 4.0], [4.0, 0.0]]
+        >>> [[round(float(v), 3) for v in row] for row in loss_logits(sq, 2.0, "kernel", 4.0)]
+        [[2.0, 0.736], [0.736, 2.0]]
+    """
+    if form == "kernel":
+        return tau * similarities(sq_distances, sigma)
+    if form != "distance":
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    return safe_sqrt(sq_distances) / tau
+
+
+def row_entropies(logits):
+    """Entropy (nats) of each row's softmax over the other columns, [N]: log(N-1) if uniform, 0 for a hard max.
+
+    Examples:
+        >>> [round(float(h), 3) for h in row_entropies(jnp.array([[0.0, 1.0, 1.0], [1.0, 0.0, 50.0], [0.0, 0.0, 0.0]]))]
+        [0.693, 0.0, 0.693]
+    """
+    off = _off_diagonal(logits.shape[0])
+    log_p = jax.nn.log_softmax(jnp.where(off, logits, -jnp.inf), axis=1)
+    return -jnp.sum(jnp.where(off, jnp.exp(log_p) * jnp.where(off, log_p, 0.0), 0.0), axis=1)
+
+
+def step_diagnostics(sq_distances, xi, tau, eta, *, rows, form: str = "distance", sigma: float = 1.0):
+    """How one server step read the models (module docstring), as scalars.
+
+    ``sq_distances`` [N, N]: all N stored models' squared distances in the unit
+    the step read them in; ``xi`` [S, N]: the step's rows for the clients ``rows``
+    [S]. -> {'softmax_entropy_mean', 'softmax_entropy_min'} of the rows' softmax
+    (nats), 'bound_rows' (how many of the S rows had their step cut),
+    'merged_fraction' (share of all N models whose nearest other model lies
+    within `MERGED_SHARE` of the mean distance), 'pulled_distance' and
+    'pushed_distance' (mean distance, in units of the mean distance, of the
+    pairs with xi_ij > 0 and with xi_ij < 0; 0 where there are none).
+
+    Examples:
+        >>> near, far = 1e-4, 25.0  # squared distances: models 0-2 within 0.01 of each other, model 3 at 5
+        >>> sq = jnp.array([[0, near, near, far], [near, 0, near, far], [near, near, 0, far], [far, far, far, 0]])
+        >>> rows = jnp.arange(4)
+        >>> out = step_diagnostics(sq, mixing_matrix(sq, 1.0, 0.1, rows=rows), 1.0, 0.1, rows=rows)
+        >>> for name, value in out.items():  # rows 0-2: a near-hard max, their steps cut, merged
+        ...     print(name, round(float(value), 3))
+        softmax_entropy_mean 0.335
+        softmax_entropy_min 0.081
+        bound_rows 3.0
+        merged_fraction 0.75
+        pulled_distance 0.004
+        pushed_distance 1.996
+    """
+    n = sq_distances.shape[0]
+    off = _off_diagonal(n)
+    entropy = row_entropies(loss_logits(sq_distances, tau, form, sigma))[rows]
+    steps = cut_step_sizes(step_pulls(sq_distances, tau, form=form, sigma=sigma), eta, form)[rows]
+    distances = safe_sqrt(sq_distances)
+    mean = mean_distance(sq_distances)
+    nearest = jnp.min(jnp.where(off, distances, jnp.inf), axis=1)
+    relative = distances[rows] / jnp.where(mean > 0, mean, 1.0)
+    others = off[rows]
+
+    def mean_where(mask):
+        return jnp.sum(jnp.where(mask, relative, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+    return {"softmax_entropy_mean": jnp.mean(entropy), "softmax_entropy_min": jnp.min(entropy),
+            "bound_rows": jnp.sum(steps < eta).astype(jnp.float32),
+            "merged_fraction": jnp.mean((nearest < MERGED_SHARE * mean).astype(jnp.float32)),
+            "pulled_distance": mean_where(others & (xi > 0)), "pushed_distance": mean_where(others & (xi < 0))}
 
 
 def signed_mass(xi, own):

@@ -32,6 +32,45 @@ Where the paper's text leaves a choice open:
 - eta, tau and lamda are not given in the paper; the defaults are the
   validation choice at Dirichlet(0.5) (reproductions/diversifed_table2 holds
   the sweeps and the values each table column uses).
+- The scale of d in d_ij / tau (``distance_unit``; the paper's equations are
+  lost in our copy). The loss and its step are read in a unit s: logits
+  (d_ij / s) / tau and xi_ij = eta_i c_ij / (d_ij / s). ``raw`` (s = 1,
+  parameter units: the default), ``mean`` (s = the round's mean distance
+  between the stored models) and ``sqrt_params`` (s = sqrt(P)).
+
+  Why the scale is in question: in parameter units the distances reach tens
+  within 10 rounds and hundreds later, so for tau in the paper's range
+  (0.1-1.0, its Table IV) the softmax over d / tau is a hard max: every model
+  attracts alike except the farthest, which is pushed away without limit, and
+  the step bound binds on nearly every row. The Table II runs end with 39 of
+  40 models merged around the inverse-distance mean of the others and one
+  expelled (the diagnostics read it: tests/test_diversifed.py builds that
+  geometry). The paper describes a graded response instead: accuracy moving
+  smoothly with tau (up at Dirichlet 0.1, down at 1.0), pulled pairs closer
+  and pushed pairs farther as tau grows (its Fig. 7).
+
+  Why ``mean`` is the reading put to the test: it is the one under which
+  d / tau has tau's scale whatever the network (the paper sweeps the same tau
+  range on an MLP, a LeNet and a ResNet-8) and whatever the round (distances
+  grow with every round of local training); ``sqrt_params`` fixes the network
+  but not the round, its softmax hardening as training spreads the models.
+
+  What the runs show (reproductions/diversifed_table2/sweeps/README.md, on
+  Fashion-MNIST): neither ``raw`` nor ``mean`` gives the published behaviour
+  (``sqrt_params``, a constant unit, is ``raw`` with tau and eta rescaled:
+  tau sqrt(P) and eta P). Under ``mean``
+  the forces are scale-free, but the loss is still unbounded below, and its
+  feedback remains: once the step moves the models appreciably, pushing the
+  farthest models widens the spread of d / s, which hardens the softmax,
+  which pushes them harder; within 5-20 rounds the rows' softmax is a hard
+  max, the bound cuts nearly every row, clusters are pulled to a few percent
+  of the mean distance and a few models pushed to 3-18 times it (at
+  Dirichlet 0.1, eta 0.1, tau 1, 25 of 40 models are merged by round 20).
+  Where the step stays small (eta 0.001 at tau 1) the server step hardly
+  acts and DiversiFed is Local; weaker settings flip later rather than
+  settle. tau thus works as a switch, not a graded control. The default
+  therefore stays the text's literal reading (``raw``); ``mean`` and
+  ``sqrt_params`` are named variants.
 
 Variant, not the paper's: ``form='kernel'`` replaces the logits by
 tau exp(-d_ij^2 / sigma), a similarity that fades for far pairs, so far
@@ -40,8 +79,14 @@ scale); ``start='anchor'`` starts local training from u_i instead of w_i.
 
 Diagnostics (`round_diagnostics`, in metrics.jsonl and plots/diagnostics.png):
 the mean self-weight xi_ii of the round's clients, the mass on the others
-(sum |xi_ij|) and its attracting and repelling parts, and the mean and max
-distance between the stored models.
+(sum |xi_ij|) and its attracting and repelling parts, the mean and max
+distance between the stored models and how far the max grew in the round,
+and how the step read the models (`model_distance.step_diagnostics`): the
+entropy of the rows' softmax (mean and min, nats; log(N-1) is uniform, 0 a
+hard max), the rows whose step the bound cut, the share of models whose
+nearest other model lies within 1% of the mean distance (merged), and the
+mean distance, in units of the mean, of the pairs pulled together and of
+those pushed apart.
 
 Presets: configs/diversifed_*.yaml (FMNIST pathological, Dirichlet
 0.1/0.5/1.0, practical; CIFAR-10 LeNet).
@@ -52,7 +97,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedjax_pfl import aggregation
-from fedjax_pfl.kernels import model_distance
+from fedjax_pfl.kernels import collaboration, model_distance
 from fedjax_pfl.methods import anchored
 from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
@@ -73,12 +118,16 @@ class DiversiFedConfig(Options):
                           "parameter distance", more_than=0.0)
     start: str = option("own", "local training starts from the client's own w_i (the paper) or from the "
                         "anchor u_i (variant)", choices=anchored.START_POINTS)
+    distance_unit: str = option("raw", "the unit the server step reads the distances in: 'mean' (the round's mean "
+                                "distance between the stored models), 'sqrt_params' (sqrt of the parameter count) "
+                                "or 'raw' (parameter units)", choices=model_distance.UNITS)
 
 
 def anchors(m, server, selected):
     """u_i for the ``selected`` clients from all N stored models -> (stacked params [S, ...], Xi [S, N])."""
     hp = m.hparams
-    u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta, form=hp.form, sigma=hp.sigma, rows=selected)
+    u, xi, _ = aggregation.mix_models(server["params"], hp.tau, hp.eta, form=hp.form, sigma=hp.sigma,
+                                      unit=hp.distance_unit, rows=selected)
     return u, xi
 
 
@@ -95,9 +144,15 @@ def client_update(m, server, client, data, key, info):
 
 
 def round_diagnostics(m, server, new_server, uploads, info):
-    """The mixing diagnostics (methods/anchored.py) and Xi's attracting and repelling mass."""
+    """The mixing diagnostics (methods/anchored.py), Xi's attracting and repelling mass, how the step read the
+    models (`model_distance.step_diagnostics`) and how far the largest distance grew in the round."""
+    hp, params = m.hparams, server["params"]
     _, xi = anchors(m, server, info.selected)
-    return {**anchored.mixing_diagnostics(server, xi, info.selected), **model_distance.signed_mass(xi, info.selected)}
+    mixing = anchored.mixing_diagnostics(server, xi, info.selected)
+    step = model_distance.step_diagnostics(model_distance.sq_distances_in_unit(params, hp.distance_unit), xi, hp.tau,
+                                           hp.eta, rows=info.selected, form=hp.form, sigma=hp.sigma)
+    growth = collaboration.distance_summary(new_server["params"])["distance_max"] - mixing["distance_max"]
+    return {**mixing, **model_distance.signed_mass(xi, info.selected), **step, "distance_max_growth": growth}
 
 
 DIVERSIFED = Algorithm(

@@ -13,8 +13,20 @@ Algorithm (docs/methods/conventions.md, "pFedKD-WCL"; authors' code HengruiH/pFe
   g_i = grad_w KL(p_w || p_theta_i) (``server_kl=teacher_first``, the
   authors' code) or grad_w KL(p_theta_i || p_w) (``student_first``, the
   paper's text) (`losses.client_server_gradient`);
-- server: one SGD step w <- w - server_lr * sum_i (n_i / sum_j n_j) g_i, all
-  g_i taken at the same w.
+- server: one SGD step w <- w - server_lr * sum_i a_i g_i, all g_i taken at
+  the same w, with ``server_weights`` (`kd_server.gradient_weights`):
+  ``sample_size`` a_i = n_i / sum_j n_j (default: the weights the authors'
+  ``aggregate`` writes), ``uniform`` a_i = 1 / S (the paper's text, Algorithm
+  1), or ``last_client``, the step the authors' code takes: their
+  ``compute_kl_gradients`` calls ``global_model.zero_grad()`` inside the loop
+  over the sampled clients, so what ``aggregate`` added for the earlier
+  clients is cleared and the step is (1 + n_last / sum_j n_j) g_last, the
+  last sampled client's gradient alone (the engine's selection order is
+  random, so "last" is a client drawn uniformly among the selected).
+The paper's text as a whole is ``server_kl=student_first
+server_weights=uniform``; the default direction and weights are the
+authors' code as written (configs/tables/pfedkd_table1.yaml says which step
+each column runs).
 Evaluation (``eval.model=local``): each client's personal model theta_i.
 Only the sampled clients train each round (the authors' ``aggregate``);
 ``train.all_clients_train=true`` lets every client update theta_i each round
@@ -34,10 +46,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import optax
 
-from fedjax_pfl import aggregation, losses
+from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import kd_server
 from fedjax_pfl.methods import step_counted
@@ -56,6 +67,10 @@ class PFedKDConfig(Options):
                                      more_than=0.0, none="train.lr")
     server_kl: str = option("teacher_first", "server KL direction: KL(p_w || p_theta) (authors' code) or "
                             "KL(p_theta || p_w) (paper text)", choices=kd_server.DIRECTIONS)
+    server_weights: str = option("sample_size", "weights of the clients' KL gradients in the server step: n_i / "
+                                 "sum n (the authors' aggregate as written), 'uniform' 1/S (paper text) or "
+                                 "'last_client' (1 + n_last / sum n) on the last sampled client alone (the step "
+                                 "the authors' code takes)", choices=kd_server.GRADIENT_WEIGHTS)
     grad_chunk: int = option(1024, "rows per chunk of the whole-train-set gradient pass (memory only)",
                              at_least=1)
 
@@ -100,10 +115,10 @@ def client_update(m, server, client, data, key, info):
 
 
 def server_update(m, server, clients, uploads, info):
-    """One plain SGD step w <- w - server_lr * sum_i (n_i / sum_j n_j) g_i."""
+    """One plain SGD step w <- w - server_lr * sum_i a_i g_i, a_i by ``server_weights`` (none arrived: no step)."""
     params = server["variables"]["params"]
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    grad = aggregation.weighted_mean_or(uploads["grad"], info.sample_weights, zeros)
+    weights = kd_server.gradient_weights(info.num_samples, info.uploaded, m.hparams.server_weights)
+    grad = kd_server.combine_gradients(uploads["grad"], weights)
     new = tree_ops.sub(params, tree_ops.scale(grad, server_lr(m)))
     return {"variables": {"params": new}}, clients
 
