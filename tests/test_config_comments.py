@@ -2,7 +2,7 @@
 runs as written up to its first round: a train command through the train command's argument parsing and
 validation, with its method bound to the preset's network (the method's own checks of its options against
 the model, e.g. PFAKD+AT's conv maps); a reproduce command through a dry run, which builds every cell's
-command and runs nothing. A comment line ``... ARGS`` is the file's first command with ARGS added."""
+command and runs nothing (a planning command: its plan, written into a folder of the test's). A comment line ``... ARGS`` is the file's first command with ARGS added."""
 
 import re
 import shlex
@@ -69,8 +69,9 @@ def test_written_command_parses(where, kind, argv, tmp_path, monkeypatch, data_d
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("FEDJAX_PFL_DATA_DIR", str(data_dir))
     argv = [str(tmp_path) if a == "DIR" else a for a in argv]  # a folder the reader fills in
-    if kind == "reproduce":
-        assert reproduce.main([*argv, "--dry-run", "--out", str(tmp_path / "out")]) == 0, where
+    if kind == "reproduce":  # a dry run, or a plan written into a folder of the test's
+        planning = ["--work", str(tmp_path / "work")] if "--plan-for-seconds" in argv else ["--dry-run"]
+        assert reproduce.main([*argv, *planning, "--out", str(tmp_path / "out")]) == 0, where
         return
     args, overrides = train.parse_args(argv)
     run = train.settle(train.config_from_args(args, overrides))
