@@ -91,8 +91,10 @@ def program_queues(cells: list[Cell], out: Path, rounds: dict, extra: list[str],
         raise UserError(f"benchmarks/seconds_per_round.json gives device kind {args.device_kind!r} no "
                         "lane_step_seconds; plan for a kind that has them")
     one_lane = kind.get("client_mapping") == "map"
-    measured = [m for folder in dict.fromkeys((work, Path(out)))
-                for m in round_seconds.measured_programs(folder / "runs", kind["machine"], is_background(kind))]
+    measured = round_seconds.measured_programs(work / "runs", kind["machine"], is_background(kind))
+    if Path(out).resolve() != work.resolve():  # the table's own runs, each cell once (its copy in work counted)
+        in_work = frozenset(f"{f.parent.name}/{f.name}" for f in (work / "runs").glob("*/seed*"))
+        measured += round_seconds.measured_programs(Path(out) / "runs", kind["machine"], skip=in_work)
     factor, source = round_seconds.calibration(measured, law, model, sizes, one_lane)
     alone = args.one_by_one or int(kind.get("cells_per_program", 0)) == 1
     finished_elsewhere = _kept_seeds(kept)

@@ -176,12 +176,15 @@ def program_seconds(cfgs: list, law: LaneLaw, work: dict, sizes: ClientSizes, on
     return max(float(counts.max()), expected / lanes) * law.step(lanes) * round_work_sum / max(training_work, 1e-9)
 
 
-def measured_programs(runs_dir: Path, machine: str, unfinished: bool = False) -> list[tuple[list, float]]:
+def measured_programs(runs_dir: Path, machine: str, unfinished: bool = False,
+                      skip: frozenset = frozenset()) -> list[tuple[list, float]]:
     """(the cells' RunConfigs, measured seconds per round) of each program whose finished runs under
     ``runs_dir`` were made on ``machine`` (config.json's resolved client mapping names a program's runs);
-    ``unfinished``: runs still going or cut count too (a background plan's cells, measured as they run)."""
+    ``unfinished``: runs still going or cut count too (a background plan's cells, measured as they run);
+    ``skip``: run folders (``<method>-<setting>/seed<k>``) measured elsewhere already."""
     found: dict[tuple, tuple[list, float]] = {}
-    for folder in sorted(Path(runs_dir).glob("*/seed*")) if Path(runs_dir).is_dir() else []:
+    folders = sorted(Path(runs_dir).glob("*/seed*")) if Path(runs_dir).is_dir() else []
+    for folder in [f for f in folders if f"{f.parent.name}/{f.name}" not in skip]:
         status = (run_folder.read_summary(folder) or {}).get("status") if run_folder.is_run(folder) else None
         if (not run_folder.is_run(folder) or machine not in run_folder.read_provenance(folder)["machines"]
                 or not (status == "finished" or unfinished and status != "failed")):
