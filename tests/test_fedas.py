@@ -10,11 +10,11 @@ import numpy as np
 import optax
 import pytest
 
+import fisher_traces
 import majority_baseline
 import pfl_reference as ref
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import fisher
 from fedjax_pfl.runs import config
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data.client_data import ClientData
@@ -317,12 +317,12 @@ def test_method_fisher_trace_is_the_kernel_on_the_clients_batches():
     model = _model()
     data = _client(_data(), 2)  # 7 real samples of 24: one partial batch, two all-padding
     variables = jax.jit(model.init)(jax.random.key(4))
-    xb, yb, mb = fisher.as_batches(_normalize(data.x), data.y, data.n, B)
+    xb, yb, mb = fisher_traces.as_batches(_normalize(data.x), data.y, data.n, B)
     logits_fn = lambda p, x: model.apply({**variables, "params": p}, x).logits
     for form in ("batch", "per_sample"):
         method = FEDAS(_setup(model), FedASConfig(fisher=form))
         got = jax.jit(functools.partial(fedas.fisher_trace, method))(variables, data)
-        expect = fisher.fisher_trace(logits_fn, variables["params"], xb, yb, mb, form)
+        expect = fisher_traces.TRACES[form](logits_fn, variables["params"], xb, yb, mb)
         np.testing.assert_allclose(float(got), float(expect), rtol=1e-5)
 
 
