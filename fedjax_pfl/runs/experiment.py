@@ -189,22 +189,23 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
     return partition.make_partition(p.scheme, labels, p.num_clients, seed, **params)
 
 
-@functools.lru_cache(maxsize=32)
-def _outline(name: str, init: str, hidden, precision: str, input_shape: tuple, num_classes: int):
-    return build_model(name, input_shape, num_classes, conv_impl="native", init=init, precision=precision,
-                       **({"hidden": hidden} if hidden else {}))
-
-
 def run_facts(cfg: config_lib.RunConfig, model=None, num_clients: int | None = None) -> RunFacts:
     """What the method's checks read of the run ``cfg`` (`Algorithm.check_run`). Before its data are read, the
     model is built for the dataset's declared inputs (data/registry.py ``INPUTS``) with the 'native' convolution
     (the same parameters as every implementation's, and JAX's backend does not start) and the clients are
     partition.num_clients; None where only the data know. ``model``, ``num_clients``: what the data gave."""
     m, t, inputs = cfg.model, cfg.train, INPUTS.get(cfg.data.name)
+    facts = (num_clients or known_clients(cfg), t.drop_last, t.persistent_optimizer, beyond_plain_sgd(t))
     if model is None and inputs is not None and m.name != "auto":
-        model = _outline(m.name, m.init, m.hidden, t.precision, *inputs)
-    return RunFacts(model=model, num_clients=num_clients or known_clients(cfg), drop_last=t.drop_last,
-                    persistent_optimizer=t.persistent_optimizer, beyond_plain_sgd=beyond_plain_sgd(t))
+        return _outline_facts((m.name, m.init, m.hidden, t.precision, *inputs), *facts)
+    return RunFacts(model, *facts)
+
+
+@functools.lru_cache(maxsize=64)  # one model's shapes, once a process: validate runs for every cell of a table
+def _outline_facts(model: tuple, *facts) -> RunFacts:
+    name, init, hidden, precision, input_shape, num_classes = model
+    return RunFacts(build_model(name, input_shape, num_classes, conv_impl="native", init=init, precision=precision,
+                                **({"hidden": hidden} if hidden else {})), *facts)
 
 
 def known_clients(cfg: config_lib.RunConfig) -> int | None:
