@@ -70,7 +70,7 @@ OWN_SCHEMES = ("pfllib_dirichlet", "natural")
 
 @dataclasses.dataclass
 class DataConfig:
-    name: str = setting("auto", "dataset (aliases: fashion_mnist = fmnist); cifar10_jpeg is the project's lossy "
+    name: str = setting(AUTO, "dataset (aliases: fashion_mnist = fmnist); cifar10_jpeg is the project's lossy "
                         "JPEG copy of CIFAR-10; auto: the official cifar10 files when found, else cifar10_jpeg when "
                         "found, else cifar10; config.json records which", choices=(AUTO, *dataset_names(), *ALIASES),
                         flag="dataset")
