@@ -49,7 +49,6 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.methods import fedavg, step_counted
 from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.methods.step_counted import random_batch
 
 VARIANTS = ("fo", "hf")
 

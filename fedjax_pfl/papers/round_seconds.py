@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.runs import config as config_lib
 
