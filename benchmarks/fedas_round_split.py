@@ -43,7 +43,7 @@ from common import device_name, peak_memory_bytes  # noqa: E402
 
 PRESET = ["--config", "configs/fedas_cifar10.yaml", "data.name=cifar10_jpeg", "train.lr_decay=0.999"]
 QUICK = ["--method", "fedas", "--dataset", "synthetic", "--model", "mlp", "--num-clients", "6", "--partition",
-         "natural", "--local-epochs", "2", "--batch-size", "8", "--join-ratio", "0.5", "--offline"]
+         "natural", "--local-epochs", "2", "--batch-size", "8", "--join-ratio", "0.5"]
 VARIANTS = {"fedas": [], "no_alignment": ["method.align=false"],
             "fedper": ["--method", "fedper"], "fedper_E1": ["--method", "fedper", "train.local_epochs=1"],
             "fedavg": ["--method", "fedavg"]}

@@ -33,12 +33,13 @@ def client_steps(clients: int, train_samples: int, test_samples: int, batch: int
     import numpy as np
 
     from fedjax_pfl.kernels.local_training import real_steps
-    from fedjax_pfl.runs.experiment import data_seed, partition_dataset
+    from fedjax_pfl.runs.config import drawn_data_seed
+    from fedjax_pfl.runs.experiment import partition_dataset
 
     cfg = run_config(**{"data.name": "cifar10", "partition.scheme": "dirichlet", "partition.alpha": 0.1,
                         "partition.num_clients": clients,
                         "partition.min_size": max(1, min(10, train_samples // (4 * clients)))})
-    data = partition_dataset(random_cifar_like(train_samples, test_samples), cfg.partition, data_seed(cfg))
+    data = partition_dataset(random_cifar_like(train_samples, test_samples), cfg.partition, drawn_data_seed(cfg.seed, cfg.data_seed))
     return np.asarray(real_steps(np.asarray(data.train.n), batch, epochs, drop_last=False))
 
 

@@ -108,7 +108,7 @@ def measure(name: str, overrides: list[str], blocks: int, calls: int) -> dict:
 def command_run(overrides: list[str], rounds: int, progress: bool) -> dict:
     """One training command in a subprocess -> its round-loop seconds and seconds per round after round 2."""
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [sys.executable, "-m", "fedjax_pfl.train", "--method", "fedavg", "--offline", "--out", f"{tmp}/run",
+        argv = [sys.executable, "-m", "fedjax_pfl.train", "--method", "fedavg", "--out", f"{tmp}/run",
                 "train.lr=0.05", f"train.rounds={rounds}", *overrides, *([] if progress else ["--no-progress"])]
         subprocess.run(argv, check=True, capture_output=True, text=True)
         records = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]

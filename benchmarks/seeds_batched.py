@@ -56,10 +56,10 @@ def first_call_seconds(folder: Path) -> float:
 def workload_args(args) -> list[str]:
     if args.quick:
         return ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
-                "--local-epochs", "1", "--batch-size", "8", "--rounds", "2", "--offline"]
+                "--local-epochs", "1", "--batch-size", "8", "--rounds", "2"]
     return ["--dataset", "fmnist", "--model", "mlp", "model.hidden=[100]", "--num-clients", str(args.clients),
             "--partition", "dirichlet", "--alpha", "0.3", "--local-epochs", "1", "--batch-size", "32",
-            "--lr", "0.05", "--join-ratio", "0.5", "--rounds", str(args.rounds), "--offline"]
+            "--lr", "0.05", "--join-ratio", "0.5", "--rounds", str(args.rounds)]
 
 
 def compare(method: str, args, root: Path) -> dict:

@@ -17,7 +17,7 @@ BAD_INPUT = 2
 INTERRUPTED, OUTPUT_CLOSED, TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
-        "--local-epochs", "1", "--rounds", "2", "--no-progress", "--offline"]
+        "--local-epochs", "1", "--rounds", "2", "--no-progress"]
 TRAIN = ["--method", "fedavg", *TINY]
 REPRODUCE = ["--table-file", "{tmp}/table.yaml", "--no-progress"]
 REPORT = ["{finished}"]
@@ -402,11 +402,11 @@ CASES_LIST: list[Case] = [
          "version. Delete it and supply the original file (from "
          "https://ossci-datasets.s3.amazonaws.com/mnist/train-labels-idx1-ubyte.gz).",
          checked_by="test_a_bit_flipped_gzip_is_one_line_exit_2_and_no_folder"),
-    Case("data_dir_without_the_file", "--data-dir names an empty folder (no --offline; the file is nowhere else)",
+    Case("data_dir_without_the_file", "--data-dir names an empty folder (the file is nowhere else)",
          "error: Dataset file train-images-idx3-ubyte.gz not found; searched: {tmp}/empty/mnist, {tmp}/empty, … "
          "Supply it: put it in DIR/mnist/ (or DIR itself) and pass --data-dir DIR, or allow downloading it from "
          "https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz (allow_download=True; the "
-         "training command downloads only without --data-dir and --offline). To try the library without any "
+         "training command downloads with --download and without --data-dir). To try the library without any "
          "files, use --dataset synthetic.",
          checked_by="test_a_data_dir_without_the_files_says_how_to_get_them"),
 ]

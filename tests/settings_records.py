@@ -1,4 +1,4 @@
-"""`EngineConfig` and `LocalSetup` for tests that build an engine by hand.
+"""`EngineConfig`, `LocalSetup` and `RunFacts` for tests that build an engine by hand.
 
 Both are plain records without defaults; every value a test does not pass here
 is its run setting's declared default (runs/config.py `TrainConfig`), built the
@@ -7,7 +7,7 @@ way runs/experiment.py builds them for a run.
 
 import dataclasses
 
-from fedjax_pfl.methods.base import LocalSetup
+from fedjax_pfl.methods.base import LocalSetup, RunFacts
 from fedjax_pfl.runs import config, experiment
 
 
@@ -28,3 +28,9 @@ def local_setup(model, normalize, optimizer, lr, batch_size: int, local_epochs: 
                       normalize=normalize, augment=augment, drop_last=t.drop_last,
                       persistent_optimizer=t.persistent_optimizer, share_batch_stats=t.share_batch_stats,
                       eval_model=eval_model, beyond_plain_sgd=experiment.beyond_plain_sgd(t))
+
+
+def run_facts(setup: LocalSetup, num_clients: int | None = None) -> RunFacts:
+    """What a run's validation gives a method's checks (`Algorithm.check_run`) for a run of ``setup``."""
+    return RunFacts(model=setup.model, num_clients=num_clients, drop_last=setup.drop_last,
+                    persistent_optimizer=setup.persistent_optimizer, beyond_plain_sgd=setup.beyond_plain_sgd)

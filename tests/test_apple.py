@@ -23,7 +23,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods.apple import APPLE, APPLEConfig
 from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.models.networks import build_model
-from settings_records import engine_config, local_setup
+from settings_records import engine_config, local_setup, run_facts
 
 
 def _setup(epochs=1, lr=0.1, model_name="mlp"):
@@ -199,7 +199,7 @@ def test_batchnorm_model_is_refused():
     model = build_model("resnet8", (8, 8, 3), 4)
     setup = local_setup(model=model, optimizer=optax.sgd, lr=0.1, batch_size=4, local_epochs=1, normalize=ref.normalize)
     with pytest.raises(UserError, match="BatchNorm"):
-        APPLE(setup).init(jax.random.key(0), 3)
+        APPLE.check_run(APPLEConfig(), run_facts(setup))
 
 
 # ------------------------------------------------------- engine = per-client loop

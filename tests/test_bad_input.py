@@ -135,8 +135,8 @@ def test_explicit_data_dir_without_the_files_is_an_error_even_with_the_env_set(t
 
 
 def test_a_data_dir_without_the_files_says_how_to_get_them(tmp_path, capsys, monkeypatch):
-    """--data-dir given (no --offline): the message says the command downloads only without --data-dir, not to
-    leave out an --offline that was never given."""
+    """--data-dir given: the message says the command downloads only with --download and without --data-dir, and
+    names no flag the command does not have."""
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv(files.ENV_DATA_DIR, str(empty))
@@ -144,7 +144,7 @@ def test_a_data_dir_without_the_files_says_how_to_get_them(tmp_path, capsys, mon
     code, err = _run(["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--no-progress",
                       "--data-dir", str(empty), "--out", str(tmp_path / "r")], capsys)
     assert_case("data_dir_without_the_file", code, err, tmp=tmp_path)
-    assert "--offline" not in err.split("(allow_download=True;")[1].split(")")[0].replace("and --offline", "")
+    assert "--offline" not in err.split("(allow_download=True;")[1].split(")")[0]
     assert not (tmp_path / "r").exists()
 
 
@@ -161,7 +161,7 @@ def test_a_bit_flipped_gzip_is_one_line_exit_2_and_no_folder(tmp_path, data_dir,
     shutil.copytree(data_dir / "mnist", copy)
     _flip_a_byte(copy / "train-labels-idx1-ubyte.gz", 1000)
     out = tmp_path / "run"
-    code, err = _run(["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--no-progress", "--offline",
+    code, err = _run(["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--no-progress",
                       "--data-dir", str(tmp_path), "--out", str(out)], capsys)
     assert_case("bit_flipped_gzip", code, err, tmp=tmp_path)
     assert not out.exists()
@@ -172,7 +172,7 @@ def test_missing_cifar10_names_folders_and_the_alternatives(tmp_path, capsys, mo
     empty.mkdir()
     monkeypatch.setenv(files.ENV_DATA_DIR, str(empty))
     monkeypatch.setenv(files.ENV_CACHE_DIR, str(tmp_path / "cache"))
-    code, err = _run(["--method", "fedavg", "--offline", "--no-progress", "--out", str(tmp_path / "r")], capsys)
+    code, err = _run(["--method", "fedavg", "--no-progress", "--out", str(tmp_path / "r")], capsys)
     _assert_one_line_error(code, err, "cifar-10-python.tar.gz")
     for text in (str(empty / "cifar10"), str(tmp_path / "cache"), f"{files.ENV_DATA_DIR}={empty}",
                  "--dataset cifar10_jpeg", "--dataset synthetic"):
@@ -181,14 +181,14 @@ def test_missing_cifar10_names_folders_and_the_alternatives(tmp_path, capsys, mo
 
 
 def test_the_headline_command_without_data_or_network_says_what_to_do(tmp_path, capsys, monkeypatch):
-    """``python -m fedjax_pfl.train --method fedas`` (download allowed) on a machine without the files and
+    """``python -m fedjax_pfl.train --method fedas --download`` on a machine without the files and
     without network: one line naming the folders searched and the failed download, and the alternatives."""
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv(files.ENV_DATA_DIR, str(empty))
     monkeypatch.setenv(files.ENV_CACHE_DIR, str(tmp_path / "cache"))
     monkeypatch.setenv(files.ENV_BASE_URL, "http://127.0.0.1:9/")  # nothing listens there: the download fails
-    code, err = _run(["--method", "fedas", "--no-progress", "--out", str(tmp_path / "r")], capsys)
+    code, err = _run(["--method", "fedas", "--download", "--no-progress", "--out", str(tmp_path / "r")], capsys)
     _assert_one_line_error(code, err, "cifar-10-python.tar.gz")
     for text in (str(empty / "cifar10"), "downloading it from http://127.0.0.1:9/cifar-10-python.tar.gz failed",
                  "--dataset synthetic", "--dataset cifar10_jpeg"):

@@ -23,7 +23,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.core.errors import UserError
 
 TINY = ["--dataset", "synthetic", "--model", "mlp", "model.hidden=[8]", "--num-clients", "5", "--partition", "natural",
-        "--local-epochs", "1", "--rounds", "2", "--batch-size", "16", "--no-progress", "--offline",
+        "--local-epochs", "1", "--rounds", "2", "--batch-size", "16", "--no-progress", 
         "--rounds-per-call", "2", "--checkpoint-every", "1"]
 
 
@@ -74,7 +74,7 @@ def test_two_processes_equal_one_process(method, tmp_path):
 
 
 def test_a_killed_process_stops_the_other_with_one_line_and_resume_continues(tmp_path):
-    tiny = [*TINY[:TINY.index("--rounds")], "--rounds", "8", "--batch-size", "16", "--no-progress", "--offline",
+    tiny = [*TINY[:TINY.index("--rounds")], "--rounds", "8", "--batch-size", "16", "--no-progress", 
             "--rounds-per-call", "1", "--checkpoint-every", "1"]
     cut, whole = (_two_processes("fedavg", tmp_path / name, tiny=tiny) for name in ("cut", "whole"))
     saved, deadline = checkpoint.checkpoint_path(tmp_path / "cut"), time.monotonic() + 600

@@ -176,8 +176,8 @@ def test_masked_steps_leave_params_unchanged():
     from fedjax_pfl.data.client_data import ClientData
     method = get_method("local")(setup)
     for n, epochs in [(0, E), (10, 0)]:
-        out, loss = training.train(method, training.supervised_objective(method), v, ClientData(x, y, jnp.int32(n)),
-                                   jax.random.key(1), epochs)
+        out, loss = training.train(method.local, training.supervised_objective(method), v,
+                                   ClientData(x, y, jnp.int32(n)), jax.random.key(1), epochs)
         _assert_close(out, v, tol=0)
         assert float(loss) == 0.0
 

@@ -27,12 +27,12 @@ from fedjax_pfl.kernels.adaptive_aggregation import layer_paths
 from fedjax_pfl.methods import fedala, get_method
 from fedjax_pfl.methods.fedala import FedALAConfig
 from fedjax_pfl.runs import config as config_lib
-from settings_records import engine_config
+from settings_records import engine_config, run_facts
 
 
 def _ala(method, local, glob, weights, started, data, key):
     client = {"variables": local, "weights": weights, "started": jnp.asarray(started)}
-    return jax.jit(functools.partial(fedala.adaptive_local_aggregation, method))(glob, client, data, key)
+    return jax.jit(functools.partial(fedala.adaptive_local_aggregation, method, method.local))(glob, client, data, key)
 
 
 def _ala_case(hparams):
@@ -80,7 +80,7 @@ def test_fedala_layers_follow_forward_order_and_bad_options_fail():
     assert layer_paths(params) == [("body", "stem_conv"), ("body", "stem_bn"), ("body", "block", "conv0"),
                                    ("body", "block", "bn0"), ("head", "logits")]
     with pytest.raises(UserError, match="exceeds"):
-        get_method("fedala")(fed.setup(fed.mlp()), FedALAConfig(layers=4))
+        get_method("fedala").check_run(FedALAConfig(layers=4), run_facts(fed.setup(fed.mlp())))
     for bad in ({"rand_percent": 0}, {"layers": 0}, {"eta": 0.0}):
         with pytest.raises(UserError, match="method."):
             config_lib.method_options(FedALAConfig, bad)

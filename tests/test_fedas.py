@@ -10,11 +10,11 @@ import numpy as np
 import optax
 import pytest
 
+import fisher_traces
 import majority_baseline
 import pfl_reference as ref
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels import fisher
 from fedjax_pfl.runs import config
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data.client_data import ClientData
@@ -105,9 +105,9 @@ def test_bad_option_fails_before_data_loads():
 
 def _mean_alignment_loss(method, old, variables, data):
     """The alignment objective averaged over the client's batches (inference mode)."""
-    means = fedas.class_means(method, old, data)
+    means = fedas.class_means(method, method.local, old, data)
     per_batch = training.map_batches(
-        method, lambda b: losses.class_mean_alignment(fedas.features(method, variables, b.x), b.y, means, b.mask),
+        method.local, lambda b: losses.class_mean_alignment(fedas.features(method, variables, b.x), b.y, means, b.mask),
         data)
     return float(jnp.mean(per_batch))
 
@@ -134,7 +134,7 @@ def test_class_means_match_numpy():
     method = FEDAS(_setup(model))
     data = _client(_data(), 1)
     variables = jax.jit(model.init)(jax.random.key(3))
-    got = np.asarray(fedas.class_means(method, variables, data))
+    got = np.asarray(fedas.class_means(method, method.local, variables, data))
     n = int(data.n)
     feats = np.asarray(model.apply(variables, data.x[:n]).features, np.float64)
     labels = np.asarray(data.y[:n])
@@ -151,18 +151,18 @@ def test_alignment_reduces_its_loss_and_leaves_the_head_unchanged(alignment):
     data = _client(_data(), 0)
     # old = the client's previous local model; start = global body + the client's head.
     old = jax.jit(model.init)(jax.random.key(1))
-    old, _ = jax.jit(lambda v: training.train(method, training.supervised_objective(method), v, data,
+    old, _ = jax.jit(lambda v: training.train(method.local, training.supervised_objective(method), v, data,
                                               jax.random.key(2), 3))(old)
     glob = jax.jit(model.init)(jax.random.key(5))
     start = tree_ops.with_part(old, "body", tree_ops.part_of(glob, "body"))
-    aligned, align_loss = jax.jit(functools.partial(fedas.align, method))(old, start, data, jax.random.key(4))
+    aligned, align_loss = jax.jit(functools.partial(fedas.align, method, method.local))(old, start, data, jax.random.key(4))
 
     if alignment == "class_mean":
         before = _mean_alignment_loss(method, old, start, data)
         after = _mean_alignment_loss(method, old, aligned, data)
     else:
         def sample_loss(v):
-            per = training.map_batches(method, lambda b: losses.sample_alignment(
+            per = training.map_batches(method.local, lambda b: losses.sample_alignment(
                 fedas.features(method, v, b.x), fedas.features(method, old, b.x), b.mask), data)
             return float(jnp.mean(per))
         before, after = sample_loss(start), sample_loss(aligned)
@@ -317,12 +317,12 @@ def test_method_fisher_trace_is_the_kernel_on_the_clients_batches():
     model = _model()
     data = _client(_data(), 2)  # 7 real samples of 24: one partial batch, two all-padding
     variables = jax.jit(model.init)(jax.random.key(4))
-    xb, yb, mb = fisher.as_batches(_normalize(data.x), data.y, data.n, B)
+    xb, yb, mb = fisher_traces.as_batches(_normalize(data.x), data.y, data.n, B)
     logits_fn = lambda p, x: model.apply({**variables, "params": p}, x).logits
     for form in ("batch", "per_sample"):
         method = FEDAS(_setup(model), FedASConfig(fisher=form))
-        got = jax.jit(functools.partial(fedas.fisher_trace, method))(variables, data)
-        expect = fisher.fisher_trace(logits_fn, variables["params"], xb, yb, mb, form)
+        got = jax.jit(functools.partial(fedas.fisher_trace, method, method.local))(variables, data)
+        expect = fisher_traces.TRACES[form](logits_fn, variables["params"], xb, yb, mb)
         np.testing.assert_allclose(float(got), float(expect), rtol=1e-5)
 
 
@@ -363,7 +363,7 @@ def _traces_after_training(ds, normalize, clients, epochs, lr, init_scale, form)
     method = FEDAS(setup, FedASConfig(fisher=form))
     v0 = jax.jit(model.init)(jax.random.key(0))
     v0 = {**v0, "params": jax.tree.map(lambda a: a * init_scale, v0["params"])}
-    server, client = {"body": shared_body.shared_part(method, v0)}, {"variables": v0}
+    server, client = {"body": shared_body.shared_part(method.local, v0)}, {"variables": v0}
 
     @jax.jit
     def fisher_of(data, key, e):
@@ -463,7 +463,7 @@ def test_feature_change_is_the_mean_over_the_first_samples(n):
     rows = fedas.FEATURE_CHANGE_SAMPLES + 50
     x = jax.random.normal(jax.random.key(2), (rows, *SHAPE))
     data = ClientData(x, jnp.zeros(rows, jnp.int32), jnp.asarray(n, jnp.int32))
-    got = float(jax.jit(functools.partial(fedas.feature_change, method))(before, after, data))
+    got = float(jax.jit(functools.partial(fedas.feature_change, method, method.local))(before, after, data))
     used = min(n, fedas.FEATURE_CHANGE_SAMPLES)
     f = [np.asarray(fedas.features(method, v, x[:used]), np.float64) for v in (before, after)]
     want = np.mean(np.sum((f[1] - f[0]) ** 2, axis=1))

@@ -87,8 +87,9 @@ def test_fedcac_gradient_sensitivity_is_theta_times_the_mean_train_gradient():
     client = ClientData(data.x[c], data.y[c], data.n[c])
     grad = jax.grad(lambda p: fed.nll(model.apply({"params": p}, fed.normalize(x[idx[c]])).logits, y[idx[c]]))(
         variables["params"])
-    mean_gradient, mask = jax.jit(lambda v, d: (fedcac.mean_gradient(method, v, d), fedcac.critical(method, None, v, d)))(
-        variables, client)
+    local = method.local
+    mean_gradient, mask = jax.jit(lambda v, d: (fedcac.mean_gradient(method, local, v, d),
+                                                fedcac.critical(method, local, None, v, d)))(variables, client)
     fed.close(mean_gradient, grad)
     want = jax.tree.map(lambda p, g: _np_mask(np.abs(np.asarray(p, np.float64) * np.asarray(g)), tau),
                         variables["params"], grad)

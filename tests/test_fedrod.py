@@ -22,6 +22,7 @@ from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods import fedrod, get_method
 from fedjax_pfl.methods.fedrod import PERSONAL
 from fedjax_pfl.models.networks import build_model
+from settings_records import run_facts
 
 
 def test_balanced_softmax_matches_float64_reference_with_padding_and_absent_classes():
@@ -84,7 +85,7 @@ def test_fedrod_loss_matches_float64_reference_and_personal_loss_stops_at_featur
 
 def test_fedrod_refuses_a_nonlinear_head():
     with pytest.raises(UserError, match="one Dense layer"):
-        get_method("fedrod")(fed.setup(build_model("pfakd_cnn", (28, 28, 1), fed.C)))
+        get_method("fedrod").check_run(None, run_facts(fed.setup(build_model("pfakd_cnn", (28, 28, 1), fed.C))))
 
 
 def test_fedrod_batchnorm_statistics_ignore_padding_rows():

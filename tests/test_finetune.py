@@ -38,8 +38,8 @@ def test_fedavg_finetune_is_the_global_model_trained_on_the_clients_data():
 
     @jax.jit
     def tuned_and_expected(server, data, key):
-        expect, _ = training.train(method, training.supervised_objective(method), server["variables"], data, key, 3,
-                                   part="head", max_epochs=3)
+        expect, _ = training.train(method.local, training.supervised_objective(method), server["variables"], data,
+                                   key, 3, part="head", max_epochs=3)
         return method.eval_variables(server, None, data, key), expect
 
     tuned, expect = tuned_and_expected(server, data, key)

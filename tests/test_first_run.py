@@ -150,8 +150,8 @@ def test_help_lists_every_partition_the_config_accepts(capsys):
 
     assert cli.main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    listed = re.search(r"--partition SCHEME how samples are dealt to clients \(one of: ([^)]*)\)", text).group(1)
-    assert listed.split(", ") == [*SCHEMES, *config_lib.OWN_SCHEMES]
+    listed = re.search(r"--partition SCHEME how samples are dealt to clients;.*? \(one of: ([^)]*)\)", text).group(1)
+    assert listed.split(", ") == [config_lib.AUTO, *SCHEMES, *config_lib.OWN_SCHEMES]
     assert {"client_dirichlet", "pfllib_dirichlet"} <= set(listed.split(", "))
 
 

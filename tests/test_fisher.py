@@ -1,4 +1,5 @@
-"""Fisher traces (fedjax_pfl.kernels.fisher) against float64 references, with padding.
+"""Fisher traces from the per-batch terms of fedjax_pfl.kernels.fisher against float64 references, with padding
+(the terms summed over a client's batches by tests/fisher_traces.py).
 
 References: (1) a Python loop in float64 over the real samples / the real part
 of every batch, each gradient taken separately with jax.grad on float64
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_pfl.kernels import fisher
+from fisher_traces import TRACES, as_batches, trace_batch, trace_per_sample
 from fedjax_pfl.models.networks import build_model
 
 B = 8
@@ -79,11 +81,11 @@ def _close(value, ref, tol=1e-4):
 def test_traces_match_float64_loop_reference_with_padding(name):
     model, variables, x, y = _problem(name)
     ref_batch, ref_per_sample = _reference(model, variables, x, y)
-    xb, yb, mb = fisher.as_batches(x, y, N_REAL, B)
+    xb, yb, mb = as_batches(x, y, N_REAL, B)
     assert xb.shape[:2] == (N_MAX // B, B) and int(mb.sum()) == N_REAL and not bool(mb[-1].any())
     logits_fn = _logits_fn(model, variables)
-    got_batch = jax.jit(lambda p: fisher.fisher_trace_batch(logits_fn, p, xb, yb, mb))(variables["params"])
-    got_ps = jax.jit(lambda p: fisher.fisher_trace_per_sample(logits_fn, p, xb, yb, mb))(variables["params"])
+    got_batch = jax.jit(lambda p: trace_batch(logits_fn, p, xb, yb, mb))(variables["params"])
+    got_ps = jax.jit(lambda p: trace_per_sample(logits_fn, p, xb, yb, mb))(variables["params"])
     assert got_batch.dtype == jnp.float32
     _close(got_batch, ref_batch)
     _close(got_ps, ref_per_sample)
@@ -105,10 +107,10 @@ def test_traces_match_closed_form_numpy_for_linear_softmax():
         d, xs = delta[s:s + B], xn[s:s + B]
         g_w, g_b = xs.T @ d / len(d), d.mean(axis=0)
         batch += np.sum(g_w ** 2) + np.sum(g_b ** 2)
-    xb, yb, mb = fisher.as_batches(x, y, N_REAL, B)
+    xb, yb, mb = as_batches(x, y, N_REAL, B)
     logits_fn = _logits_fn(model, variables)
-    _close(fisher.fisher_trace(logits_fn, variables["params"], xb, yb, mb, "batch"), batch)
-    _close(fisher.fisher_trace(logits_fn, variables["params"], xb, yb, mb, "per_sample"), per_sample.mean())
+    _close(TRACES["batch"](logits_fn, variables["params"], xb, yb, mb), batch)
+    _close(TRACES["per_sample"](logits_fn, variables["params"], xb, yb, mb), per_sample.mean())
     norms = fisher.per_sample_gradient_sq_norms(logits_fn, variables["params"], xb[0], yb[0])
     np.testing.assert_allclose(np.asarray(norms), per_sample[:B], rtol=1e-4)
 
@@ -116,13 +118,17 @@ def test_traces_match_closed_form_numpy_for_linear_softmax():
 def test_empty_batches_and_empty_client_give_zero_not_nan():
     model, variables, x, y = _problem("mlp")
     logits_fn = _logits_fn(model, variables)
-    xb, yb, mb = fisher.as_batches(x, y, 0, B)
-    assert float(fisher.fisher_trace_batch(logits_fn, variables["params"], xb, yb, mb)) == 0.0
-    assert float(fisher.fisher_trace_per_sample(logits_fn, variables["params"], xb, yb, mb)) == 0.0
+    xb, yb, mb = as_batches(x, y, 0, B)
+    assert float(trace_batch(logits_fn, variables["params"], xb, yb, mb)) == 0.0
+    assert float(trace_per_sample(logits_fn, variables["params"], xb, yb, mb)) == 0.0
 
 
 def test_bad_form_is_rejected():
-    model, variables, x, y = _problem("mlp")
-    xb, yb, mb = fisher.as_batches(x, y, N_REAL, B)
-    with pytest.raises(ValueError, match="batch"):
-        fisher.fisher_trace(_logits_fn(model, variables), variables["params"], xb, yb, mb, "diag")
+    """The form is a FedAS option declared with the kernels' FORMS: another name is refused when the options are
+    built, naming the allowed ones."""
+    from fedjax_pfl.core.errors import UserError
+    from fedjax_pfl.methods.fedas import FedASConfig
+
+    assert set(TRACES) == set(fisher.FORMS)
+    with pytest.raises(UserError, match="batch"):
+        FedASConfig(fisher="diag")

@@ -20,7 +20,7 @@ from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.outputs.metrics_file import read_metrics
 
 TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "model.hidden=[16]", "--num-clients", "6",
-        "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress", "--offline", "--rounds", "4",
+        "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress", "--rounds", "4",
         "--rounds-per-call", "1", "--checkpoint-every", "1"]
 
 

@@ -19,7 +19,7 @@ from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import config as config_lib
 
 TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "model.hidden=[8]", "--num-clients", "5",
-        "--partition", "natural", "--local-epochs", "1", "--rounds", "1", "--batch-size", "16", "--offline",
+        "--partition", "natural", "--local-epochs", "1", "--rounds", "1", "--batch-size", "16", 
         "--no-progress"]
 
 
@@ -90,7 +90,7 @@ def test_the_training_command_runs_a_cnn_on_one_host_device_per_core_by_default(
     cores = os.cpu_count()
     cnn = ["--method", "fedavg", "--dataset", "fmnist", "--model", "fedavgcnn", "--num-clients", "4",
            "--partition", "dirichlet", "--alpha", "0.5", "--local-epochs", "1", "--rounds", "1", "--batch-size",
-           "10", "--offline", "--no-progress", "--client-mapping", "map", "partition.train_per_client=40",
+           "10", "--no-progress", "--client-mapping", "map", "partition.train_per_client=40",
            "partition.test_per_client=10"]
     stdout, resolved = _fresh_run(cnn, tmp_path / "cnn")
     devices, why = host_devices.wanted("auto", cores, None, False, clients=4)  # (a machine of more cores than clients)

@@ -42,7 +42,7 @@ def init(m, key, num_clients):
 
 
 def client_update(m, server, client, data, key, info):
-    variables, loss = training.train(m, training.supervised_objective(m), server["variables"], data, key,
+    variables, loss = training.train(m.local, training.supervised_objective(m), server["variables"], data, key,
                                      info.epochs)
     return client, {"variables": variables, "loss": loss}
 
@@ -70,7 +70,7 @@ TOY = Algorithm(
 '''
 
 TINY = ["--dataset", "synthetic", "--model", "mlp", "model.hidden=[16]", "--num-clients", "6", "--partition",
-        "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress", "--offline"]
+        "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress"]
 
 
 def _checkout_state() -> str:

@@ -128,7 +128,7 @@ def _loop_evaluation(method, server, clients, data, key):
     @jax.jit
     def correct(client, data, key):
         variables = method.eval_variables(server, client, data, key)
-        return training.sum_batches(method, lambda b: (jnp.argmax(method.eval_logits(variables, b.x), -1) == b.y)
+        return training.sum_batches(method.local, lambda b: (jnp.argmax(method.eval_logits(variables, b.x), -1) == b.y)
                                     @ b.mask.astype(jnp.int32), data)
 
     keys = jax.random.split(key, len(SIZES))

@@ -26,7 +26,7 @@ from fedjax_pfl.methods import get_method, pfakd
 from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.methods.pfakd import PFAKD, PFAKD_AT, PFAKDATConfig, PFAKDConfig, pfakd_objective
 from fedjax_pfl.models.networks import build_model
-from settings_records import engine_config, local_setup
+from settings_records import engine_config, local_setup, run_facts
 
 LR, B, E = 0.05, 5, 2
 
@@ -368,9 +368,9 @@ def test_fmnist_preset_runs_the_authors_fmnist_network():
 
 def test_pfakd_at_checks_the_model():
     with pytest.raises(UserError, match="conv maps"):
-        PFAKD_AT(_setup(build_model("mlp", (28, 28, 1), 10)))
+        PFAKD_AT.check_run(PFAKDATConfig(), run_facts(_setup(build_model("mlp", (28, 28, 1), 10))))
     with pytest.raises(UserError, match="out of range"):
-        PFAKD_AT(_setup(build_model("pfakd_cnn", (28, 28, 1), 10)), PFAKDATConfig(at_layers=(3,)))
+        PFAKD_AT.check_run(PFAKDATConfig(at_layers=(3,)), run_facts(_setup(build_model("pfakd_cnn", (28, 28, 1), 10))))
 
 
 def test_cli_rejects_bad_option_before_loading_data(tmp_path):

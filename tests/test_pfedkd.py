@@ -179,7 +179,7 @@ def test_random_batch_draws_distinct_valid_rows():
 
 def _reference_local_ce(method, params, data, key, steps):
     """R plain SGD steps on CE, each on the batch the method draws from the same key."""
-    keys = jax.random.split(key, step_counted.local_steps(method))
+    keys = jax.random.split(key, step_counted.local_steps(method.hparams, method.setup.local_epochs))
 
     @jax.jit
     def sgd(params, k):
@@ -204,7 +204,8 @@ def test_alpha_zero_is_pure_local_training_of_the_personal_model():
     info = ClientRound(jnp.int32(0), jnp.int32(method.setup.local_epochs))
     update = jax.jit(method.client_update)
     out, upload = update(server, client, data, key, info)
-    want = _reference_local_ce(method, client["variables"]["params"], data, key, step_counted.local_steps(method))
+    want = _reference_local_ce(method, client["variables"]["params"], data, key,
+                               step_counted.local_steps(method.hparams, method.setup.local_epochs))
     for a, b in zip(jax.tree.leaves(out["variables"]["params"]), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # the global model does not touch the personal model at alpha = 0, but does at alpha > 0
@@ -226,8 +227,8 @@ def test_stragglers_take_fewer_steps_and_masked_steps_change_nothing():
     client = jax.tree.map(lambda a: a[2], clients)
     data = ClientData(train.x[2], train.y[2], train.n[2])
     # E = 4 epochs -> R = 8 steps; a straggler with 2 epochs takes 4 steps
-    assert int(step_counted.steps_this_round(method, ClientRound(0, jnp.int32(2)))) == 4
-    assert int(step_counted.steps_this_round(method, ClientRound(0, jnp.int32(1)))) == 2
+    assert int(step_counted.steps_this_round(method.hparams, method.setup.local_epochs, jnp.int32(2))) == 4
+    assert int(step_counted.steps_this_round(method.hparams, method.setup.local_epochs, jnp.int32(1))) == 2
     empty = ClientData(train.x[2], train.y[2], jnp.int32(0))
     out, upload = jax.jit(method.client_update)(server, client, empty, jax.random.key(1), ClientRound(0, jnp.int32(4)))
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(client)):

@@ -106,9 +106,12 @@ def test_cli_trains_on_the_folders_own_clients_unless_told_otherwise(tmp_path):
     folder = tmp_path / "d"
     write_by_hand(folder)
     argv = ["--method", "fedavg", "--dataset", "pfllib", "--data-dir", str(folder), "--model", "mlr", "--batch-size", "4"]
-    assert train.config_from_args(*train.parse_args(argv)).partition.scheme == "natural"
-    assert train.config_from_args(*train.parse_args([*argv, "--partition", "iid"])).partition.scheme == "iid"
-    assert train.config_from_args(*train.parse_args([*argv, "partition.scheme=iid"])).partition.scheme == "iid"
+    def scheme(argv):  # as validation resolves the declared partition.scheme=auto
+        return validate(train.config_from_args(*train.parse_args(argv))).checked.partition.scheme
+
+    assert scheme(argv) == "natural"
+    assert scheme([*argv, "--partition", "iid"]) == "iid"
+    assert scheme([*argv, "partition.scheme=iid"]) == "iid"
     exp = build_experiment(validate(train.config_from_args(*train.parse_args(argv))))
     assert np.asarray(exp.data.train.n).tolist() == SIZES["train"]
 

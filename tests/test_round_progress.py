@@ -175,7 +175,7 @@ def test_the_display_follows_clients_and_steps_and_times_the_compile(monkeypatch
 def test_a_run_with_its_bar_says_what_compiles_and_for_how_long(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fedjax_pfl.train", "--method", "fedavg", "--dataset", "synthetic",
                            "--model", "mlr", "--num-clients", "6", "--partition", "natural", "--rounds", "2",
-                           "--local-epochs", "1", "--offline", "--out", str(tmp_path / "run")],
+                           "--local-epochs", "1", "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
@@ -196,7 +196,7 @@ def test_ctrl_c_is_acknowledged_within_a_second_and_stops_after_the_round(tmp_pa
     proc = subprocess.Popen(
         [sys.executable, "-u", "-m", "fedjax_pfl.train", "--method", "fedavg", "--dataset", "synthetic", "--model",
          "mlp", "model.hidden=[64]", "--num-clients", "6", "--partition", "natural", "--rounds", "3",
-         "--local-epochs", "1000", "--batch-size", "4", "--rounds-per-call", "1", "--offline", "--out", str(out)],
+         "--local-epochs", "1000", "--batch-size", "4", "--rounds-per-call", "1", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:  # wait until the round's program runs
@@ -223,7 +223,7 @@ def test_ctrl_c_during_the_last_round_is_honoured(tmp_path, capsys):
     """The run finishes the round in flight (its last), is complete, and the command exits 130."""
     out = tmp_path / "run"
     argv = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition",
-            "natural", "--rounds", "2", "--local-epochs", "1", "--no-progress", "--offline", "--out", str(out)]
+            "natural", "--rounds", "2", "--local-epochs", "1", "--no-progress", "--out", str(out)]
     assert cli.main(argv, observe=signal_after(2, "INT")) == 130
     err = capsys.readouterr().err
     assert "Ctrl-C: round 2 is the last; stopping once it is done" in err

@@ -23,7 +23,7 @@ from fedjax_pfl.commands import train as cli
 
 HERE = Path(__file__).parent
 TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlp", "model.hidden=[16]", "--num-clients", "6",
-        "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress", "--offline"]
+        "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress"]
 
 
 def _records(out: Path) -> list[dict]:

@@ -13,7 +13,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.commands import train as cli
 from fedjax_pfl.runs import config as config_lib
 
-COMMAND_OPTIONS = {"help", "config", "offline", "resume", "start_over", "no_progress", "distributed", "coordinator",
+COMMAND_OPTIONS = {"help", "config", "resume", "start_over", "no_progress", "distributed", "coordinator",
                    "num_processes", "process_id"}  # options of the command itself, not run settings
 
 
@@ -47,7 +47,7 @@ def test_the_parser_offers_exactly_the_declared_flags_with_their_help():
 
 def test_a_flag_sets_its_declared_key():
     args, overrides = cli.parse_args(["--num-clients", "7", "--partition", "iid", "--lr", "0.5", "--tensorboard",
-                                      "--seeds", "1,2", "--method", "fedavg", "--offline"])
+                                      "--seeds", "1,2", "--method", "fedavg"])
     cfg = cli.config_from_args(args, overrides)
     assert (cfg.partition.num_clients, cfg.partition.scheme, cfg.train.lr, cfg.log.tensorboard, cfg.seeds,
             cfg.method_name) == (7, "iid", 0.5, True, (1, 2), "fedavg")

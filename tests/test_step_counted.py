@@ -9,7 +9,7 @@ import pytest
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.runs import config as config_lib
-from settings_records import local_setup
+from settings_records import local_setup, run_facts
 from test_pfedkd import _method
 
 
@@ -27,7 +27,7 @@ def test_bad_options_raise_user_error():
                 config_lib.method_options(cls.hparams_type, o)
     assert config_lib.method_options(get_method("pfedme").hparams_type, {}).lamda == 15.0
     with pytest.raises(UserError):  # a BatchNorm model is refused
-        get_method("pfedme")(_bn_setup()).init(jax.random.key(0), 2)
+        get_method("pfedme").check_run(None, run_facts(_bn_setup()))
 
 
 def test_a_method_with_its_own_sgd_refuses_an_optimizer_it_would_ignore():
@@ -40,10 +40,10 @@ def test_a_method_with_its_own_sgd_refuses_an_optimizer_it_would_ignore():
         richer = dataclasses.replace(setup, beyond_plain_sgd=extra)
         for name in ("pfedme", "perfedavg"):
             with pytest.raises(UserError, match=f"so {extra[0]} would be ignored"):
-                get_method(name)(richer)
-        get_method("pfedkd")(richer)
+                get_method(name).check_run(None, run_facts(richer))
+        get_method("pfedkd").check_run(None, run_facts(richer))
     for name in ("pfedme", "perfedavg"):
-        get_method(name)(setup)  # plain SGD: accepted
+        get_method(name).check_run(None, run_facts(setup))  # plain SGD: accepted
 
 
 def _bn_setup():

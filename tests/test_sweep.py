@@ -18,7 +18,7 @@ from fedjax_pfl.runs.experiment import build_experiment, validate
 from fedjax_pfl.engine import engine as engine_lib, mapping_choice
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
-        "--local-epochs", "1", "--batch-size", "8", "--rounds", "3", "--no-progress", "--offline",
+        "--local-epochs", "1", "--batch-size", "8", "--rounds", "3", "--no-progress", 
         "partition.val_fraction=0.25"]
 
 
@@ -95,7 +95,7 @@ def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path, capsys
     experiment axis; each point equals the plain single run with that seed (data_seed = seed)."""
     args = ["--method", "fedavg", "--dataset", "fmnist", "--model", "mlr", "--num-clients", "4", "--partition",
             "dirichlet", "--alpha", "0.5", "--rounds", "2", "--local-epochs", "1", "--batch-size", "10",
-            "partition.train_per_client=30", "partition.test_per_client=10", "--no-progress", "--offline"]
+            "partition.train_per_client=30", "partition.test_per_client=10", "--no-progress"]
     assert train.main([*args, "--seeds", "0,1", "vary_data_with_seed=true", "--out", str(tmp_path / "sw")]) == 0
     assert train.main([*args, "--seed", "1", "--out", str(tmp_path / "single")]) == 0
     point, single = tmp_path / "sw" / "seed1", tmp_path / "single"

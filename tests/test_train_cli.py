@@ -73,7 +73,7 @@ def test_cli_writes_output_folder(tmp_path, data_dir):
     env = {**os.environ, "FEDJAX_PFL_DATA_DIR": str(data_dir)}
     cmd = [sys.executable, "-m", "fedjax_pfl.train", "--method", "fedper", "--dataset", "fmnist",
            "--num-clients", "20", "--rounds", "3", "--model", "mlp", "--local-epochs", "1",
-           "--batch-size", "64", "--lr", "0.05", "--offline", "--no-progress", "--out", str(out)]
+           "--batch-size", "64", "--lr", "0.05", "--no-progress", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
@@ -119,7 +119,7 @@ def test_user_errors_exit_cleanly(args, needle):
 
 def test_impossible_partition_is_a_user_error(data_dir, tmp_path):
     proc = _cli(["--method", "fedavg", "--dataset", "mnist", "--num-clients", "80000", "--model", "mlr",
-                 "--offline", "--out", str(tmp_path / "r")], {"FEDJAX_PFL_DATA_DIR": str(data_dir)})
+                 "--out", str(tmp_path / "r")], {"FEDJAX_PFL_DATA_DIR": str(data_dir)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "clients" in proc.stderr
 
@@ -127,7 +127,7 @@ def test_impossible_partition_is_a_user_error(data_dir, tmp_path):
 def test_missing_data_file_names_the_file_and_folders(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = _cli(["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--offline", "--data-dir", str(empty),
+    proc = _cli(["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--data-dir", str(empty),
                  "--out", str(tmp_path / "r")], {"FEDJAX_PFL_DATA_DIR": str(empty), "XDG_CACHE_HOME": str(tmp_path)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "train-images-idx3-ubyte.gz" in proc.stderr and str(empty) in proc.stderr
@@ -136,7 +136,7 @@ def test_missing_data_file_names_the_file_and_folders(tmp_path):
 def test_default_dataset_missing_says_how_to_get_it_and_mentions_synthetic(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = _cli(["--method", "fedavg", "--offline", "--out", str(tmp_path / "r")],
+    proc = _cli(["--method", "fedavg", "--out", str(tmp_path / "r")],
                 {"FEDJAX_PFL_DATA_DIR": str(empty), "XDG_CACHE_HOME": str(tmp_path)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "cifar" in proc.stderr.lower() and "--dataset synthetic" in proc.stderr
@@ -153,7 +153,7 @@ def test_dotted_overrides_and_presets(tmp_path):
 
 
 TINY = ["--dataset", "synthetic", "--model", "mlp", "model.hidden=[16]", "--num-clients", "6",
-        "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress", "--offline"]
+        "--partition", "natural", "--local-epochs", "1", "--lr", "0.05", "--no-progress"]
 
 
 def _records(out):

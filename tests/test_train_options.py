@@ -22,7 +22,7 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import get_method, method_names, training
 from fedjax_pfl.methods.base import ClientRound, Schedule
 from fedjax_pfl.models.networks import build_model
-from settings_records import engine_config
+from settings_records import engine_config, run_facts
 from test_engine import _OPT, _assert_close, _data, _setup, _sgd_step, _weighted_mean64
 
 MODEL = build_model("mlp", (6, 6, 1), 4, hidden=(8,))
@@ -53,6 +53,11 @@ def _local_method(name="local", hparams=None, **options):
     return get_method(name)(dataclasses.replace(_setup(MODEL), **options), hparams)
 
 
+def _checked(name, **options):
+    """What the run's validation checks of method ``name`` with setup options ``options``."""
+    get_method(name).check_run(None, run_facts(dataclasses.replace(_setup(MODEL), **options)))
+
+
 # ------------------------------------------------------------------ drop_last
 def test_drop_last_takes_floor_n_over_b_steps_and_never_sees_the_leftover():
     """n=25, B=10, 2 epochs: 2 steps per epoch on the first 20 of each epoch's shuffle."""
@@ -60,7 +65,7 @@ def test_drop_last_takes_floor_n_over_b_steps_and_never_sees_the_leftover():
     data, x, y = _client(25, 30)
     v0 = MODEL.init(jax.random.key(0))
     key = jax.random.key(3)
-    out, _ = jax.jit(lambda v, d, k: training.train(method, training.supervised_objective(method), v, d, k, 2))(
+    out, _ = jax.jit(lambda v, d, k: training.train(method.local, training.supervised_objective(method), v, d, k, 2))(
         v0, data, key)
     ref, _ = _reference_train(v0, x, y, key, 2, 10, 30, drop_last=True)
     _assert_close(out, ref)
@@ -72,7 +77,7 @@ def test_drop_last_client_smaller_than_a_batch_takes_no_step():
     method = _local_method(batch_size=10, drop_last=True)
     data, _, _ = _client(7, 12)
     v0 = MODEL.init(jax.random.key(0))
-    out, loss = training.train(method, training.supervised_objective(method), v0, data, jax.random.key(1), 2)
+    out, loss = training.train(method.local, training.supervised_objective(method), v0, data, jax.random.key(1), 2)
     _assert_close(out, v0, tol=0)
     assert float(loss) == 0.0
 
@@ -92,7 +97,7 @@ def test_drop_last_counts_real_steps_in_the_engine():
 
 def test_drop_last_does_not_apply_to_random_batch_methods():
     with pytest.raises(UserError, match="drop_last does not apply"):
-        get_method("pfedme")(dataclasses.replace(_setup(MODEL), drop_last=True, lr=0.1))
+        get_method("pfedme").check_run(None, run_facts(dataclasses.replace(_setup(MODEL), drop_last=True, lr=0.1)))
 
 
 # ------------------------------------------------------- persistent_optimizer
@@ -226,7 +231,7 @@ def test_persistent_momentum_changes_the_next_round_and_is_kept_per_client():
 
 def test_persistent_optimizer_refused_by_methods_that_train_their_own_way():
     with pytest.raises(UserError, match="'fedrod' does not support train.persistent_optimizer"):
-        _local_method("fedrod", persistent_optimizer=True)
+        _checked("fedrod", persistent_optimizer=True)
 
 
 # ----------------------------------------------------------- all_clients_train
@@ -313,4 +318,4 @@ def test_every_method_that_keeps_optimizer_state_keeps_it(name):
 @pytest.mark.parametrize("name", [m for m in method_names() if not get_method(m).keeps_optimizer_state])
 def test_every_method_that_does_not_keep_optimizer_state_refuses_the_option(name):
     with pytest.raises(UserError, match="does not support train.persistent_optimizer"):
-        _local_method(name, persistent_optimizer=True)
+        _checked(name, persistent_optimizer=True)

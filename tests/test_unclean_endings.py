@@ -88,7 +88,7 @@ def test_output_closed_while_loading_ends_the_command_at_once(tmp_path):
 
 def test_output_closed_mid_run_stops_with_a_checkpoint_and_resume_continues_exactly(tmp_path):
     args = [*TINY[:TINY.index("--rounds")], "--rounds", "3", "--rounds-per-call", "1", "--checkpoint-every", "1",
-            "--no-progress", "--offline"]
+            "--no-progress"]
     whole = tmp_path / "whole"
     assert cli.main(["--method", "fedavg", *args, "--out", str(whole)]) == 0
     out = tmp_path / "run"
@@ -158,7 +158,7 @@ def test_a_run_resumes_from_another_working_directory(tmp_path, data_dir, monkey
     elsewhere.mkdir()
     shutil.copytree(data_dir / "mnist", first / "data" / "mnist")
     args = ["--method", "fedavg", "--dataset", "mnist", "--model", "mlr", "--num-clients", "4", "--local-epochs", "1",
-            "--no-progress", "--offline", "--checkpoint-every", "1"]
+            "--no-progress", "--checkpoint-every", "1"]
     monkeypatch.chdir(first)
     assert cli.main([*args, "--rounds", "1", "--data-dir", "data", "--out", "run"]) == 0
     saved = json.loads((first / "run" / "config.json").read_text())["config"]["data"]["data_dir"]

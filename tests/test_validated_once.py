@@ -73,3 +73,58 @@ def test_a_sweeps_points_are_checked_and_held_by_validate(tmp_path):
         validate(config_lib.build(overrides=[*SMALL, "train.lr=[0.05,-1.0]"]))
     with pytest.raises(TypeError, match="run_single runs one"):
         run_sweep(validate(config_lib.build(overrides=SMALL)))
+
+
+# ---- every check in validation: what methods refused when bound, or while their round was traced ----------
+REFUSED = [  # (overrides, what the one line says); where each was refused before it moved to validation
+    (["method_name=fedavg", "method.local_steps=3", "train.persistent_optimizer=true"],
+     "starts each round's optimizer fresh"),  # inside client_update, as it was traced
+    (["method_name=pfedme", "model.name=resnet8"], "without BatchNorm"),  # in init, as it was traced
+    (["method_name=apple", "model.name=resnet8"], "without BatchNorm"),  # in init, as it was traced
+    (["method_name=fedfomo", "method.num_federations=6"], "num_federations=6 needs more clients"),  # in init
+    (["method_name=pfedme", "train.drop_last=true"], "drop_last does not apply"),  # when bound, after the data
+    (["method_name=fedala", "method.layers=9"], "exceeds the 3 layers"),  # when bound
+    (["method_name=fedrod", "model.name=pfakd_cnn"], "one Dense layer"),  # when bound
+    (["method_name=pfakd_at", "model.name=mlp"], "conv maps"),  # when bound
+    (["method_name=pfakd_at", "model.name=pfakd_cnn", "method.at_layers=5"], "out of range"),  # when bound
+    (["method_name=fedper", "model.name=mlr"], "no body parameters"),  # after the data were read
+    (["method_name=fedavg", "data.allow_download=true"], "downloads into the cache folder"),  # ignored silently
+]
+
+
+@pytest.mark.parametrize("overrides, message", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
+def test_validate_refuses_what_was_refused_while_running(overrides, message, tmp_path):
+    """Refused by validate with one line, before any data are read: the data folder is empty."""
+    cfg = config_lib.build(overrides=["data.name=fmnist", "model.name=mlp", "partition.num_clients=6",
+                                      f"data.data_dir={tmp_path}", *overrides])
+    with pytest.raises(UserError, match=message) as refused:
+        validate(cfg)
+    assert "\n" not in str(refused.value)
+
+
+def test_validation_starts_no_jax_backend():
+    """The method's checks see the model's shapes only: validate comes before the run sets JAX's devices."""
+    import subprocess
+    import sys
+
+    code = ("from jax._src import xla_bridge\n"
+            "from fedjax_pfl.runs import config, experiment\n"
+            "for name, model in (('pfakd_at', 'pfakd_cnn'), ('fedala', 'resnet8'), ('fedrod', 'mlp')):\n"
+            "    experiment.validate(config.build(overrides=[f'method_name={name}', f'model.name={model}',\n"
+            "                                                'data.name=fmnist']))\n"
+            "print(xla_bridge.backends_are_initialized())\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr[-2000:]
+
+
+def test_what_only_the_data_tell_is_checked_once_they_are_read(tmp_path):
+    """A PFLlib folder decides its inputs: the method's checks on the model run when the folder is read."""
+    from test_pfllib_source import write_by_hand
+
+    write_by_hand(tmp_path / "d")
+    cfg = config_lib.build(overrides=["method_name=fedala", "method.layers=9", "data.name=pfllib", "model.name=mlp",
+                                      f"data.data_dir={tmp_path / 'd'}", "train.batch_size=4"])
+    run = validate(cfg)  # the model's depth is not known yet
+    with pytest.raises(UserError, match="exceeds the 3 layers"):
+        build_experiment(run)

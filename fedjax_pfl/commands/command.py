@@ -50,7 +50,7 @@ def _lost_process(error: Exception) -> UserError | None:
     """The one-line error of a multi-process run that lost a process, naming it; None for other errors."""
     if "jax" not in sys.modules:  # (the report command never imports JAX)
         return None
-    from fedjax_pfl.engine import distributed
+    from fedjax_pfl.engine import distributed  # (imports JAX: only after the run has)
 
     return distributed.lost_process_error() if distributed.is_lost_process(error) else None
 

@@ -19,11 +19,13 @@ import argparse
 
 from fedjax_pfl.core import declared
 from fedjax_pfl.engine import distributed
+from fedjax_pfl.methods import get_method
+from fedjax_pfl.methods.options import describe
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.commands import open_files
 from fedjax_pfl.commands.command import Command, OneLineParser, seed_list, split_overrides
-from fedjax_pfl.runs.experiment import ValidRun, validate
+from fedjax_pfl.runs.experiment import ValidRun, known_clients, validate
 from fedjax_pfl.runs.resume import check_same_method, saved_run
 from fedjax_pfl.runs.single_run import run_single
 from fedjax_pfl.process.stop_request import StopRequest
@@ -70,7 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-h", "--help", action="store_true", help="show this help (with --method: also its options)")
     p.add_argument("--config", help="YAML preset, e.g. configs/fedas_cifar10.yaml")
-    p.add_argument("--offline", action="store_true", help="never download a missing dataset file")
     for flag, (key, info) in setting_flags().items():
         _add_setting(p, flag, key, info)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
@@ -95,9 +96,6 @@ def parse_args(argv=None):
 def method_help(name: str) -> str:
     """A method's summary line and its options (name, type, default, allowed values, help), from its
     options dataclass (methods/options.py: one declaration serves the checks, this text and config.json)."""
-    from fedjax_pfl.methods import get_method
-    from fedjax_pfl.methods.options import describe
-
     method = get_method(name)
     summary = " ".join(method.doc.strip().split("\n\n")[0].split())
     options = describe(method.hparams_type)
@@ -125,18 +123,11 @@ def config_from_args(args, overrides=()) -> config_lib.RunConfig:
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = value
-    if args.offline:
-        base.setdefault("data", {})["allow_download"] = False
-    if (args.dataset == "pfllib" and args.partition is None and not args.config
-            and not any(o.startswith("partition.scheme=") for o in overrides)):
-        base.setdefault("partition", {})["scheme"] = "natural"  # a PFLlib folder is its own partition
     cfg = config_lib.build(args.config, overrides, base)
     if args.resume:
         saved = saved_run(cfg.out, cfg)
         cfg = config_lib.build(args.config, overrides, base, start=saved["config"])
         check_same_method(saved, cfg.method_name, cfg.out)
-    if not args.offline and "allow_download" not in base.get("data", {}) and not args.config:
-        cfg.data.allow_download = True
     return cfg
 
 
@@ -160,13 +151,6 @@ def run_settled(run: ValidRun, progress: bool = True, resume: bool = False, obse
         open_files.ensure(len(run.points), cfg.log.tensorboard)
         return run_sweep(run, progress, resume, observe, stop, start_over)
     return run_single(run, progress, resume, observe, stop, start_over)
-
-
-def known_clients(cfg: config_lib.RunConfig) -> int | None:
-    """The run's client count before its data are read: partition.num_clients, except for a folder that brings
-    its own clients (a natural partition of anything but generated data)."""
-    natural = cfg.partition.scheme == "natural" and cfg.data.name != "synthetic"
-    return None if natural else cfg.partition.num_clients
 
 
 def settle(cfg: config_lib.RunConfig) -> ValidRun:

@@ -154,7 +154,7 @@ def decode_jpeg_archive(path: str | os.PathLike) -> dict[str, np.ndarray]:
     and examples are ordered by (label, file name).
     """
     try:
-        from PIL import Image
+        from PIL import Image  # (here: a missing Pillow is this one-line error, for this dataset only)
     except ImportError as e:
         raise UserError('Decoding cifar10_jpeg needs Pillow: pip install Pillow') from e
     label_of = {name: i for i, name in enumerate(CIFAR10_CLASSES)}

@@ -297,10 +297,10 @@ def _find_file(spec: DataFile, subdir: str, *, data_dir: str | os.PathLike | Non
         message += '.'
     elif url and data_dir:  # the training command reads only that folder: it downloads without --data-dir
         message += (f', or allow downloading it from {url} (allow_download=True; the training command '
-                    f'downloads only without --data-dir and --offline).')
+                    f'downloads with --download and without --data-dir).')
     elif url:
         message += (f', or allow downloading it from {url} (allow_download=True; '
-                    f'on the command line, leave out --offline).')
+                    f'on the command line, --download).')
     else:
         message += ('. It has no public download source: copy it from the project\'s '
                     'shared data folder.')

@@ -31,15 +31,21 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
 ALIASES = {'fashion_mnist': 'fmnist'}
 SOURCES = ('files', 'tfds')
 AUTO = 'auto'  # the run default: `resolve_auto`
-VECTOR_DATASETS = ('synthetic',)  # inputs are feature vectors; the others' are images, but
-FILE_DEFINED = ('pfllib',)  # whose inputs are what its files hold
+# Each dataset's example shape and class count, known before its files are read (tests/test_data_sources.py holds
+# them against the loaded arrays); None: what its files hold (a PFLlib folder).
+INPUTS: dict[str, tuple[tuple[int, ...], int] | None] = {
+    'mnist': ((28, 28, 1), 10), 'fmnist': ((28, 28, 1), 10),
+    'cifar10': ((32, 32, 3), 10), 'cifar10_jpeg': ((32, 32, 3), 10), 'cifar100': ((32, 32, 3), 100),
+    'pathmnist': ((28, 28, 3), medmnist.PATHMNIST_CLASSES),
+    'synthetic': ((synthetic.DIMENSION,), synthetic.NUM_CLASSES),
+    'pfllib': None,
+}
 
 
 def input_kind(name: str) -> str | None:
     """'image' or 'vector' for the inputs of dataset ``name`` (canonical), None when its files decide."""
-    if name in FILE_DEFINED:
-        return None
-    return 'vector' if name in VECTOR_DATASETS else 'image'
+    inputs = INPUTS[name]
+    return None if inputs is None else 'image' if len(inputs[0]) == 3 else 'vector'
 
 
 def resolve_auto(data_dir: str | os.PathLike | None = None, source: str = 'files') -> tuple[str, str]:

@@ -34,7 +34,7 @@ def load_tfds(name: str, *, data_dir: str | os.PathLike | None = None,
         raise UserError(f'TFDS source has no dataset {name!r}; it offers '
                         f'{", ".join(TFDS_DATASETS)}.')
     try:
-        import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+        import tensorflow_datasets as tfds  # the optional [tfds] extra: a one-line error without it
     except ImportError as e:
         raise UserError('The TFDS source needs tensorflow_datasets: '
                         'pip install "fedjax_pfl[tfds]" (or use source="files").') from e

@@ -52,6 +52,7 @@ import shutil
 from pathlib import Path
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from fedjax_pfl.core.errors import UserError
@@ -83,7 +84,7 @@ def _paths_and_leaves(tree):
 def _manager(path: Path, saving: bool):
     """Orbax's manager; only a saving one creates the folder and cleans leftover temporary folders (on a
     thread of its own, which a process exiting on an error must not leave running)."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # (about a second to import: only a run that checkpoints pays it)
 
     options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=False, create=saving,
                                            cleanup_tmp_directories=saving)
@@ -117,8 +118,6 @@ def _remove_rounds(path: Path, keep: int | None) -> None:
 
 def _all_processes_reach(name: str) -> None:
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -158,7 +157,7 @@ def _orbax_quiet():
 def save(path: Path, state, round_index: int, meta: dict | None = None) -> None:
     """Save ``state`` (any pytree of arrays) after round ``round_index``; every process calls it. Only the new
     round is kept once it has its digests. A disk without room for it: OSError (`check_room`), nothing written."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # (as in `_manager`)
 
     check_room(path, state)
     names, leaves = _paths_and_leaves(state)
@@ -262,7 +261,7 @@ def restore(path: Path, template, num_clients: int | None = None):
     leaves may have been saved with another padded client count (another
     device count): their empty rows are cut or appended (`resizable`).
     """
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # (as in `_manager`)
 
     path = Path(path)
     if not exists(path):

@@ -1,5 +1,5 @@
 """The steps of the methods whose server mixes stored personal models into per-client anchors (DiversiFed,
-FedAMP), as functions of the bound method ``m``.
+FedAMP).
 
 Each client keeps a full personalized model w_i. The server keeps the latest
 uploaded parameters of EVERY client (``server['params']``, leaves [N, ...]).
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration, model_store
 from fedjax_pfl.methods import training
+from fedjax_pfl.methods.base import LocalTraining
 
 START_POINTS = ("anchor", "own")  # local training starts from u_i, or from the client's own w_i
 
@@ -36,7 +37,7 @@ def init(m, key, num_clients: int):
     return {"params": copy(clients["params"])}, {"variables": clients, "anchor": copy(clients["params"])}
 
 
-def proximal_training(m, client, data, key, epochs, weight, from_anchor: bool):
+def proximal_training(m, local: LocalTraining, client, data, key, epochs, weight, from_anchor: bool):
     """E epochs of CE(w) + (``weight``/2) ||w - u_i||^2, from the client's own w_i (or from its anchor u_i)
     -> (client, upload of w_i's parameters)."""
     anchor = client["anchor"]
@@ -44,7 +45,7 @@ def proximal_training(m, client, data, key, epochs, weight, from_anchor: bool):
     start = client["variables"]
     if from_anchor:
         start = tree_ops.with_trainable(start, "all", anchor)
-    variables, loss = training.train(m, objective, start, data, key, epochs)
+    variables, loss = training.train(local, objective, start, data, key, epochs)
     return {**client, "variables": variables}, {"params": variables["params"], "loss": loss}
 
 

@@ -147,7 +147,8 @@ def client_update(m, server, client, data, key, info):
     joint = {"params": {"w": w["params"], "v": v["params"], "alpha": client["alpha"]}}
     if "batch_stats" in w:
         joint["batch_stats"] = {"w": w["batch_stats"], "v": v["batch_stats"]}
-    joint, loss = training.train(m, joint_objective(m), joint, data, key, info.epochs, optimizer=joint_optimizer(m))
+    joint, loss = training.train(m.local, joint_objective(m), joint, data, key, info.epochs,
+                                 optimizer=joint_optimizer(m))
 
     def part(k):
         stats = joint.get("batch_stats")

@@ -90,7 +90,7 @@ from fedjax_pfl import losses
 from fedjax_pfl.kernels import collaboration, core_mixing, model_store
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import training
-from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
+from fedjax_pfl.methods.base import Algorithm, Paper, RunFacts, Schedule
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -120,12 +120,10 @@ class APPLEConfig(Options):
                             choices=CORE_STEPS)
 
 
-def init_variables(m, key):
-    """A client's initial core; a model with BatchNorm is refused."""
-    variables = m.model.init(key)
-    if "batch_stats" in variables:
-        raise UserError("method 'apple' supports models without BatchNorm (e.g. --model mlp, lenet, fedavgcnn)")
-    return variables
+def check(name, options, facts: RunFacts) -> None:
+    """Its cores are mixed parameter by parameter: a model with BatchNorm is refused."""
+    if facts.model is not None and "batch_stats" in facts.variables:
+        raise UserError(f"method {name!r} supports models without BatchNorm (e.g. --model mlp, lenet, fedavgcnn)")
 
 
 def schedule(hparams) -> Schedule:
@@ -138,7 +136,7 @@ def init(m, key, num_clients):
     keys = jax.random.split(key, num_clients)
     if m.hparams.same_init:
         keys = jnp.broadcast_to(keys[:1], keys.shape)
-    cores = jax.lax.map(lambda k: init_variables(m, k), keys)
+    cores = jax.lax.map(m.model.init, keys)
     p0 = core_mixing.initial_relationships(num_clients)
     personal = jax.tree.map(lambda c: jnp.tensordot(p0, c, axes=1), cores)
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  distinct buffers: the engine donates state
@@ -194,7 +192,7 @@ def client_update(m, server, client, data, key, info):
     optimizer = optax.multi_transform({"core": core_optimizer(m, client["p"].shape[0]),
                                        "p": relationship_optimizer(m)}, {"core": "core", "p": "p"})
     start = {"params": {"core": client["core"]["params"], "p": client["p"]}}
-    trained, loss = training.train(m, objective, start, data, key, info.epochs, optimizer=optimizer)
+    trained, loss = training.train(m.local, objective, start, data, key, info.epochs, optimizer=optimizer)
     own, p = trained["params"]["core"], trained["params"]["p"]
     personal = {"params": core_mixing.mix_cores(p, cores, index, own)}
     core = personal if hp.core_after_round == "mix" else {"params": own}
@@ -229,6 +227,7 @@ APPLE = Algorithm(
                 code="ljaiverson/pFL-APPLE"),
     hparams_type=APPLEConfig,
     schedule=schedule,
+    check=check,
     init=init,
     client_update=client_update,
     server_update=server_update,

@@ -2,10 +2,12 @@
 
 A method's file declares one `Algorithm`: its name, `Paper`, options
 dataclass, evaluation protocols, the `Schedule` the engine must follow, and its
-functions, each taking the bound method ``m`` first (``m.setup``: model,
-batch size, epochs; ``m.lr`` and ``m.optimizer``: this round's learning rate
-and the local optimizer at it; ``m.hparams``: its options; ``m.static``: what
-``static`` derived from them once):
+functions, each taking the bound method ``m`` first (``m.model``: the model;
+``m.hparams``: its options; ``m.static``: what ``static`` derived from them
+once; ``m.lr`` and ``m.optimizer``: this round's learning rate and the local
+optimizer at it; ``m.local``: the `LocalTraining` record of the run's train
+and data settings, which a contract function hands on whole to the steps that
+read it):
 
     init(m, key, N)                                -> server, clients      (every client leaf [N, ...])
     client_update(m, server, client, data, key, info: ClientRound)
@@ -19,7 +21,8 @@ and the local optimizer at it; ``m.hparams``: its options; ``m.static``: what
     eval_logits(m, variables, x)                   -> logits of the personalized model
     round_diagnostics(m, server, new_server, uploads, info)
                                                    -> {name: scalar or [S]} (metrics.jsonl)
-    static(m)                                      -> values derived once from setup and options (checked there)
+    static(m)                                      -> values derived once from setup and options
+    check(name, options, facts: RunFacts)          -> None, or a one-line UserError (the run's validation)
 
 ``init`` and ``client_update`` are required; by default the server step and
 ``prepare`` change nothing, nobody is updated after the server step, and each
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import sys
 import typing
 from typing import Any, Callable, NamedTuple
@@ -81,6 +85,48 @@ class LocalSetup:
     share_batch_stats: bool  # train.share_batch_stats: BatchNorm statistics travel with a shared body
     eval_model: str | None  # eval.model: one of the method's `eval_models`; None: its default
     beyond_plain_sgd: tuple[str, ...]  # the train settings that make `optimizer` more than SGD of the lr
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LocalTraining:
+    """How a client trains this round: the run's train and data settings a method's steps read.
+
+    A method function that reads one takes this record as an argument (a
+    contract function passes ``m.local`` on whole), so its signature shows
+    what it depends on; no function of a method reads a train or data setting
+    through ``m`` (tests/test_method_inputs.py).
+    """
+
+    optimizer: optax.GradientTransformation  # the run's local optimizer at this round's learning rate
+    batch_size: int  # train.batch_size (B)
+    local_epochs: int  # train.local_epochs (E)
+    normalize: Callable[[jax.Array], jax.Array]  # a stored batch -> the model's float32 input (data.normalization)
+    augment: Callable | None  # train.augment: (key, stored batch) -> batch, before normalize
+    drop_last: bool  # train.drop_last
+    persistent_optimizer: bool  # train.persistent_optimizer
+    share_batch_stats: bool  # train.share_batch_stats
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """What a method's checks read of the run it is to join (`Algorithm.check_run`).
+
+    runs/experiment.py's `validate` gives what it knows before any data are
+    read; a fact that only the data decide (None there: a PFLlib folder's
+    inputs, a folder's own clients) is checked once they are read.
+    """
+
+    model: Model | None  # the run's model; None: its inputs are what the data files hold
+    num_clients: int | None  # None: the data bring their own clients
+    drop_last: bool  # train.drop_last
+    persistent_optimizer: bool  # train.persistent_optimizer
+    beyond_plain_sgd: tuple[str, ...]  # the train settings that make the optimizer more than SGD of train.lr
+
+    @functools.cached_property
+    def variables(self) -> dict:
+        """The model's initial variables as shapes (`jax.eval_shape`: nothing is computed; the key is made inside,
+        so JAX's backend does not start: a run's validation comes before its devices are set)."""
+        return jax.eval_shape(lambda: self.model.init(jax.random.key(0)))
 
 
 class Hyperparams(NamedTuple):
@@ -229,7 +275,9 @@ class Algorithm:
     eval_variables: Callable = own_variables
     eval_logits: Callable = model_logits
     round_diagnostics: Callable = no_diagnostics
-    static: Callable | None = None  # m -> what the method derives once when bound (m.static); its checks raise there
+    static: Callable | None = None  # m -> what the method derives once when bound (m.static)
+    # (name, options, facts: RunFacts) -> None: the method's own rules on a run, a one-line UserError (`check_run`)
+    check: Callable | None = None
     keeps_optimizer_state: bool = False  # supports train.persistent_optimizer (`training.train_kept`)
     needs_body_head_split: bool = False  # shares a body: a model without body parameters cannot work
     own_sgd: bool = False  # its update rule is its own plain SGD of train.lr: other optimizer settings are refused
@@ -268,28 +316,36 @@ class Algorithm:
         return (LR, *(f.name for f in dataclasses.fields(self.hparams_type)
                       if hints[f.name] in (float, typing.Optional[float])))
 
-    def refuse_unsupported(self, persistent_optimizer: bool, beyond_plain_sgd: tuple[str, ...] = ()) -> None:
-        """UserError for run settings this method would ignore: train.persistent_optimizer where it keeps no
-        optimizer state, an optimizer beyond plain SGD (``beyond_plain_sgd``) where it takes its own."""
-        if persistent_optimizer and not self.keeps_optimizer_state:
+    def check_run(self, options, facts: RunFacts) -> None:
+        """A one-line UserError for a run this method cannot take with options ``options``: settings it would
+        ignore (train.persistent_optimizer where it keeps no optimizer state, an optimizer beyond plain SGD where
+        it takes its own), a model without the body it shares, and its own rules (`check`). A fact not known
+        yet (None) is not checked. The run's validation calls it (runs/experiment.py); binding checks nothing."""
+        if facts.persistent_optimizer and not self.keeps_optimizer_state:
             raise UserError(f"method {self.name!r} does not support train.persistent_optimizer; leave it false")
-        if self.own_sgd and beyond_plain_sgd:
+        if self.own_sgd and facts.beyond_plain_sgd:
             raise UserError(f"method {self.name!r} takes its own plain SGD steps of train.lr (its authors' optimizer), "
-                            f"so {', '.join(beyond_plain_sgd)} would be ignored: set train.optimizer=sgd, "
+                            f"so {', '.join(facts.beyond_plain_sgd)} would be ignored: set train.optimizer=sgd, "
                             "train.momentum=0 and train.weight_decay=0")
+        if (self.needs_body_head_split and facts.model is not None
+                and not jax.tree.leaves(facts.variables["params"]["body"])):
+            raise UserError(f"method {self.name!r} shares the model's body, but {facts.model.name!r} has no body "
+                            "parameters (its feature is the input); choose a model with a body, e.g. --model mlp")
+        if self.check is not None:
+            self.check(self.name, options, facts)
 
 
 class Method:
     """An `Algorithm` bound to a run's `LocalSetup`, options and `Hyperparams`: what the engine runs.
 
     Each call passes itself to the algorithm's function of the same name, so a
-    function reads the setup as ``m.setup``, the options as ``m.hparams`` and
-    the round's learning rate as ``m.lr`` (``m.optimizer``: the local optimizer
-    at it). The engine gives each round its values with `with_hyperparams`.
+    function reads the options as ``m.hparams``, the round's learning rate as
+    ``m.lr`` (``m.optimizer``: the local optimizer at it) and hands ``m.local``
+    (the run's train and data settings) to the steps that read them. The engine
+    gives each round its values with `with_hyperparams`.
     """
 
     def __init__(self, algorithm: Algorithm, setup: LocalSetup, hparams: Any = None):
-        algorithm.refuse_unsupported(setup.persistent_optimizer, setup.beyond_plain_sgd)
         if hparams is None and algorithm.hparams_type is not None:
             hparams = algorithm.hparams_type()
         self.algorithm = algorithm
@@ -334,6 +390,13 @@ class Method:
     def optimizer(self) -> optax.GradientTransformation:
         """The run's local optimizer at this round's learning rate."""
         return self.setup.optimizer(self.lr)
+
+    @property
+    def local(self) -> LocalTraining:
+        """The run's local training at this round's learning rate, the record a method's steps take."""
+        settings = {f.name: getattr(self.setup, f.name) for f in dataclasses.fields(LocalTraining)
+                    if f.name != "optimizer"}
+        return LocalTraining(optimizer=self.optimizer, **settings)
 
     @property
     def name(self) -> str:

@@ -42,18 +42,20 @@ class DittoConfig(Options):
 
 def init(m, key, num_clients):
     """The global model on the server; every client's personal model v_i starts from it."""
+    local = m.local
     variables, personal = training.shared_init(m, key, num_clients)
-    clients = training.with_optimizer_state(m, {"variables": personal}, variables, num_clients)
-    clients = training.with_optimizer_state(m, clients, variables, num_clients, "personal_opt_state")
+    clients = training.with_optimizer_state(local, {"variables": personal}, variables, num_clients)
+    clients = training.with_optimizer_state(local, clients, variables, num_clients, "personal_opt_state")
     return {"variables": variables}, clients
 
 
 def client_update(m, server, client, data, key, info):
     """FedAvg's E epochs from w (uploaded), then E epochs of v_i on CE(v) + (lamda/2) ||v - w||^2 with the same
     key, so on the same batches."""
-    client_after, upload = fedavg.train_epochs(m, training.supervised_objective(m), server, client, data, key, info)
+    client_after, upload = fedavg.train_epochs(m.local, training.supervised_objective(m), server, client, data, key,
+                                               info)
     objective = training.proximal_objective(m, server["variables"]["params"], m.hparams.lamda)
-    personal, _, kept = training.train_kept(m, objective, client, client["variables"], data, key, info.epochs,
+    personal, _, kept = training.train_kept(m.local, objective, client, client["variables"], data, key, info.epochs,
                                             "personal_opt_state")
     return {**client_after, "variables": personal, **kept}, upload
 

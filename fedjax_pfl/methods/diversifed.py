@@ -140,7 +140,7 @@ def prepare(m, server, clients, selected):
 def client_update(m, server, client, data, key, info):
     """The proximal step: E epochs of CE(w) + (lamda/2) ||w - u_i||^2 from w_i; upload w_i."""
     hp = m.hparams
-    return anchored.proximal_training(m, client, data, key, info.epochs, hp.lamda, hp.start == "anchor")
+    return anchored.proximal_training(m, m.local, client, data, key, info.epochs, hp.lamda, hp.start == "anchor")
 
 
 def round_diagnostics(m, server, new_server, uploads, info):

@@ -47,7 +47,7 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import adaptive_aggregation as ala, optim
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import fedavg, training
-from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper, RunFacts, Schedule
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -64,12 +64,19 @@ class FedALAConfig(Options):
                                    at_least=1)
 
 
+def check(name, options, facts: RunFacts) -> None:
+    """``method.layers`` at most the model's depth."""
+    if facts.model is None:
+        return
+    depth = len(ala.layer_paths(facts.variables["params"]))
+    if options.layers > depth:
+        raise UserError(f"method.layers={options.layers} exceeds the {depth} layers of {facts.model.name}; "
+                        f"give at most {depth}")
+
+
 def top_layers(m) -> list[tuple]:
-    """When bound: the top ``layers`` layers of the model (shapes only), checked against its depth."""
-    layers = ala.layer_paths(jax.eval_shape(m.model.init, jax.random.key(0))["params"])
-    if m.hparams.layers > len(layers):
-        raise UserError(f"method.layers={m.hparams.layers} exceeds the {len(layers)} layers of {m.model.name}")
-    return layers[-m.hparams.layers:]
+    """When bound: the top ``layers`` layers of the model (shapes only; `check` held them to its depth)."""
+    return ala.layer_paths(jax.eval_shape(m.model.init, jax.random.key(0))["params"])[-m.hparams.layers:]
 
 
 def init(m, key, num_clients):
@@ -91,15 +98,16 @@ def ala_objective(m, base, local_top, global_top):
     return objective
 
 
-def learn_weights(m, objective, weights, data, key, started, skip):
-    """One epoch of W updates, or (start phase) epochs until the losses settle; none if ``skip``."""
+def learn_weights(m, local_training: LocalTraining, objective, weights, data, key, started, skip):
+    """One epoch of W updates (``local_training``'s batch size and normalisation), or (start phase) epochs until
+    the losses settle; none if ``skip``."""
     hp = m.hparams
     optimizer = optim.projected_sgd(hp.eta)
     limit = jnp.where(skip, 0, jnp.where(started, 1, hp.max_start_epochs))
 
     def epoch(carry):
         w, e, history, _ = carry
-        v, loss = training.train(m, objective, {"params": w}, data, jax.random.fold_in(key, e), 1,
+        v, loss = training.train(local_training, objective, {"params": w}, data, jax.random.fold_in(key, e), 1,
                                  optimizer=optimizer, max_epochs=1)
         history = history.at[e].set(loss)
         recent = jax.lax.dynamic_slice(history, (jnp.maximum(e + 1 - hp.num_pre_loss, 0),), (hp.num_pre_loss,))
@@ -115,12 +123,12 @@ def learn_weights(m, objective, weights, data, key, started, skip):
     return w
 
 
-def adaptive_local_aggregation(m, global_vars, client, data, key):
+def adaptive_local_aggregation(m, local_training: LocalTraining, global_vars, client, data, key):
     """-> (initial local variables, W, started) for this round."""
     local = client["variables"]
     k_slice, k_epochs = jax.random.split(key)
     base = dict(global_vars)
-    if "batch_stats" in local and not m.setup.share_batch_stats:
+    if "batch_stats" in local and not local_training.share_batch_stats:
         base["batch_stats"] = local["batch_stats"]
     local_top = ala.top_of(local["params"], m.static)
     global_top = ala.top_of(global_vars["params"], m.static)
@@ -128,21 +136,22 @@ def adaptive_local_aggregation(m, global_vars, client, data, key):
     same = jnp.all(jnp.stack([jnp.array_equal(a, b) for a, b in
                               zip(jax.tree.leaves(local["params"]), jax.tree.leaves(global_vars["params"]))]))
     objective = ala_objective(m, base, local_top, global_top)
-    weights = learn_weights(m, objective, client["weights"], subset, k_epochs, client["started"], same)
+    weights = learn_weights(m, local_training, objective, client["weights"], subset, k_epochs, client["started"],
+                            same)
     mixed = {**base, "params": ala.with_top(base["params"], ala.mix(local_top, global_top, weights))}
     return tree_ops.select(same, local, mixed), weights, client["started"] | ~same
 
 
 def client_update(m, server, client, data, key, info):
     """E epochs from the client's ALA-initialised model; upload it."""
-    variables, loss = training.train(m, training.supervised_objective(m), client["variables"], data, key,
+    variables, loss = training.train(m.local, training.supervised_objective(m), client["variables"], data, key,
                                      info.epochs)
     return {**client, "variables": variables}, {"variables": variables, "loss": loss}
 
 
 def update_every_client(m, server, client, data, key, round_index):
     """ALA of the client's model and the new global model, on every client after the server step."""
-    variables, weights, started = adaptive_local_aggregation(m, server["variables"], client, data, key)
+    variables, weights, started = adaptive_local_aggregation(m, m.local, server["variables"], client, data, key)
     return {"variables": variables, "weights": weights, "started": started}
 
 
@@ -155,6 +164,7 @@ FEDALA = Algorithm(
     eval_models=("local_ala",),  # each client's ALA of its own model and the current global model
     schedule=Schedule(updates_every_client=True),  # ALA on every client after each server step
     static=top_layers,
+    check=check,
     init=init,
     client_update=client_update,
     server_update=fedavg.server_update,

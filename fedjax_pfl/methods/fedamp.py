@@ -73,7 +73,7 @@ def prepare(m, server, clients, selected):
 def client_update(m, server, client, data, key, info):
     """E epochs of CE(w) + (lamda / (2 alpha_k)) ||w - u_i||^2 from u_i (or w_i); upload w_i."""
     hp = m.hparams
-    return anchored.proximal_training(m, client, data, key, info.epochs, hp.lamda / hp.alpha_k,
+    return anchored.proximal_training(m, m.local, client, data, key, info.epochs, hp.lamda / hp.alpha_k,
                                       hp.start == "anchor")
 
 

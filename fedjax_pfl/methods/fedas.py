@@ -62,7 +62,7 @@ import optax
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import fisher, local_training
 from fedjax_pfl.methods import shared_body, training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper
 from fedjax_pfl.methods.options import Options, option
 
 ALIGNMENTS = ("class_mean", "per_sample")
@@ -90,9 +90,9 @@ def features(m, variables, x, train: bool = False):
     return m.model.apply(variables, x, train=train).features
 
 
-def class_means(m, variables, data):
+def class_means(m, local: LocalTraining, variables, data):
     """[C, d] mean feature of each class over the client's real train samples under ``variables`` (inference
-    mode); zero rows for absent classes."""
+    mode, batches of ``local.batch_size``); zero rows for absent classes."""
     num_classes = m.model.num_classes
 
     def batch_sums(batch):
@@ -100,15 +100,15 @@ def class_means(m, variables, data):
         onehot = jax.nn.one_hot(batch.y, num_classes) * batch.mask[:, None]
         return onehot.T @ f, onehot.sum(axis=0)
 
-    sums, counts = training.sum_batches(m, batch_sums, data)
+    sums, counts = training.sum_batches(local, batch_sums, data)
     return sums / jnp.maximum(counts, 1.0)[:, None]
 
 
-def alignment_objective(m, old_variables, data):
+def alignment_objective(m, local: LocalTraining, old_variables, data):
     """objective(variables, batch, key) -> (alignment loss, batch_stats)."""
     old_variables = jax.lax.stop_gradient(old_variables)
     if m.hparams.alignment == "class_mean":
-        means = class_means(m, old_variables, data)
+        means = class_means(m, local, old_variables, data)
 
         def target_loss(feats, batch):
             return losses.class_mean_alignment(feats, batch.y, means, batch.mask)
@@ -128,7 +128,7 @@ def alignment_objective(m, old_variables, data):
 FEATURE_CHANGE_SAMPLES = 256  # the diagnostic's sample: two inference passes over all data cost ~10% of a round
 
 
-def feature_change(m, before, after, data):
+def feature_change(m, local: LocalTraining, before, after, data):
     """Mean over the client's first (at most `FEATURE_CHANGE_SAMPLES`) train samples of
     ||f_after(x) - f_before(x)||^2 (inference mode, one batch): how far the alignment moved the received body's
     features. A diagnostic, not part of the method: measured on a sample so that it costs a fraction of one
@@ -139,27 +139,28 @@ def feature_change(m, before, after, data):
         delta = features(m, after, batch.x) - features(m, before, batch.x)
         return jnp.sum(jnp.sum(delta.astype(jnp.float32) ** 2, axis=-1) * batch.mask)
 
-    total = local_training.sum_batches(batch_sum, sample, FEATURE_CHANGE_SAMPLES, m.setup.normalize)
+    total = local_training.sum_batches(batch_sum, sample, FEATURE_CHANGE_SAMPLES, local.normalize)
     return total / jnp.maximum(sample.n.astype(jnp.float32), 1.0)
 
 
-def align(m, old_variables, variables, data, key):
-    """Train the body of ``variables`` on the alignment loss -> (variables, mean loss)."""
-    hp, s = m.hparams, m.setup
-    return local_training.train(alignment_objective(m, old_variables, data), optax.sgd(hp.align_lr), variables,
-                                data, key, batch_size=hp.align_batch_size, max_epochs=hp.align_epochs,
-                                epochs=hp.align_epochs, normalize=s.normalize, part="body", drop_last=s.drop_last,
-                                augment=s.augment)
+def align(m, local: LocalTraining, old_variables, variables, data, key):
+    """Train the body of ``variables`` on the alignment loss -> (variables, mean loss): local training with the
+    alignment's own optimizer, batch size and epochs (``local``'s normalisation, augmentation and drop_last)."""
+    hp = m.hparams
+    alignment = dataclasses.replace(local, optimizer=optax.sgd(hp.align_lr), batch_size=hp.align_batch_size,
+                                    local_epochs=hp.align_epochs)
+    return training.train(alignment, alignment_objective(m, local, old_variables, data), variables, data, key,
+                          hp.align_epochs, part="body")
 
 
-def aligned_after_round_zero(m, client, received, data, key, round_index):
+def aligned_after_round_zero(m, local: LocalTraining, client, received, data, key, round_index):
     """-> (received body aligned to the client's previous one, alignment loss, feature change); from round 1
     on. ``lax.cond``: the round index is the same for every client (not vmapped), so round 0 skips the
     alignment's compute, not just its result."""
 
     def aligned(received):
-        out, loss = align(m, client["variables"], received, data, key)
-        return out, loss, feature_change(m, received, out, data)
+        out, loss = align(m, local, client["variables"], received, data, key)
+        return out, loss, feature_change(m, local, received, out, data)
 
     zero = jnp.zeros((), jnp.float32)
     return jax.lax.cond(round_index > 0, aligned, lambda v: (v, zero, zero), received)
@@ -168,9 +169,9 @@ def aligned_after_round_zero(m, client, received, data, key, round_index):
 # ---- step 3: Fisher trace ------------------------------------------------------------------
 
 
-def fisher_trace(m, variables, data):
-    """The client's Fisher trace over its train batches (batch size B, in order), parameters of body and head
-    in inference mode (BatchNorm statistics held fixed)."""
+def fisher_trace(m, local: LocalTraining, variables, data):
+    """The client's Fisher trace over its train batches (batch size B = ``local.batch_size``, in order),
+    parameters of body and head in inference mode (BatchNorm statistics held fixed)."""
 
     def logits_fn(params, x):
         return m.model.apply({**variables, "params": params}, x, train=False).logits
@@ -178,9 +179,9 @@ def fisher_trace(m, variables, data):
     params = variables["params"]
     if m.hparams.fisher == "batch":
         return training.sum_batches(
-            m, lambda b: fisher.batch_gradient_sq_norm(logits_fn, params, b.x, b.y, b.mask), data)
+            local, lambda b: fisher.batch_gradient_sq_norm(logits_fn, params, b.x, b.y, b.mask), data)
     total = training.sum_batches(
-        m, lambda b: fisher.per_sample_gradient_sq_norm_sum(logits_fn, params, b.x, b.y, b.mask), data)
+        local, lambda b: fisher.per_sample_gradient_sq_norm_sum(logits_fn, params, b.x, b.y, b.mask), data)
     return total / jnp.maximum(data.n.astype(jnp.float32), 1.0)
 
 
@@ -191,15 +192,16 @@ def client_update(m, server, client, data, key, info):
     """Receive the global body, align it (from round 1), train E epochs, upload the body and the Fisher trace.
     Local training uses the round key itself (as FedPer), so align=False reproduces FedPer's training
     exactly; the alignment gets a derived key."""
+    local = m.local
     variables = shared_body.receive(m, server, client)
     extras = {}
     if m.hparams.align:
         variables, extras["align_loss"], extras["feature_change"] = aligned_after_round_zero(
-            m, client, variables, data, jax.random.fold_in(key, 1), info.round)
-    variables, loss = training.train(m, training.supervised_objective(m), variables, data, key, info.epochs)
+            m, local, client, variables, data, jax.random.fold_in(key, 1), info.round)
+    variables, loss = training.train(local, training.supervised_objective(m), variables, data, key, info.epochs)
     if m.hparams.fisher_weights:  # (n_i weights need no trace: its pass would cost about an epoch)
-        extras["fisher"] = fisher_trace(m, variables, data)
-    return shared_body.upload(m, client, variables, loss, extras=extras)
+        extras["fisher"] = fisher_trace(m, local, variables, data)
+    return shared_body.upload(local, client, variables, loss, extras=extras)
 
 
 # ---- step 4: server --------------------------------------------------------------------

@@ -15,7 +15,7 @@ import dataclasses
 from fedjax_pfl import aggregation
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import finetune, training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper, RunFacts
 from fedjax_pfl.methods.options import option
 from fedjax_pfl.methods.step_counted import optimizer_steps, straggler_steps
 
@@ -26,36 +26,41 @@ class FedAvgConfig(finetune.FineTuneConfig):
                                      at_least=1, none="train.local_epochs epochs")
 
 
+def check(name, options, facts: RunFacts) -> None:
+    """``method.local_steps`` starts each round's optimizer fresh: train.persistent_optimizer is refused."""
+    if options.local_steps and facts.persistent_optimizer:
+        raise UserError(f"method {name!r} with method.local_steps starts each round's optimizer fresh: "
+                        "leave train.persistent_optimizer false")
+
+
 def init(m, key, num_clients):
     """The global model on the server; clients hold only their kept optimizer state (persistent_optimizer)."""
     variables = m.model.init(key)
-    return {"variables": variables}, training.with_optimizer_state(m, {}, variables, num_clients)
+    return {"variables": variables}, training.with_optimizer_state(m.local, {}, variables, num_clients)
 
 
-def train_epochs(m, objective, server, client, data, key, info):
+def train_epochs(local: LocalTraining, objective, server, client, data, key, info):
     """E epochs of ``objective`` from the global model (from the client's kept optimizer state under
     train.persistent_optimizer) -> (client, upload of the trained model)."""
-    variables, loss, kept = training.train_kept(m, objective, client, server["variables"], data, key, info.epochs)
+    variables, loss, kept = training.train_kept(local, objective, client, server["variables"], data, key,
+                                                info.epochs)
     return {**client, **kept}, {"variables": variables, "loss": loss}
 
 
-def train_steps(m, objective, server, client, data, key, info):
-    """``method.local_steps`` = R steps of ``objective`` from the global model, each on one random batch, from a
-    fresh optimizer (a straggler takes max(1, R e // E)) -> (client, upload of the trained model)."""
-    s, r = m.setup, m.hparams.local_steps
-    if s.persistent_optimizer:
-        raise UserError(f"method {m.name!r} with method.local_steps starts each round's optimizer fresh: "
-                        "leave train.persistent_optimizer false")
-    variables, loss = optimizer_steps(objective, m.optimizer, server["variables"], data, key,
-                                      steps=straggler_steps(r, info.epochs, s.local_epochs), max_steps=r,
-                                      batch_size=s.batch_size, normalize=s.normalize, augment=s.augment)
+def train_steps(local: LocalTraining, r: int, objective, server, client, data, key, info):
+    """R = ``r`` (``method.local_steps``) steps of ``objective`` from the global model, each on one random batch,
+    from a fresh optimizer (a straggler takes max(1, R e // E)) -> (client, upload of the trained model)."""
+    variables, loss = optimizer_steps(objective, local.optimizer, server["variables"], data, key,
+                                      steps=straggler_steps(r, info.epochs, local.local_epochs), max_steps=r,
+                                      batch_size=local.batch_size, normalize=local.normalize, augment=local.augment)
     return client, {"variables": variables, "loss": loss}
 
 
 def train_from_global(m, objective, server, client, data, key, info):
     """FedAvg's and FedProx's local training: `train_steps` with ``method.local_steps``, else `train_epochs`."""
-    train = train_steps if m.hparams.local_steps else train_epochs
-    return train(m, objective, server, client, data, key, info)
+    if m.hparams.local_steps:
+        return train_steps(m.local, m.hparams.local_steps, objective, server, client, data, key, info)
+    return train_epochs(m.local, objective, server, client, data, key, info)
 
 
 def client_update(m, server, client, data, key, info):
@@ -71,7 +76,7 @@ def server_update(m, server, clients, uploads, info):
 
 def eval_variables(m, server, client, data, key):
     """The global model, fine-tuned on the client's train data with ``method.finetune_epochs``."""
-    return finetune.finetuned(m, server["variables"], data, key)
+    return finetune.finetuned(m, m.local, server["variables"], data, key)
 
 
 FEDAVG = Algorithm(
@@ -84,6 +89,7 @@ FEDAVG = Algorithm(
     hparams_type=FedAvgConfig,
     eval_models=("global",),
     keeps_optimizer_state=True,  # persistent_optimizer: each client's momentum across its participations (PFLlib)
+    check=check,
     init=init,
     client_update=client_update,
     server_update=server_update,

@@ -45,14 +45,15 @@ class FedBABUConfig(FineTuneConfig):
 def client_update(m, server, client, data, key, info):
     """Receive the global body; train the body alone E epochs (the head never moves); upload the body."""
     variables = shared_body.receive(m, server, client)
-    variables, loss = training.train(m, training.supervised_objective(m), variables, data, key, info.epochs,
+    local = m.local
+    variables, loss = training.train(local, training.supervised_objective(m), variables, data, key, info.epochs,
                                      part="body")
-    return shared_body.upload(m, client, variables, loss)
+    return shared_body.upload(local, client, variables, loss)
 
 
 def eval_variables(m, server, client, data, key):
     """The global body with the (shared initial) head, fine-tuned on the client's train data."""
-    return finetune.finetuned(m, shared_body.receive(m, server, client), data, key)
+    return finetune.finetuned(m, m.local, shared_body.receive(m, server, client), data, key)
 
 
 FEDBABU = Algorithm(

@@ -52,7 +52,7 @@ from fedjax_pfl import aggregation, losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration, critical_params, model_store
 from fedjax_pfl.methods import training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper
 from fedjax_pfl.methods.options import Options, option
 
 SENSITIVITIES = ("update", "gradient")
@@ -94,8 +94,9 @@ def personalized(m, server, client):
     return variables
 
 
-def mean_gradient(m, variables, data):
-    """Gradient of the mean CE over the client's train samples w.r.t. its parameters."""
+def mean_gradient(m, local: LocalTraining, variables, data):
+    """Gradient of the mean CE over the client's train samples w.r.t. its parameters (batches of
+    ``local.batch_size``)."""
 
     def batch_gradient(batch):
         def loss(params):
@@ -104,15 +105,15 @@ def mean_gradient(m, variables, data):
 
         return jax.grad(loss)(variables["params"])
 
-    summed = training.sum_batches(m, batch_gradient, data)
+    summed = training.sum_batches(local, batch_gradient, data)
     return tree_ops.scale(summed, 1.0 / jnp.maximum(data.n, 1))
 
 
-def critical(m, start, trained, data):
+def critical(m, local: LocalTraining, start, trained, data):
     """Step 2: the client's critical mask (tree of bools) after local training."""
     hp = m.hparams
     if hp.sensitivity == "gradient":
-        s = critical_params.gradient_sensitivity(trained["params"], mean_gradient(m, trained, data))
+        s = critical_params.gradient_sensitivity(trained["params"], mean_gradient(m, local, trained, data))
     else:
         s = critical_params.sensitivity(trained["params"], start["params"])
     return critical_params.critical_masks(s, hp.tau)
@@ -120,10 +121,11 @@ def critical(m, start, trained, data):
 
 def client_update(m, server, client, data, key, info):
     """Steps 1-3: E epochs from theta_i; upload the trained model and its critical mask."""
+    local = m.local
     start = personalized(m, server, client)
-    trained, loss = training.train(m, training.supervised_objective(m), start, data, key, info.epochs)
+    trained, loss = training.train(local, training.supervised_objective(m), start, data, key, info.epochs)
     new_client = {**client, **({"batch_stats": trained["batch_stats"]} if "batch_stats" in client else {})}
-    upload = {"params": trained["params"], "mask": critical(m, start, trained, data), "loss": loss}
+    upload = {"params": trained["params"], "mask": critical(m, local, start, trained, data), "loss": loss}
     return new_client, upload
 
 

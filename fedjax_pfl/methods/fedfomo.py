@@ -93,7 +93,7 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import collaboration, fomo_weights, model_store, spectral_clustering, sub_federations
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper, RunFacts
 from fedjax_pfl.data.validation_split import split_train_validation
 from fedjax_pfl.methods.options import Options, option
 
@@ -158,12 +158,17 @@ def init(m, key, num_clients):
                     "index": jnp.arange(num_clients, dtype=jnp.int32)}
 
 
+def check(name, options, facts: RunFacts) -> None:
+    """Fewer sub-federations than clients."""
+    k = options.num_federations
+    if k and facts.num_clients is not None and k >= facts.num_clients:
+        raise UserError(f"method.num_federations={k} needs more clients than sub-federations "
+                        f"({facts.num_clients} clients); lower it")
+
+
 def federations_init(m, key, clients, num_clients):
     """Server state of the sub-federations: every client's affinity row, last upload round and size."""
     k = m.hparams.num_federations
-    if k >= num_clients:
-        raise UserError(f"method.num_federations={k} needs more clients than sub-federations "
-                        f"({num_clients} clients); lower it")
     return {"affinity": self_affinity(m) * jnp.eye(num_clients, dtype=jnp.float32),
             "last_round": jnp.full((num_clients,), -1, jnp.int32),
             "sizes": jnp.zeros((num_clients,), jnp.float32),
@@ -188,15 +193,15 @@ def federations_update(m, server, info, affinity_rows):
             "federations_valid": jnp.concatenate([valid, jnp.any(valid)[None]])}
 
 
-def validation_loss(m, variables, data):
-    """Mean CE of ``variables`` over the real samples of ``data``."""
+def validation_loss(m, local: LocalTraining, variables, data):
+    """Mean CE of ``variables`` over the real samples of ``data`` (batches of ``local.batch_size``)."""
 
     def batch_sums(batch):
         logits = m.model.apply(variables, batch.x, train=False).logits
         count = jnp.sum(batch.mask.astype(jnp.float32))
         return losses.cross_entropy(logits, batch.y, batch.mask) * count, count
 
-    nll, count = training.map_batches(m, batch_sums, data)  # fixed length: differentiable (tests take its gradient)
+    nll, count = training.map_batches(local, batch_sums, data)  # fixed length: differentiable (tests take its gradient)
     return jnp.sum(nll) / jnp.maximum(jnp.sum(count), 1.0)
 
 
@@ -224,9 +229,10 @@ def client_candidates(m, server, client, key, round_index):
             jnp.concatenate([index[None], others]), jnp.concatenate([jnp.ones(1, bool), valid]), is_own)
 
 
-def federated_start(m, server, client, validation, key, round_index):
+def federated_start(m, local: LocalTraining, server, client, validation, key, round_index):
     """Steps 1-3 -> (the model to train from this round, the new affinity row, the client's
-    collaboration: weight on its own models and on the others', whether all weights were 0)."""
+    collaboration: weight on its own models and on the others', whether all weights were 0); validation
+    losses in batches of ``local.batch_size``."""
     hp = m.hparams
     candidates, ids, clients_valid, is_own = client_candidates(m, server, client, key, round_index)
     valid = clients_valid
@@ -239,7 +245,7 @@ def federated_start(m, server, client, validation, key, round_index):
         candidates, valid = _concat(candidates, models), jnp.concatenate([valid, ok])
         is_own = jnp.concatenate([is_own, jnp.zeros(ok.shape, bool)])
     base = client["first"]
-    val_losses = jax.vmap(lambda v: validation_loss(m, v, validation))(_prepend(base, candidates))
+    val_losses = jax.vmap(lambda v: validation_loss(m, local, v, validation))(_prepend(base, candidates))
     distances = jax.vmap(lambda c: fomo_weights.parameter_distance(c, base["params"], hp.norm))(candidates["params"])
     raw = fomo_weights.raw_weights(val_losses[0], val_losses[1:], distances, valid)
     weights = fomo_weights.positive_weights(raw)
@@ -259,8 +265,10 @@ def client_update(m, server, client, data, key, info):
     rest, upload the trained model (and the affinity row, for the sub-federations)."""
     k_select, k_train = jax.random.split(key)
     train_part, validation = split_train_validation(data, m.hparams.val_fraction)
-    start, affinity, shares = federated_start(m, server, client, validation, k_select, info.round)
-    variables, loss = training.train(m, training.supervised_objective(m), start, train_part, k_train, info.epochs)
+    local = m.local
+    start, affinity, shares = federated_start(m, local, server, client, validation, k_select, info.round)
+    variables, loss = training.train(local, training.supervised_objective(m), start, train_part, k_train,
+                                     info.epochs)
     client = {**client, "variables": variables, "first": start, "affinity": affinity}
     upload = {"variables": variables, "loss": loss, "collaboration": shares}
     if m.hparams.num_federations:  # the server clusters every client's affinity row
@@ -293,6 +301,7 @@ FEDFOMO = Algorithm(
                 title="Personalized Federated Learning with First Order Model Optimization", venue="ICLR", year=2021,
                 url="https://arxiv.org/abs/2012.08565", code="NVlabs/FedFomo"),
     hparams_type=FedFomoConfig,
+    check=check,
     init=init,
     client_update=client_update,
     server_update=server_update,

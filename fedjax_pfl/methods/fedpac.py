@@ -90,7 +90,7 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import classifier_combination, collaboration, optim, prototypes, simplex_qp
 from fedjax_pfl.methods import shared_body, training
-from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper, Schedule
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -174,24 +174,25 @@ def init(m, key, num_clients):
 # ---- client: steps 1-4 -------------------------------------------------------------------
 
 
-def class_sums(m, variables, data):
+def class_sums(m, local: LocalTraining, variables, data):
+    """Per-class feature sums of the client's train samples (inference mode, batches of ``local.batch_size``)."""
+
     def feature_fn(x):
         return m.model.apply(variables, x, train=False).features
 
-    s = m.setup
-    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize)
+    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, local.batch_size, local.normalize)
 
 
 def client_update(m, server, client, data, key, info):
-    h = m.hparams
+    h, local = m.hparams, m.local
     variables = shared_body.receive(m, server, client)
-    sums = class_sums(m, variables, data)  # step 1
+    sums = class_sums(m, local, variables, data)  # step 1
     v, h_stat = prototypes.feature_statistics(sums, h.variance)
     local_protos, _ = prototypes.prototypes(sums)
 
     k_head, k_body = jax.random.split(key)  # step 2
-    variables, _, kept_head = training.train_kept(m, training.supervised_objective(m), client, variables, data, k_head,
-                                                  h.head_epochs, "head_opt_state", part="head",
+    variables, _, kept_head = training.train_kept(local, training.supervised_objective(m), client, variables, data,
+                                                  k_head, h.head_epochs, "head_opt_state", part="head",
                                                   optimizer=head_optimizer(m), max_epochs=h.head_epochs)
 
     targets = jnp.where(server["present"][:, None], server["prototypes"], local_protos)  # step 3
@@ -205,12 +206,13 @@ def client_update(m, server, client, data, key, info):
             mse = mse / jnp.maximum(losses.feature_mse(jnp.zeros_like(wanted), wanted, batch.mask), 1e-12)
         return weight * mse
 
-    variables, loss, kept_body = training.train_kept(m, training.supervised_objective(m, alignment), client, variables,
-                                                     data, k_body, info.epochs, "body_opt_state", part="body")
-    protos, counts = prototypes.prototypes(class_sums(m, variables, data))  # step 4
+    variables, loss, kept_body = training.train_kept(local, training.supervised_objective(m, alignment), client,
+                                                     variables, data, k_body, info.epochs, "body_opt_state",
+                                                     part="body")
+    protos, counts = prototypes.prototypes(class_sums(m, local, variables, data))  # step 4
     extras = {"head": tree_ops.part_of(variables, "head"), "prototypes": protos, "counts": counts, "V": v,
               "h": h_stat}
-    return shared_body.upload(m, client, variables, loss, kept={**kept_head, **kept_body}, extras=extras)
+    return shared_body.upload(local, client, variables, loss, kept={**kept_head, **kept_body}, extras=extras)
 
 
 # ---- server ------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ from fedjax_pfl.methods.base import Algorithm, Paper
 def client_update(m, server, client, data, key, info, part="body"):
     """Receive the global ``part``, train the whole model E epochs, upload the ``part``."""
     variables = shared_body.receive(m, server, client, part)
-    variables, loss, kept = training.train_kept(m, training.supervised_objective(m), client, variables, data, key,
-                                                info.epochs)
-    return shared_body.upload(m, client, variables, loss, kept, part=part)
+    local = m.local
+    variables, loss, kept = training.train_kept(local, training.supervised_objective(m), client, variables, data,
+                                                key, info.epochs)
+    return shared_body.upload(local, client, variables, loss, kept, part=part)
 
 
 FEDPER = Algorithm(

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from fedjax_pfl import aggregation, losses
 from fedjax_pfl.kernels import prototypes
 from fedjax_pfl.methods import training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper
 from fedjax_pfl.methods.options import Options, option
 
 EVAL_BY = ("head", "prototype")
@@ -73,16 +73,19 @@ def client_update(m, server, client, data, key, info):
         targets = jnp.where(present[batch.y][:, None], protos[batch.y], own)
         return lam * losses.feature_mse(out.features, targets, batch.mask)
 
-    variables, loss = training.train(m, training.supervised_objective(m, prototype_term), client["variables"], data,
-                                     key, info.epochs)
+    variables, loss = training.train(m.local, training.supervised_objective(m, prototype_term), client["variables"],
+                                     data, key, info.epochs)
+    local, counts = prototypes.prototypes(class_sums(m, m.local, variables, data))
+    return {"variables": variables}, {"prototypes": local, "counts": counts, "loss": loss}
+
+
+def class_sums(m, local: LocalTraining, variables, data):
+    """Per-class feature sums of the client's train samples (inference mode, batches of ``local.batch_size``)."""
 
     def feature_fn(x):
         return m.model.apply(variables, x, train=False).features
 
-    s = m.setup
-    sums = prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize)
-    local, counts = prototypes.prototypes(sums)
-    return {"variables": variables}, {"prototypes": local, "counts": counts, "loss": loss}
+    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, local.batch_size, local.normalize)
 
 
 def server_update(m, server, clients, uploads, info):

@@ -30,6 +30,7 @@ FEDPROX = Algorithm(
     hparams_type=FedProxConfig,
     eval_models=("global",),
     keeps_optimizer_state=True,
+    check=fedavg.check,
     init=fedavg.init,
     client_update=client_update,
     server_update=fedavg.server_update,

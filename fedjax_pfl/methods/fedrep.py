@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.methods import shared_body, training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -35,12 +35,13 @@ class FedRepConfig(Options):
                                      at_least=1, none="train.local_epochs, as PFLlib")
 
 
-def body_epochs(m, epochs):
-    """(this client's body epochs, their static maximum) for ``epochs`` (E, or fewer for a straggler)."""
-    b = m.hparams.body_epochs
+def body_epochs(options: FedRepConfig, local: LocalTraining, epochs):
+    """(this client's body epochs, their static maximum) for ``epochs`` (E = ``local.local_epochs``, or fewer for
+    a straggler)."""
+    b = options.body_epochs
     if b is None:
-        return epochs, m.setup.local_epochs
-    return jnp.clip(b * epochs // m.setup.local_epochs, 1, b), b
+        return epochs, local.local_epochs
+    return jnp.clip(b * epochs // local.local_epochs, 1, b), b
 
 
 KEPT_OPTIMIZERS = {"head_opt_state": ("head", None), "body_opt_state": ("body", None)}  # PFLlib: optimizer_per, optimizer
@@ -52,16 +53,17 @@ def init(m, key, num_clients):
 
 def client_update(m, server, client, data, key, info):
     """Receive the global body; train the head (body fixed), then the body (head fixed); upload the body."""
+    local = m.local
     variables = shared_body.receive(m, server, client)
     k_head, k_body = jax.random.split(key)
     objective = training.supervised_objective(m)
     h = m.hparams.head_epochs
-    body, body_max = body_epochs(m, info.epochs)
-    variables, _, kept_head = training.train_kept(m, objective, client, variables, data, k_head, h, "head_opt_state",
-                                                  part="head", max_epochs=h)
-    variables, loss, kept_body = training.train_kept(m, objective, client, variables, data, k_body, body,
+    body, body_max = body_epochs(m.hparams, local, info.epochs)
+    variables, _, kept_head = training.train_kept(local, objective, client, variables, data, k_head, h,
+                                                  "head_opt_state", part="head", max_epochs=h)
+    variables, loss, kept_body = training.train_kept(local, objective, client, variables, data, k_body, body,
                                                      "body_opt_state", part="body", max_epochs=body_max)
-    return shared_body.upload(m, client, variables, loss, {**kept_head, **kept_body})
+    return shared_body.upload(local, client, variables, loss, {**kept_head, **kept_body})
 
 
 FEDREP = Algorithm(

@@ -28,16 +28,18 @@ from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import fedavg, training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, Paper, RunFacts
 
 PERSONAL = "personal"  # the personal head's key beside 'body' and 'head' in the trained params
 
 
-def check_linear_head(m) -> None:
-    """When bound: the summed prediction is one head only when the model's head is one Dense layer."""
-    head = jax.eval_shape(m.model.init, jax.random.key(0))["params"]["head"]
+def check_linear_head(name, options, facts: RunFacts) -> None:
+    """The summed prediction is one head only when the model's head is one Dense layer."""
+    if facts.model is None:
+        return
+    head = facts.variables["params"]["head"]
     if set(head) != {"logits"}:
-        raise UserError(f"fedrod needs a model whose head is one Dense layer; {m.model.name}'s head "
+        raise UserError(f"{name} needs a model whose head is one Dense layer; {facts.model.name}'s head "
                         f"has {', '.join(head)}: choose e.g. mlp, fedavgcnn, lenet or resnet8")
 
 
@@ -69,7 +71,7 @@ def client_update(m, server, client, data, key, info):
     counts = losses.class_counts(data.y, m.model.num_classes, real)
     generic = server["variables"]
     start = {**generic, "params": {**generic["params"], PERSONAL: client["head"]}}
-    trained, loss = training.train(m, objective(m, counts), start, data, key, info.epochs)
+    trained, loss = training.train(m.local, objective(m, counts), start, data, key, info.epochs)
     params = dict(trained["params"])
     personal = params.pop(PERSONAL)
     return {"head": personal}, {"variables": {**trained, "params": params}, "loss": loss}
@@ -88,7 +90,7 @@ FEDROD = Algorithm(
                 "Federated Learning for Image Classification", venue="ICLR", year=2022,
                 url="https://arxiv.org/abs/2107.00778"),
     eval_models=("global",),
-    static=check_linear_head,
+    check=check_linear_head,
     init=init,
     client_update=client_update,
     server_update=fedavg.server_update,  # FedAvg's server step on the generic model

@@ -19,6 +19,7 @@ import dataclasses
 
 from fedjax_pfl.core.tree_ops import PARTS
 from fedjax_pfl.methods import training
+from fedjax_pfl.methods.base import LocalTraining
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -29,12 +30,12 @@ class FineTuneConfig(Options):
     finetune_part: str = option("all", "which part is fine-tuned", choices=PARTS)
 
 
-def finetuned(m, variables, data, key):
+def finetuned(m, local: LocalTraining, variables, data, key):
     """``variables`` after the evaluation-time fine-tuning of ``m.hparams`` (a `FineTuneConfig`) on ``data``
-    (one client)."""
+    (one client), with ``local``'s optimizer, batch size and normalisation."""
     epochs = m.hparams.finetune_epochs
     if epochs == 0:
         return variables
-    tuned, _ = training.train(m, training.supervised_objective(m), variables, data, key, epochs,
+    tuned, _ = training.train(local, training.supervised_objective(m), variables, data, key, epochs,
                               part=m.hparams.finetune_part, max_epochs=epochs)
     return tuned

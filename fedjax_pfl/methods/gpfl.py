@@ -93,14 +93,13 @@ def init(m, key, num_clients):
     gce = jax.random.normal(k_gce, (c, d), jnp.float32)
     cov = m.static.init(k_cov, jnp.zeros((1, d)), jnp.zeros((d,)))["params"]
     cov = reinitialize(cov, jax.random.fold_in(k_cov, 1), m.model.initialization)
-    server = {"body": shared_body.shared_part(m, variables), "gce": gce, "cov": cov, "gce_before": jnp.copy(gce),
+    local = m.local
+    server = {"body": shared_body.shared_part(local, variables), "gce": gce, "cov": cov, "gce_before": jnp.copy(gce),
               "rounds": jnp.zeros((), jnp.int32)}
     clients = {"variables": clients, "gce": jnp.tile(gce, (num_clients, 1, 1)),
                "trained_round": jnp.full((num_clients,), -1, jnp.int32)}
     trained = {**variables, "params": {**variables["params"], "gce": gce, "cov": cov}}
-    if m.setup.persistent_optimizer:
-        clients = training.with_optimizer_state(m, clients, trained, num_clients, optimizer=training_optimizer(m))
-    return server, clients
+    return server, training.with_optimizer_state(local, clients, trained, num_clients, optimizer=training_optimizer(m))
 
 
 def training_optimizer(m):
@@ -151,11 +150,13 @@ def client_update(m, server, client, data, key, info):
     variables = shared_body.receive(m, server, client)
     z_g, z_p = conditionals(m, server, client, data, info.round)
     start = {**variables, "params": {**variables["params"], "gce": server["gce"], "cov": server["cov"]}}
-    trained, loss, kept = training.train_kept(m, objective(m, server, z_g, z_p), client, start, data, key,
+    local = m.local
+    trained, loss, kept = training.train_kept(local, objective(m, server, z_g, z_p), client, start, data, key,
                                               info.epochs, optimizer=training_optimizer(m))
     params = trained["params"]
     model_vars = {**trained, "params": {"body": params["body"], "head": params["head"]}}
-    client, upload = shared_body.upload(m, client, model_vars, loss, kept, extras={k: params[k] for k in GUIDANCE})
+    client, upload = shared_body.upload(local, client, model_vars, loss, kept,
+                                        extras={k: params[k] for k in GUIDANCE})
     return {**client, "gce": upload["gce"], "trained_round": info.round}, upload
 
 

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from fedjax_pfl.kernels import knn
 from fedjax_pfl.methods import fedavg, training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, LocalTraining, Paper
 from fedjax_pfl.methods.options import Options, option
 
 INTERPOLATIONS = ("probabilities", "logits")
@@ -55,23 +55,24 @@ class KNNPerConfig(Options):
 
 def client_update(m, server, client, data, key, info):
     """FedAvg's: E epochs of CE from the global model; upload it."""
-    return fedavg.train_epochs(m, training.supervised_objective(m), server, client, data, key, info)
+    return fedavg.train_epochs(m.local, training.supervised_objective(m), server, client, data, key, info)
 
 
-def memory(m, variables, data):
-    """The client's datastore: train features [n_max, d], labels [n_max], valid [n_max]."""
+def memory(m, local: LocalTraining, variables, data):
+    """The client's datastore: train features [n_max, d], labels [n_max], valid [n_max] (``local``'s
+    normalisation, ``local.batch_size`` rows at a time)."""
 
     def feature(x):
-        return m.model.apply(variables, m.setup.normalize(x[None]), train=False).features[0]
+        return m.model.apply(variables, local.normalize(x[None]), train=False).features[0]
 
-    features = jax.lax.map(feature, data.x, batch_size=m.setup.batch_size)
+    features = jax.lax.map(feature, data.x, batch_size=local.batch_size)
     valid = jnp.arange(data.y.shape[0]) < data.n
     return {"features": features, "labels": data.y, "valid": valid}
 
 
 def eval_variables(m, server, client, data, key):
     """The global model and the client's memory of its train features under it."""
-    return {"model": server["variables"], "memory": memory(m, server["variables"], data)}
+    return {"model": server["variables"], "memory": memory(m, m.local, server["variables"], data)}
 
 
 def eval_logits(m, variables, x):

@@ -8,13 +8,13 @@ from fedjax_pfl.methods.base import Algorithm, Paper
 def init(m, key, num_clients):
     """Every client starts from the same model; the server holds nothing."""
     variables, clients = training.shared_init(m, key, num_clients)
-    return {}, training.with_optimizer_state(m, {"variables": clients}, variables, num_clients)
+    return {}, training.with_optimizer_state(m.local, {"variables": clients}, variables, num_clients)
 
 
 def client_update(m, server, client, data, key, info):
     """E epochs of CE on the client's own model; nothing to upload but the loss."""
-    variables, loss, kept = training.train_kept(m, training.supervised_objective(m), client, client["variables"],
-                                                data, key, info.epochs)
+    variables, loss, kept = training.train_kept(m.local, training.supervised_objective(m), client,
+                                                client["variables"], data, key, info.epochs)
     return {**client, "variables": variables, **kept}, {"loss": loss}
 
 

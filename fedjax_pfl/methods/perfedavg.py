@@ -49,7 +49,6 @@ from fedjax_pfl.core import tree_ops
 from fedjax_pfl.methods import fedavg, step_counted
 from fedjax_pfl.methods.base import Algorithm, Paper
 from fedjax_pfl.methods.options import Options, option
-from fedjax_pfl.methods.step_counted import random_batch
 
 VARIANTS = ("fo", "hf")
 
@@ -100,18 +99,19 @@ def client_update(m, server, client, data, key, info):
         return tree_ops.sub(w, tree_ops.scale(g2, beta)), loss
 
     params = server["variables"]["params"]
-    params, loss = step_counted.run_steps(m, step, params, data, key, info, batches_per_step=3 if hessian_free else 2)
+    params, loss = step_counted.run_steps(m.hparams, m.local, step, params, data, key, info,
+                                          batches_per_step=3 if hessian_free else 2)
     return client, {"variables": {"params": params}, "loss": loss}
 
 
 def eval_variables(m, server, client, data, key):
     """The global model after ``eval_steps`` alpha-sized and ``eval_beta_steps`` beta-sized SGD steps,
     each on its own random train batch (the i-th step's batch from the i-th of ``split(key, steps)``)."""
-    hp = m.hparams
+    hp, local = m.hparams, m.local
     sizes = [inner_step_size(m)] * hp.eval_steps + [hp.beta] * hp.eval_beta_steps
     params = server["variables"]["params"]
     for size, k in zip(sizes, jax.random.split(key, len(sizes))):
-        batch = random_batch(k, data, m.setup.batch_size, m.setup.normalize, m.setup.augment)
+        batch = step_counted.draw_batch(local, k, data)
         g = jax.grad(functools.partial(batch_loss, m))(params, batch)
         params = tree_ops.select(data.n > 0, tree_ops.sub(params, tree_ops.scale(g, size)), params)
     return {"params": params}
@@ -125,7 +125,7 @@ PERFEDAVG = Algorithm(
     hparams_type=PerFedAvgConfig,
     eval_models=("global_adapted",),
     own_sgd=True,  # the authors' PerAvgOptimizer: plain SGD of alpha, then beta
-    static=step_counted.check,
+    check=step_counted.check,
     init=init,
     client_update=client_update,
     server_update=fedavg.server_update,

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from fedjax_pfl import losses
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.methods import shared_body, training
-from fedjax_pfl.methods.base import Algorithm, Paper
+from fedjax_pfl.methods.base import Algorithm, Paper, RunFacts
 from fedjax_pfl.methods.options import Options, option
 
 
@@ -114,24 +114,31 @@ def pfakd_objective(model, teacher, beta: float = 1.0, gamma: float = 0.0, at_la
     return objective
 
 
-def attention_layers(m) -> tuple[int, ...]:
-    """PFAKD+AT's conv maps, ``at_layers`` checked against the model's (shapes only, no compute)."""
-    model = m.model
-    variables = jax.eval_shape(model.init, jax.random.key(0))
+def conv_maps(model, variables) -> int:
+    """How many intermediate conv maps ``model`` gives (``variables``: its shapes; nothing is computed)."""
     x = jax.ShapeDtypeStruct((1, *model.input_shape), jnp.float32)
-    maps = jax.eval_shape(lambda v, x: model.apply(v, x, train=False).maps, variables, x)
-    count = len(maps or ())
+    return len(jax.eval_shape(lambda v, x: model.apply(v, x, train=False).maps, variables, x) or ())
+
+
+def check_attention_layers(name, options, facts: RunFacts) -> None:
+    """PFAKD+AT needs conv maps, and ``at_layers`` within them."""
+    if facts.model is None:
+        return
+    count = conv_maps(facts.model, facts.variables)
     if count == 0:
-        raise UserError("pfakd_at needs a model with intermediate conv maps (e.g. pfakd_cnn or resnet18), "
+        raise UserError(f"{name} needs a model with intermediate conv maps (e.g. pfakd_cnn or resnet18), "
                         "not an MLP; use --method pfakd instead")
-    wanted = m.hparams.at_layers
-    if wanted is None:
-        return tuple(range(count))
-    bad = [j for j in wanted if not -count <= j < count]
+    bad = [j for j in options.at_layers or () if not -count <= j < count]
     if bad:
         raise UserError(f"method.at_layers {bad} out of range: this model has {count} conv maps "
                         f"(indices 0..{count - 1})")
-    return tuple(sorted({j % count for j in wanted}))
+
+
+def attention_layers(m) -> tuple[int, ...]:
+    """PFAKD+AT's conv maps (`check_attention_layers` held ``at_layers`` to the model's)."""
+    count = conv_maps(m.model, jax.eval_shape(m.model.init, jax.random.key(0)))
+    wanted = m.hparams.at_layers
+    return tuple(range(count)) if wanted is None else tuple(sorted({j % count for j in wanted}))
 
 
 def local_objective(m, teacher):
@@ -145,9 +152,10 @@ def client_update(m, server, client, data, key, info):
     """Steps 1-3: receive the global body, distil from its frozen copy for E epochs, upload the body."""
     variables = shared_body.receive(m, server, client)
     teacher = jax.lax.stop_gradient(variables)  # received global body + own head, frozen for the round
-    variables, loss, kept = training.train_kept(m, local_objective(m, teacher), client, variables, data, key,
+    local = m.local
+    variables, loss, kept = training.train_kept(local, local_objective(m, teacher), client, variables, data, key,
                                                 info.epochs)
-    return shared_body.upload(m, client, variables, loss, kept)
+    return shared_body.upload(local, client, variables, loss, kept)
 
 
 _PAPER = dict(authors="Qi et al.", title="Personalized Federated Learning with Feature Alignment via Knowledge "
@@ -174,4 +182,5 @@ PFAKD_AT = dataclasses.replace(
                 "define it; this is this library's reading."),
     hparams_type=PFAKDATConfig,
     static=attention_layers,
+    check=check_attention_layers,
 )

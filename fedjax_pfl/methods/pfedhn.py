@@ -127,7 +127,8 @@ def client_update(m, server, client, data, key, info):
         return (optax.apply_updates(params, updates), opt_state), loss
 
     theta = generated(m, server, client["index"])
-    (trained, _), loss = step_counted.run_steps(m, step, (theta, optimizer.init(theta)), data, key, info)
+    (trained, _), loss = step_counted.run_steps(m.hparams, m.local, step, (theta, optimizer.init(theta)), data, key,
+                                                info)
     return client, {"delta": tree_ops.sub(theta, trained), "loss": loss}
 
 
@@ -156,7 +157,7 @@ PFEDHN = Algorithm(
                 url="https://arxiv.org/abs/2103.04628", code="AvivSham/pFedHN"),
     hparams_type=PFedHNConfig,
     schedule=schedule,
-    static=step_counted.check,
+    check=step_counted.check,
     init=init,
     client_update=client_update,
     server_update=server_update,

@@ -89,7 +89,7 @@ def server_lr(m) -> float:
 
 def client_update(m, server, client, data, key, info):
     """R steps of the weighted combination loss on theta_i, then the KL gradient g_i at the global model."""
-    hp, normalize, optimizer = m.hparams, m.setup.normalize, m.optimizer
+    hp, local, optimizer = m.hparams, m.local, m.optimizer
     teacher = server["variables"]["params"]
 
     def loss_fn(params, batch):
@@ -106,10 +106,10 @@ def client_update(m, server, client, data, key, info):
         return (optax.apply_updates(params, updates), opt_state), loss
 
     params = client["variables"]["params"]
-    (params, _), loss = step_counted.run_steps(m, step, (params, optimizer.init(params)), data, key, info)
+    (params, _), loss = step_counted.run_steps(hp, local, step, (params, optimizer.init(params)), data, key, info)
     kl, grad = losses.client_server_gradient(
-        lambda w, x: step_counted.logits(m, w, normalize(x)), teacher,
-        lambda x: step_counted.logits(m, params, normalize(x)), data.x, data.n, temperature=hp.temperature,
+        lambda w, x: step_counted.normalized_logits(m, local, w, x), teacher,
+        lambda x: step_counted.normalized_logits(m, local, params, x), data.x, data.n, temperature=hp.temperature,
         direction=hp.server_kl, chunk_size=hp.grad_chunk)
     return {"variables": {"params": params}}, {"grad": grad, "kl": kl, "loss": loss}
 
@@ -130,7 +130,7 @@ PFEDKD = Algorithm(
                 "Combination Loss", venue="Algorithms 18(5):274", year=2025, url="https://arxiv.org/abs/2504.04642",
                 code="HengruiH/pFedKD"),
     hparams_type=PFedKDConfig,
-    static=step_counted.check,
+    check=step_counted.check,
     init=init,
     client_update=client_update,
     server_update=server_update,

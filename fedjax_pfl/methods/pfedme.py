@@ -98,7 +98,7 @@ def client_update(m, server, client, data, key, info):
 
     w = server["variables"]["params"]
     theta = client["variables"]["params"] if hp.theta_start == "previous" else w
-    (theta, local), loss = step_counted.run_steps(m, step, (theta, w), data, key, info)
+    (theta, local), loss = step_counted.run_steps(hp, m.local, step, (theta, w), data, key, info)
     return {"variables": {"params": theta}}, {"variables": {"params": local}, "loss": loss}
 
 
@@ -119,7 +119,7 @@ PFEDME = Algorithm(
                 code="CharlieDinh/pFedMe"),
     hparams_type=PFedMeConfig,
     own_sgd=True,  # pFedMeOptimizer; its decay is method.weight_decay
-    static=step_counted.check,
+    check=step_counted.check,
     init=init,
     client_update=client_update,
     server_update=server_update,

@@ -5,12 +5,13 @@ steps, as their authors' code does (their "local epochs" are steps: each step
 draws ``torch.randperm(n)[:B]``), not in epochs over the client's data.
 `random_batch_steps` runs such steps with a masked scan (stragglers take
 fewer; `optimizer_steps` with an optax optimizer, for an epoch-based method
-run under this protocol). The functions of the bound method ``m`` give those
-methods R (`local_steps`: ``method.local_steps``, else ``train.local_epochs``
-read as steps), the straggler step count (`steps_this_round`), the masked scan
-with the run's batch size (`run_steps`), the no-BatchNorm check
-(`init_variables`) and the checks when bound (`check`). Nothing here is
-specific to one of them.
+run under this protocol). From a method's options and the run's
+`LocalTraining` they give R (`local_steps`: ``method.local_steps``, else
+``train.local_epochs`` read as steps), the straggler step count
+(`steps_this_round`) and the masked scan with the run's batch size
+(`run_steps`); `check` is their rules on a run (no train.drop_last, no
+BatchNorm), which its validation applies. Nothing here is specific to one of
+them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import optax
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.kernels import local_training
+from fedjax_pfl.methods.base import LocalTraining, RunFacts
 
 
 def random_batch_index(key, n, n_max: int, batch_size: int):
@@ -99,39 +101,49 @@ def straggler_steps(r: int, epochs, local_epochs: int):
     return jnp.clip(r * epochs // int(local_epochs), 1, r)
 
 
-def check(m) -> None:
-    """When bound: these methods draw a random batch per step, so train.drop_last does not apply."""
-    if m.setup.drop_last:
-        raise UserError(f"method {m.name!r} draws a random batch of B samples per step, not epochs of "
+def check(name: str, options, facts: RunFacts) -> None:
+    """These methods draw a random batch per step (train.drop_last does not apply) and their models have no
+    BatchNorm (the authors' have none)."""
+    if facts.drop_last:
+        raise UserError(f"method {name!r} draws a random batch of B samples per step, not epochs of "
                         "batches: train.drop_last does not apply; leave it false")
+    if facts.model is not None and "batch_stats" in facts.variables:
+        raise UserError(f"method {name!r} supports models without BatchNorm (e.g. --model mlr or mlp)")
 
 
-def local_steps(m) -> int:
-    """R: ``method.local_steps``, else ``train.local_epochs`` read as a step count."""
-    r = getattr(m.hparams, "local_steps", None)
-    return int(r) if r else int(m.setup.local_epochs)
+def local_steps(options, local_epochs: int) -> int:
+    """R: ``method.local_steps`` of ``options``, else ``local_epochs`` (train.local_epochs) read as a step count."""
+    r = getattr(options, "local_steps", None)
+    return int(r) if r else int(local_epochs)
 
 
-def steps_this_round(m, info):
-    """R, or max(1, R * e // E) for a straggler that trains e < E epochs."""
-    return straggler_steps(local_steps(m), info.epochs, m.setup.local_epochs)
+def steps_this_round(options, local_epochs: int, epochs):
+    """R, or max(1, R * e // E) for a straggler that trains ``epochs`` = e < E = ``local_epochs`` epochs."""
+    return straggler_steps(local_steps(options, local_epochs), epochs, local_epochs)
 
 
 def init_variables(m, key):
-    """The model's initial variables; a model with BatchNorm is refused (these methods' models have none)."""
-    variables = m.model.init(key)
-    if "batch_stats" in variables:
-        raise UserError(f"method {m.name!r} supports models without BatchNorm (e.g. --model mlr or mlp)")
-    return variables
+    """The model's initial variables (`check` refused a model with BatchNorm)."""
+    return m.model.init(key)
 
 
-def run_steps(m, step, carry, data, key, info, batches_per_step: int = 1):
-    """`random_batch_steps` of this round's R steps (fewer for a straggler) with the run's batch size."""
-    s = m.setup
-    return random_batch_steps(step, carry, data, key, steps=steps_this_round(m, info), max_steps=local_steps(m),
-                              batch_size=s.batch_size, normalize=s.normalize, batches_per_step=batches_per_step,
-                              augment=s.augment)
+def run_steps(options, local: LocalTraining, step, carry, data, key, info, batches_per_step: int = 1):
+    """`random_batch_steps` of this round's R steps (fewer for a straggler) with ``local``'s batch size,
+    normalisation and augmentation."""
+    return random_batch_steps(step, carry, data, key, steps=steps_this_round(options, local.local_epochs, info.epochs),
+                              max_steps=local_steps(options, local.local_epochs), batch_size=local.batch_size,
+                              normalize=local.normalize, batches_per_step=batches_per_step, augment=local.augment)
+
+
+def draw_batch(local: LocalTraining, key, data) -> local_training.Batch:
+    """`random_batch` of ``local``'s batch size, normalisation and augmentation."""
+    return random_batch(key, data, local.batch_size, local.normalize, local.augment)
 
 
 def logits(m, params, x, train: bool = False):
     return m.model.apply({"params": params}, x, train=train).logits
+
+
+def normalized_logits(m, local: LocalTraining, params, x):
+    """`logits` in inference mode of a stored batch ``x``, normalised as ``local`` says."""
+    return logits(m, params, local.normalize(x))

@@ -1,11 +1,12 @@
-"""Local training with the run's setup: the steps most methods take, as functions of the bound method ``m``.
+"""Local training with the run's settings: the steps most methods take, as functions of what they read.
 
-`train` runs E epochs of masked local SGD (kernels/local_training.py) with
-``m.setup``'s optimizer, batch size, normalisation and augmentation;
-`train_kept` does the same from the client's kept optimizer state where
-train.persistent_optimizer asks for it; `supervised_objective` is the
-cross-entropy objective with an optional extra term; `shared_init` starts
-every client from one initial model. Nothing here knows a particular method.
+`train` runs E epochs of masked local SGD (kernels/local_training.py) with the
+optimizer, batch size, normalisation and augmentation of the `LocalTraining`
+record it is given (a method passes ``m.local``); `train_kept` does the same
+from the client's kept optimizer state where train.persistent_optimizer asks
+for it; `supervised_objective` is the cross-entropy objective of the method's
+model with an optional extra term; `shared_init` starts every client from one
+initial model. Nothing here knows a particular method.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable
 from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.kernels import local_training
+from fedjax_pfl.methods.base import LocalTraining
 
 
 def shared_init(m, key, num_clients: int):
@@ -38,21 +40,22 @@ def supervised_objective(m, extra: Callable | None = None):
     return objective
 
 
-def train(m, objective, variables, data, key, epochs, *, part="all", optimizer=None, max_epochs=None):
-    """``epochs`` (at most ``max_epochs``, default train.local_epochs) epochs of masked local SGD of ``part`` of
-    ``variables`` on ``objective`` from a fresh state of ``optimizer`` (default the run's) -> (variables,
-    mean loss)."""
-    s = m.setup
-    return local_training.train(objective, optimizer or m.optimizer, variables, data, key, batch_size=s.batch_size,
-                                max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize,
-                                part=part, drop_last=s.drop_last, augment=s.augment)
+def train(local: LocalTraining, objective, variables, data, key, epochs, *, part="all", optimizer=None,
+          max_epochs=None):
+    """``epochs`` (at most ``max_epochs``, default ``local.local_epochs``) epochs of masked local SGD of ``part`` of
+    ``variables`` on ``objective`` from a fresh state of ``optimizer`` (default ``local.optimizer``) ->
+    (variables, mean loss)."""
+    return local_training.train(objective, optimizer or local.optimizer, variables, data, key,
+                                batch_size=local.batch_size, max_epochs=max_epochs or local.local_epochs,
+                                epochs=epochs, normalize=local.normalize, part=part, drop_last=local.drop_last,
+                                augment=local.augment)
 
 
-def train_kept(m, objective, client, variables, data, key, epochs, state="opt_state", *, part="all",
-               optimizer=None, max_epochs=None):
+def train_kept(local: LocalTraining, objective, client, variables, data, key, epochs, state="opt_state", *,
+               part="all", optimizer=None, max_epochs=None):
     """`train` of ``part`` from the client's kept optimizer state -> (variables, loss, kept).
 
-    With ``setup.persistent_optimizer`` the optimizer state (e.g. SGD momentum)
+    With ``local.persistent_optimizer`` the optimizer state (e.g. SGD momentum)
     starts from ``client[state]`` and ``kept`` is ``{state: final state}``, to
     store in the client's state; as in PFLlib (PFAKD's authors' code), where
     each client keeps its optimizer objects across its participations, also for
@@ -62,36 +65,36 @@ def train_kept(m, objective, client, variables, data, key, epochs, state="opt_st
     waits for the next phase of the same part). Otherwise the state starts fresh
     and ``kept`` is ``{}`` (client state unchanged).
     """
-    if not m.setup.persistent_optimizer:
-        variables, loss = train(m, objective, variables, data, key, epochs, part=part, optimizer=optimizer,
+    if not local.persistent_optimizer:
+        variables, loss = train(local, objective, variables, data, key, epochs, part=part, optimizer=optimizer,
                                 max_epochs=max_epochs)
         return variables, loss, {}
-    s = m.setup
     variables, loss, opt_state = local_training.train_with_state(
-        objective, optimizer or m.optimizer, variables, data, key, batch_size=s.batch_size,
-        max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize, part=part,
-        drop_last=s.drop_last, opt_state=client[state], augment=s.augment)
+        objective, optimizer or local.optimizer, variables, data, key, batch_size=local.batch_size,
+        max_epochs=max_epochs or local.local_epochs, epochs=epochs, normalize=local.normalize, part=part,
+        drop_last=local.drop_last, opt_state=client[state], augment=local.augment)
     return variables, loss, {state: opt_state}
 
 
-def with_optimizer_state(m, clients, variables, num_clients: int, state="opt_state", *, part="all",
-                         optimizer=None):
+def with_optimizer_state(local: LocalTraining, clients, variables, num_clients: int, state="opt_state", *,
+                         part="all", optimizer=None):
     """``clients`` plus a fresh optimizer state ``state`` of ``part`` of ``variables`` per client
-    (persistent_optimizer only; ``optimizer``: the one `train_kept` will use, default the run's)."""
-    if not m.setup.persistent_optimizer:
+    (``local.persistent_optimizer`` only; ``optimizer``: the one `train_kept` will use, default
+    ``local.optimizer``)."""
+    if not local.persistent_optimizer:
         return clients
-    fresh = (optimizer or m.optimizer).init(tree_ops.trainable_of(variables, part))
+    fresh = (optimizer or local.optimizer).init(tree_ops.trainable_of(variables, part))
     return {**clients, state: tree_ops.broadcast(fresh, num_clients)}
 
 
-def sum_batches(m, fn, data):
-    """Sum of ``fn(batch)`` over the client's real batches of the run's batch size (local_training.sum_batches)."""
-    return local_training.sum_batches(fn, data, m.setup.batch_size, m.setup.normalize)
+def sum_batches(local: LocalTraining, fn, data):
+    """Sum of ``fn(batch)`` over the client's real batches of ``local.batch_size`` (local_training.sum_batches)."""
+    return local_training.sum_batches(fn, data, local.batch_size, local.normalize)
 
 
-def map_batches(m, fn, data):
-    """``fn(batch)`` per batch slot of the run's batch size, stacked (padding-only slots included)."""
-    return local_training.map_batches(fn, data, m.setup.batch_size, m.setup.normalize)
+def map_batches(local: LocalTraining, fn, data):
+    """``fn(batch)`` per batch slot of ``local.batch_size``, stacked (padding-only slots included)."""
+    return local_training.map_batches(fn, data, local.batch_size, local.normalize)
 
 
 def proximal_objective(m, anchor, weight):

@@ -13,7 +13,7 @@ import platform
 def describe() -> str:
     """'cpu: AMD EPYC x2' (the first device's platform, and the CPU's model name and core count) or,
     on an accelerator, e.g. 'gpu: NVIDIA H100 80GB HBM3'."""
-    import jax
+    import jax  # (here: outputs/ imports without JAX, tests/test_layers.py)
 
     d = jax.devices()[0]
     if d.platform != "cpu":

@@ -235,7 +235,7 @@ def report(paths, out: Path, redraw: bool = False) -> str:
     if not matplotlib_available():
         print("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]')", file=sys.stderr)
         return text
-    from fedjax_pfl.outputs import figures
+    from fedjax_pfl.outputs import figures  # (imports matplotlib, an optional extra)
 
     labels, title = curve_labels(rows)
     curves = [{**group_curve(g), "label": label} for g, label in zip(groups, labels)]

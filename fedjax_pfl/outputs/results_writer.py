@@ -33,7 +33,7 @@ NO_MATPLOTLIB = ("note: figures skipped, matplotlib is not installed (pip instal
 
 def matplotlib_available() -> bool:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (the optional [plots] extra: is it here?)
     except ImportError:
         return False
     return True
@@ -102,7 +102,7 @@ class ResultsWriter:
     def _draw(self, generation: int, records: list[dict], clients: list[dict] | None) -> None:
         if generation != self._generation:  # a newer snapshot is queued; draw that one instead
             return
-        from fedjax_pfl.outputs import figures
+        from fedjax_pfl.outputs import figures  # (imports matplotlib, an optional extra)
 
         if clients is None:  # resumed run: the clients.csv of its earlier part
             clients = run_folder.read_clients(self.out)

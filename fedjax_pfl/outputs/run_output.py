@@ -52,7 +52,7 @@ def jsonable(obj):
 
 def versions() -> dict:
     """Versions of the packages a result depends on, the machine (`machine.describe`), and the git commit if any."""
-    import flax
+    import flax  # (these here: outputs/ imports without JAX, tests/test_layers.py; the package above it)
     import jax
     import optax
 

@@ -32,7 +32,7 @@ class TensorBoardLog:
 
     def __init__(self, run_dir: Path):
         try:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # the optional [tensorboard] extra
         except ImportError:
             raise UserError(MISSING) from None
         self._open = lambda first_step: SummaryWriter(logdir=str(run_dir), purge_step=first_step)

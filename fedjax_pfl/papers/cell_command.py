@@ -42,7 +42,7 @@ def checkpoint_every(rounds: int) -> int:
 
 def build_config(argv: list[str]):
     """The validated run (`ValidRun`) the training command builds from ``argv`` (its `settle`), no data read."""
-    from fedjax_pfl.commands import train as cli
+    from fedjax_pfl.commands import train as cli  # (imports JAX: not with this module)
 
     args, overrides = cli.parse_args(argv)
     return cli.settle(cli.config_from_args(args, overrides))

@@ -22,9 +22,8 @@ def missing_data(cfg: config_lib.RunConfig) -> str | None:
     d = cfg.data
     if d.name == "synthetic":
         return None
-    explicit_dir = bool(d.data_dir) and d.source == "files"  # as runs/experiment.py: no download then
-    return _probe(d.name, d.data_dir, d.source, d.allow_download and not explicit_dir,
-                  os.environ.get(files.ENV_DATA_DIR), str(files.cache_dir()))
+    return _probe(d.name, d.data_dir, d.source, d.allow_download, os.environ.get(files.ENV_DATA_DIR),
+                  str(files.cache_dir()))
 
 
 @functools.lru_cache(maxsize=None)

@@ -119,8 +119,8 @@ def entries(spec: TableSpec, cells: list[Cell], runs_dir: Path, no_data=frozense
     settings = {c.setting.name: c.setting for c in cells}
     found = {key: ours(spec, group, runs_dir, key[1] in no_data, kept.get(key)) for key, group in groups.items()}
     rows = spec.shown_rows({c.method.name for c in cells})
-    return [entry(spec, row, setting, found[(spec.run_row(row).name, name)])
-            for row in rows for name, setting in settings.items()]
+    return [entry(spec, row, setting, found.get((spec.run_row(row).name, name)) or ours(spec, [], runs_dir))
+            for row in rows for name, setting in settings.items()]  # (a row that does not run in a setting: none)
 
 
 def kept_cells(spec: TableSpec, cells: list[Cell], runs_dir: Path, earlier: EarlierTable, rounds: dict,

@@ -72,11 +72,15 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.compact_record import compact_runs
 from fedjax_pfl.commands.command import INTERRUPTED, TERMINATED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
+from fedjax_pfl.process.stop_request import StopRequest
 from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
 from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.papers import plan_command, plan_log, weight_notes
 from fedjax_pfl.papers.collect import collect_cell
+from fedjax_pfl.papers.data_check import missing_data
+from fedjax_pfl.papers.earlier_table import read_earlier
+from fedjax_pfl.papers.paper_table import kept_cells, write_table
 from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
@@ -134,7 +138,7 @@ def run_cell(argv: list[str], state: str, folder: Path, progress: bool, observe=
     A crash (not a user error) is one line here, its traceback in the cell's error.log, and
     counts as a failed cell, so one broken method does not stop the rest of a long table.
     """
-    from fedjax_pfl.commands import train as cli
+    from fedjax_pfl.commands import train as cli  # (imports JAX: only when a cell runs)
 
     cell = Command("interrupted")
     cell.folder = folder
@@ -183,8 +187,6 @@ def first_cells(cells: list[Cell]) -> dict[str, Cell]:
 
 def settings_without_data(cells: list[Cell], extra: list[str], data_dir: str | None) -> dict[str, str]:
     """Setting name -> why its dataset cannot be loaded (papers/data_check.py), for the settings of ``cells``."""
-    from fedjax_pfl.papers.data_check import missing_data
-
     data = ["--data-dir", data_dir] if data_dir else []
     first = first_cells(cells)
     reasons = {name: missing_data(build_config(base_argv(c, [*extra, *data])).config) for name, c in first.items()}
@@ -209,7 +211,7 @@ def plan_cells(cells: list[Cell], out: Path, rounds: dict, args, extra: list[str
     one of ``programs``, the --cells groups) and differ only in seed, partition or participation as rows of
     one program; else a cell's new seeds as one program where they can share it (`batchable`); else one
     program a cell; cells whose dataset is missing in state 'no data'."""
-    from fedjax_pfl.runs.sweep import pooled_difference
+    from fedjax_pfl.runs.sweep import pooled_difference  # (imports JAX: only when cells are planned)
 
     argvs = {c.folder_name: cell_argv(c, out / "runs" / c.folder_name, rounds[c.setting.name][0], extra,
                                       args.data_dir) for c in cells}
@@ -253,8 +255,7 @@ def run_rows(program: Program, progress: bool, observe=None) -> tuple[int, list[
     """Train a rows program's cells as one program (`runs.sweep.run_federations`) -> (exit status, the cells that
     failed). Where their method cannot run as rows exactly (the engine's one-line reason), each cell runs on
     its own instead."""
-    from fedjax_pfl.engine.federations import CannotPool
-    from fedjax_pfl.process.stop_request import StopRequest
+    from fedjax_pfl.engine.federations import CannotPool  # (these two import JAX: only when cells run)
     from fedjax_pfl.runs.sweep import run_federations
 
     stop, failed = StopRequest(), []
@@ -324,9 +325,6 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     --plan-for-seconds (papers/plan_command.py), plan them for a time budget instead.
 
     ``command.folder`` is set to the output folder (for error.log)."""
-    from fedjax_pfl.papers.earlier_table import read_earlier
-    from fedjax_pfl.papers.paper_table import kept_cells, write_table
-
     if args.table_file and args.name:
         raise UserError("give a table NAME or --table-file, not both")
     if not (args.table_file or args.name):

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.runs import config as config_lib
 
@@ -95,11 +96,10 @@ def clients_per_round(config: dict) -> int:
 
 def round_work(config: dict, work: dict) -> float:
     """Client-epochs of one round of ``config`` under the record's work model ``work``."""
-    from fedjax_pfl.methods import get_method
-    from fedjax_pfl.runs.config import method_options
+    from fedjax_pfl.methods import get_method  # (imports JAX: not with this module)
 
     name = str(setting(config, "method_name"))
-    options = method_options(get_method(name).hparams_type, dict(setting(config, "method") or {}))
+    options = config_lib.method_options(get_method(name).hparams_type, dict(setting(config, "method") or {}))
     model = (work.get("methods") or {}).get(name, {})
     epochs = float(setting(config, "train.local_epochs", 1))
     extra = sum(_option(options, x) if isinstance(x, str) else float(x) for x in model.get("extra_epochs", ()))
@@ -139,17 +139,17 @@ class ClientSizes:
         self.datasets, self.sizes = {}, {}
 
     def __call__(self, cfg) -> np.ndarray:
-        from fedjax_pfl.data.registry import load_dataset
-        from fedjax_pfl.runs.experiment import data_seed, partition_dataset
+        from fedjax_pfl.runs.experiment import partition_dataset  # (imports JAX: not with this module)
 
-        key = repr((cfg.data.name, cfg.data.data_dir, dataclasses.asdict(cfg.partition), data_seed(cfg)))
+        seed = config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)
+        key = repr((cfg.data.name, cfg.data.data_dir, dataclasses.asdict(cfg.partition), seed))
         if key not in self.sizes:
             if cfg.data.name not in self.datasets:
-                extra = ({"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg)}
+                extra = ({"num_clients": cfg.partition.num_clients, "seed": seed}
                          if cfg.data.name == "synthetic" else {})
                 self.datasets[cfg.data.name] = load_dataset(cfg.data.name, data_dir=cfg.data.data_dir,
                                                             allow_download=False, source=cfg.data.source, **extra)
-            data = partition_dataset(self.datasets[cfg.data.name], cfg.partition, data_seed(cfg))
+            data = partition_dataset(self.datasets[cfg.data.name], cfg.partition, seed)
             self.sizes[key] = np.asarray(data.train.n)
         return self.sizes[key]
 
@@ -158,7 +158,7 @@ def program_seconds(cfgs: list, law: LaneLaw, work: dict, sizes: ClientSizes, on
     """Modelled seconds a round of the cells ``cfgs`` (RunConfigs of one method) as rows of one program take
     (module docstring); ``one_lane``: the kind maps clients one at a time (``map``, a CPU's plan), so a round
     is its real steps one after another."""
-    from fedjax_pfl.engine.client_mapping import packed_width
+    from fedjax_pfl.engine.client_mapping import packed_width  # (imports JAX: not with this module)
 
     counts, rows, expected, training_work, round_work_sum = [], 0, 0.0, 0.0, 0.0
     for cfg in cfgs:

@@ -44,7 +44,9 @@ Rows: a library method (default: the row's name) plus dotted overrides,
 optionally per setting; ``label`` is the row as the paper prints it. A row
 with ``runs_of: OTHER`` runs nothing: it shows OTHER's runs against its own
 paper numbers (a paper printing two numbers for one method, e.g. its own and
-a rerun). A cell is one (row, setting, seed); its run is the training
+a rerun). ``settings: [NAME, ...]`` (optional) lists the settings a row runs
+in, where a method cannot run the others (its validation refuses them: a
+model it cannot train); the others show no runs. A cell is one (row, setting, seed); its run is the training
 command's ``--config``, ``--method``, ``--seed`` and the overrides, in that
 order of precedence (setting, then row, then per-setting). ``headline``
 (optional) marks the paper's own row and the setting(s) it leads with: a
@@ -98,6 +100,7 @@ class MethodRow:
     per_setting: dict = dataclasses.field(default_factory=dict)  # setting name -> overrides
     label: str = ""  # the row as the paper prints it (default: the name)
     runs_of: str | None = None  # another row whose runs this one shows
+    settings: tuple[str, ...] = ()  # the settings it runs in (empty: every one)
 
     @property
     def shown(self) -> str:
@@ -159,7 +162,8 @@ class TableSpec:
         names = dict.fromkeys(self.run_row(m).name for m in self.methods if methods is None or m.name in methods)
         rows = [self.row(n) for n in names]
         columns = [s for s in self.settings if settings is None or s.name in settings]
-        return [Cell(m, s, k) for m in rows for s in columns for k in (self.seeds if seeds is None else seeds)]
+        return [Cell(m, s, k) for m in rows for s in columns if not m.settings or s.name in m.settings
+                for k in (self.seeds if seeds is None else seeds)]
 
     def paper_value(self, method: str, setting: str) -> PaperNumber | None:
         return (self.paper_results.get(method) or {}).get(setting)
@@ -236,19 +240,22 @@ def grid_settings(entry, folder: Path, where: str) -> tuple[Setting, ...]:
 def _method(entry, settings: set, where: str) -> MethodRow:
     if isinstance(entry, str):
         entry = {"name": entry}
-    keys = ("name", "method", "overrides", "per_setting", "label", "runs_of")
+    keys = ("name", "method", "overrides", "per_setting", "label", "runs_of", "settings")
     entry = _mapping(entry, keys, where)
     name = _name(entry.get("name"), f"{where}.name")
     per_setting = entry.get("per_setting") or {}
     if not isinstance(per_setting, dict) or set(per_setting) - settings:
         raise UserError(f"{where}.per_setting must map setting names ({', '.join(sorted(settings))}) to overrides")
+    runs_in = entry.get("settings") or []
+    if not isinstance(runs_in, list) or not all(isinstance(n, str) for n in runs_in) or set(runs_in) - settings:
+        raise UserError(f"{where}.settings must list setting names ({', '.join(sorted(settings))})")
     runs_of = entry.get("runs_of")
     if runs_of is not None and (set(entry) - {"name", "label", "runs_of"}):
         raise UserError(f"{where}: a row with runs_of shows another row's runs; give it only name, label, runs_of")
     return MethodRow(name, str(entry.get("method") or name), _strings(entry.get("overrides"), f"{where}.overrides"),
                      {k: _strings(v, f"{where}.per_setting.{k}") for k, v in per_setting.items()},
                      _text(entry.get("label"), f"{where}.label"),
-                     None if runs_of is None else _name(runs_of, f"{where}.runs_of"))
+                     None if runs_of is None else _name(runs_of, f"{where}.runs_of"), tuple(runs_in))
 
 
 def _unique(names: list[str], what: str, path: Path) -> None:

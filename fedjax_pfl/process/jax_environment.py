@@ -30,7 +30,7 @@ UNKNOWN_FLAG = re.compile(r"Unknown flags? in XLA_FLAGS: (.+)")
 
 
 def _started() -> bool:
-    from jax._src import xla_bridge
+    from jax._src import xla_bridge  # (JAX's private module: a JAX without it fails this probe only)
 
     return bool(getattr(xla_bridge, "backends_are_initialized", lambda: False)())
 

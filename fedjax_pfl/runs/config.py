@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import inspect
 import math
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -23,83 +24,33 @@ import yaml
 
 from fedjax_pfl.core import declared
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.data.dataset import NORMALIZATIONS
+from fedjax_pfl.data.partition import SCHEMES
+from fedjax_pfl.data.registry import ALIASES, SOURCES, dataset_names
 from fedjax_pfl.outputs.tensorboard_log import MISSING as TENSORBOARD_MISSING
 
 setting = declared.declare
 
 
-# Registered names are looked up when a value is checked (the registries import JAX).
-def _datasets():
-    from fedjax_pfl.data.registry import ALIASES, AUTO, dataset_names
-    return (AUTO, *dataset_names(), *ALIASES)
-
-
-def _sources():
-    from fedjax_pfl.data.registry import SOURCES
-    return SOURCES
-
-
-def _normalizations():
-    from fedjax_pfl.data.dataset import NORMALIZATIONS
-    return NORMALIZATIONS
-
-
-def _schemes():
-    from fedjax_pfl.data.partition import SCHEMES
-    return (*SCHEMES, *OWN_SCHEMES)
+def _below() -> types.SimpleNamespace:
+    """The registries below the run layer (methods, engine, kernels, models, host devices), imported when a value
+    is checked or shown, not with this module: they import JAX, and reading a configuration (the reproduce
+    command's plans, the report) needs none."""
+    from fedjax_pfl import methods
+    from fedjax_pfl.engine import client_mapping
+    from fedjax_pfl.kernels import augmentation, optim
+    from fedjax_pfl.models import conv, initialization, networks, precision
+    from fedjax_pfl.runs import host_devices
+    return types.SimpleNamespace(methods=methods, client_mapping=client_mapping, augmentation=augmentation,
+                                 optim=optim, conv=conv, initialization=initialization, networks=networks,
+                                 precision=precision, host_devices=host_devices)
 
 
 def _client_mapping(value) -> None:
-    from fedjax_pfl.engine.client_mapping import parse
     try:
-        parse(value)
+        _below().client_mapping.parse(value)
     except UserError as e:
         raise UserError(f"train.client_mapping: {e}") from None
-
-
-def _client_mappings() -> str:
-    from fedjax_pfl.engine.client_mapping import ALLOWED
-    return ALLOWED
-
-
-def _optimizers():
-    from fedjax_pfl.kernels.optim import OPTIMIZERS
-    return OPTIMIZERS
-
-
-def _augmentations():
-    from fedjax_pfl.kernels.augmentation import AUGMENTATIONS
-    return AUGMENTATIONS
-
-
-def _models():
-    from fedjax_pfl.models.networks import model_names
-    return ("auto", *model_names())
-
-
-def _conv_impls():
-    from fedjax_pfl.models.conv import CONV_IMPLS
-    return ("auto", *CONV_IMPLS)
-
-
-def _precisions():
-    from fedjax_pfl.models.precision import PRECISIONS
-    return tuple(PRECISIONS)
-
-
-def _inits():
-    from fedjax_pfl.models.initialization import INITS
-    return INITS
-
-
-def _methods():
-    from fedjax_pfl.methods import method_names
-    return method_names()
-
-
-def _cpu_devices(value) -> None:
-    from fedjax_pfl.runs.host_devices import parse
-    parse(value)
 
 
 def _size_range(value) -> None:
@@ -112,34 +63,38 @@ def _distinct(value) -> None:
         raise UserError(f"seeds must be distinct numbers >= 0, got {list(value)}")
 
 
+AUTO = "auto"
 # partition schemes that experiment.py deals itself (the rest are data/partition.py's SCHEMES)
 OWN_SCHEMES = ("pfllib_dirichlet", "natural")
 
 
 @dataclasses.dataclass
 class DataConfig:
-    name: str = setting("auto", "dataset (aliases: fashion_mnist = fmnist); cifar10_jpeg is the project's lossy "
+    name: str = setting(AUTO, "dataset (aliases: fashion_mnist = fmnist); cifar10_jpeg is the project's lossy "
                         "JPEG copy of CIFAR-10; auto: the official cifar10 files when found, else cifar10_jpeg when "
-                        "found, else cifar10 (downloaded unless --offline); config.json records which",
-                        choices=_datasets, flag="dataset")
+                        "found, else cifar10; config.json records which", choices=(AUTO, *dataset_names(), *ALIASES),
+                        flag="dataset")
     data_dir: str | None = setting(None, "folder with dataset files", none="$FEDJAX_PFL_DATA_DIR, then the cache",
                                    flag=True)
-    allow_download: bool = setting(False, "download a missing official dataset file (the training command allows "
-                                   "it unless --offline or --config is given)")
+    allow_download: bool = setting(False, "download a missing official dataset file into the cache folder "
+                                   "($FEDJAX_PFL_CACHE_DIR, else ~/.cache/fedjax_pfl); not with --data-dir, whose "
+                                   "folder must hold the files", flag="download")
     source: str = setting("files", "where datasets come from: standard files, or TensorFlow Datasets",
-                          choices=_sources)
+                          choices=SOURCES)
     synthetic_size_factor: int = setting(1, "synthetic: client sizes x this (FedProx: 1; pFedKD-WCL's authors' "
                                          "generator: 5)", at_least=1)
     synthetic_samples_per_client: int | None = setting(None, "synthetic: every client's size (train and test "
                                                         "together), e.g. for 100,000 clients of even size",
                                                         at_least=2, none="FedProx's lognormal sizes")
     normalization: str = setting("dataset", "'dataset': its per-channel mean/std; 'half': (x/255 - 0.5) / 0.5 "
-                                 "(PFLlib's data)", choices=_normalizations)
+                                 "(PFLlib's data)", choices=NORMALIZATIONS)
 
 
 @dataclasses.dataclass
 class PartitionConfig:
-    scheme: str = setting("dirichlet", "how samples are dealt to clients", choices=_schemes, flag="partition")
+    scheme: str = setting(AUTO, "how samples are dealt to clients; auto: natural for a folder that brings its own "
+                          "clients (pfllib), else dirichlet; config.json records which",
+                          choices=(AUTO, *SCHEMES, *OWN_SCHEMES), flag="partition")
     num_clients: int = setting(20, "number of clients", at_least=1, flag=True)
     alpha: float = setting(0.1, "Dirichlet concentration", more_than=0, flag=True)
     min_size: int = setting(10, "dirichlet: fewest samples per client (pfllib_dirichlet: PFLlib's least_samples)",
@@ -176,7 +131,7 @@ class TrainConfig:
     rounds: int = setting(40, "communication rounds", at_least=1, flag=True)
     local_epochs: int = setting(5, "local epochs per round (E)", at_least=1, flag=True)
     batch_size: int = setting(16, "local batch size (B)", at_least=1, flag=True)
-    optimizer: str = setting("sgd", "local optimizer", choices=_optimizers, flag=True)
+    optimizer: str = setting("sgd", "local optimizer", choices=lambda: _below().optim.OPTIMIZERS, flag=True)
     lr: float = setting(0.005, "local learning rate", more_than=0, flag=True)
     momentum: float = setting(0.0, "SGD momentum", at_least=0, less_than=1, flag=True)
     weight_decay: float = setting(0.0, "L2 weight decay of the local optimizer", at_least=0, flag=True)
@@ -185,7 +140,7 @@ class TrainConfig:
     drop_fraction: float = setting(0.0, "selected clients whose upload is lost", at_least=0, at_most=1)
     client_mapping: str = setting("auto", "how clients are mapped over in a round (auto: measured per backend; "
                                   "packed:W: W lanes, packed: W from the data)", check=_client_mapping,
-                                  allowed=_client_mappings, flag=True)
+                                  allowed=lambda: _below().client_mapping.ALLOWED, flag=True)
     chunk_size: int = setting(8, "clients vmapped at once under the chunked mapping", at_least=1)
     client_state: str = setting("auto", "where every client's state is kept: device ([N, ...] arrays), host (host "
                                 "memory, each round's cohort streamed to the device) or auto (host when the [N, ...] "
@@ -202,25 +157,26 @@ class TrainConfig:
                                          "rounds")
     drop_last: bool = setting(False, "drop each epoch's last partial train batch (PyTorch DataLoader drop_last)")
     augment: str = setting("none", "training-batch augmentation (crop_flip: pad 4, random crop, flip)",
-                           choices=_augmentations)
+                           choices=lambda: _below().augmentation.AUGMENTATIONS)
     max_experiments_per_call: int = setting(0, "seeds/grid points vmapped in one program (0: as many as fit in "
                                             "memory)", at_least=0)
     all_clients_train: bool = setting(False, "every client trains each round; only the sampled ones are "
                                       "aggregated (pFedMe's code)")
     precision: str = setting("fp32", "what the layers compute in: bf16 activations and matmul inputs with float32 "
                              "parameters, optimizer state, losses and reductions (models/precision.py)",
-                             choices=_precisions)
+                             choices=lambda: tuple(_below().precision.PRECISIONS))
 
 
 @dataclasses.dataclass
 class ModelConfig:
     name: str = setting("auto", "model; auto: fedavgcnn (the FedAS paper's CNN) for images, mlp for feature "
-                        "vectors; config.json records which", choices=_models, flag="model")
+                        "vectors; config.json records which", choices=lambda: ("auto", *_below().networks.model_names()),
+                        flag="model")
     conv_impl: str = setting("auto", "convolution implementation (auto: direct on CPU and GPU, never pallas); "
-                             "direct covers Dense gradients too", choices=_conv_impls)
+                             "direct covers Dense gradients too", choices=lambda: ("auto", *_below().conv.CONV_IMPLS))
     hidden: tuple[int, ...] | None = setting(None, "MLP hidden sizes", at_least=1, none="the model's own")
     init: str = setting("flax", "where parameters start: Flax's defaults or PyTorch's (the papers' code)",
-                        choices=_inits)
+                        choices=lambda: _below().initialization.INITS)
     dropout: bool = setting(False, "pfl_cnn: pfl-research's dropout in training (0.25 after the pool, 0.5 after Dense)")
 
 
@@ -241,13 +197,14 @@ class LogConfig:
 @dataclasses.dataclass
 class DevicesConfig:
     cpu: str = setting("auto", "host devices on a CPU, the clients split over them: auto (one per core, or a count "
-                       "set by XLA_FLAGS / JAX_NUM_CPU_DEVICES) or a number", check=_cpu_devices,
+                       "set by XLA_FLAGS / JAX_NUM_CPU_DEVICES) or a number",
+                       check=lambda value: _below().host_devices.parse(value),
                        allowed="auto or a whole number >= 1", flag="cpu_devices")
 
 
 @dataclasses.dataclass
 class RunConfig:
-    method_name: str = setting("fedas", "method", choices=_methods, flag="method")
+    method_name: str = setting("fedas", "method", choices=lambda: _below().methods.method_names(), flag="method")
     method: dict[str, Any] = setting(None, "the method's own options (method.NAME=VALUE; --method M --help lists "
                                      "them)", factory=dict)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -445,10 +402,9 @@ def hyperparameter_name(key: str) -> str | None:
     (methods/base.py `Hyperparams`): ``train.lr`` -> ``lr``, ``method.X`` -> ``X`` (its method says which of
     its options can be: `Algorithm.hyperparameter_names`); None for the settings a round bakes in. A list at
     such a key is a grid run in one program (runs/sweep.py)."""
-    from fedjax_pfl.methods.base import LR
-
+    lr = _below().methods.base.LR
     section, _, name = key.partition(".")
-    return name if section == "method" else LR if key == f"train.{LR}" else None
+    return name if section == "method" else lr if key == f"train.{lr}" else None
 
 
 def take_sweep(mapping: dict, sweep: dict) -> dict:
@@ -518,23 +474,35 @@ def check_declared(cfg: RunConfig) -> None:
         declared.check_fields(getattr(cfg, section), f"{section}.")
 
 
-def check_partition_parameters(p: PartitionConfig) -> None:
-    """An optional partition parameter set for a scheme that does not take it, or one the scheme needs left
-    empty (data/partition.py's signatures say which scheme takes what)."""
-    from fedjax_pfl.data.partition import SCHEMES
+def drawn_data_seed(seed: int, data_seed: int | None) -> int:
+    """The seed the data partition and generated data are drawn with: ``data_seed``, or ``seed`` where it is
+    empty (its declaration)."""
+    return seed if data_seed is None else data_seed
 
+
+def partition_scheme(cfg: RunConfig) -> str:
+    """partition.scheme of ``cfg``, 'auto' resolved as its declaration says: natural for a folder that brings its
+    own clients (PFLlib's), else dirichlet (runs/experiment.py's `validate` records it in the configuration)."""
+    if cfg.partition.scheme != AUTO:
+        return cfg.partition.scheme
+    return "natural" if cfg.data.name == "pfllib" else "dirichlet"
+
+
+def check_partition_parameters(p: PartitionConfig, scheme: str) -> None:
+    """An optional partition parameter set for a ``scheme`` that does not take it, or one the scheme needs left
+    empty (data/partition.py's signatures say which scheme takes what)."""
     takes = {name: set(inspect.signature(fn).parameters) for name, fn in SCHEMES.items()}
     for field in dataclasses.fields(p):
         users = [s for s, params in takes.items() if field.name in params]
         if field.default is not None or not users:
             continue
         value = getattr(p, field.name)
-        needed = (p.scheme in takes and field.name in takes[p.scheme]
-                  and inspect.signature(SCHEMES[p.scheme]).parameters[field.name].default is inspect.Parameter.empty)
+        needed = (scheme in takes and field.name in takes[scheme]
+                  and inspect.signature(SCHEMES[scheme]).parameters[field.name].default is inspect.Parameter.empty)
         _check(value is not None or not needed,
-               f"partition.{field.name} is needed by partition.scheme={p.scheme}; set it")
-        _check(value is None or p.scheme in users,
-               f"partition.{field.name} applies to partition.scheme={' or '.join(users)} only, not {p.scheme!r}; "
+               f"partition.{field.name} is needed by partition.scheme={scheme}; set it")
+        _check(value is None or scheme in users,
+               f"partition.{field.name} applies to partition.scheme={' or '.join(users)} only, not {scheme!r}; "
                "leave it empty")
 
 
@@ -553,10 +521,11 @@ def validate_values(cfg: RunConfig) -> None:
     for key, value in [*_flatten(to_dict(cfg)).items(), *((f"method.{k}", v) for k, v in cfg.method.items())]:
         check_float32(value, key)
     t, p, d = cfg.train, cfg.partition, cfg.data
-    check_partition_parameters(p)
+    scheme = partition_scheme(cfg)
+    check_partition_parameters(p, scheme)
     _check(t.lr_schedule == "exponential" or t.lr_decay == 1.0,
            "train.lr_decay applies to train.lr_schedule=exponential only; leave it at 1.0 with cosine")
-    _check(p.scheme != "pfllib_dirichlet" or (p.test_from in ("split", "split_train") and not p.train_per_client
+    _check(scheme != "pfllib_dirichlet" or (p.test_from in ("split", "split_train") and not p.train_per_client
                                               and not p.test_per_client),
            "partition.scheme=pfllib_dirichlet splits each client's pool train_fraction / rest itself: it needs "
            "partition.test_from=split (or split_train) and no train_per_client / test_per_client")
@@ -570,14 +539,15 @@ def validate_values(cfg: RunConfig) -> None:
     _check(not cfg.log.tensorboard or _installed("tensorboardX"), TENSORBOARD_MISSING)
     _check(t.augment == "none" or d.name != "synthetic",
            f"train.augment={t.augment} crops and flips images; data.name=synthetic has feature vectors: leave it none")
+    _check(not (d.allow_download and d.data_dir and d.source == "files"),
+           f"data.allow_download downloads into the cache folder, but --data-dir {d.data_dir} names the folder that "
+           "must hold the files: put them there and leave out --download, or leave out --data-dir")
 
 
-# Keys a resumed run may change: where the data lives (the partition is compared
-# instead), whether it may be downloaded, and the number of rounds (extend only); the host device count
-# (checkpoints re-pad the client axis to any count).
 # What may differ between a run's segments (or between a run folder and the reproduce cell that finds it):
-# where files are, how long it runs, and how the same arithmetic is laid out on the machine (devices,
-# rounds per call, the client mapping: tests/test_engine.py holds the mappings equal).
+# where files are (the partition is compared instead) and whether they may be downloaded, how long it runs (rounds
+# extend only), and how the same arithmetic is laid out on the machine (devices: checkpoints re-pad the client
+# axis to any count; rounds per call; the client mapping: tests/test_engine.py holds the mappings equal).
 RESUME_MAY_CHANGE = ("data.data_dir", "data.allow_download", "train.rounds", "out", "train.rounds_per_call",
                      "log.tensorboard", "devices.cpu", "train.client_mapping", "train.chunk_size")
 
@@ -595,9 +565,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def _option_defaults(method_name) -> dict:
     """{option: default} of a method's options (as config.json writes them); {} for an unknown method."""
-    from fedjax_pfl.methods import method_names, get_method
-
-    options = get_method(method_name).hparams_type if method_name in method_names() else None
+    methods = _below().methods
+    options = methods.get_method(method_name).hparams_type if method_name in methods.method_names() else None
     if options is None:
         return {}
     return {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
@@ -613,7 +582,6 @@ def resume_differences(saved: dict, new: dict) -> list[str]:
                   for c in (saved, new))
     a, b = {**_flatten(to_dict(RunConfig())), **_flatten(saved)}, _flatten(new)
     for flat in (a, b):  # an empty data_seed means `seed`: the same run
-        if flat.get("data_seed") is None:
-            flat["data_seed"] = flat.get("seed")
+        flat["data_seed"] = drawn_data_seed(flat.get("seed"), flat.get("data_seed"))
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if k not in RESUME_MAY_CHANGE and a.get(k) != b.get(k)]

@@ -14,6 +14,7 @@ import inspect
 import os
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +25,11 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.data import client_data, client_limits, files, partition, synthetic
 from fedjax_pfl.data.pfllib_partition import pfllib_dirichlet_split
 from fedjax_pfl.data.dataset import Dataset, with_normalization
-from fedjax_pfl.data.registry import load_dataset
+from fedjax_pfl.data.registry import AUTO, INPUTS, canonical_name, input_kind, load_dataset, resolve_auto
 from fedjax_pfl.core.errors import DataNotFoundError, UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import get_method
-from fedjax_pfl.methods.base import LocalSetup
+from fedjax_pfl.methods.base import LocalSetup, RunFacts
 from fedjax_pfl.methods.options import resolved
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs.sweep_points import expand
@@ -58,11 +59,13 @@ class ValidRun:
     this; make it with `validate`.
 
     ``config`` hands out a copy on every read, so nothing done to it (or to the configuration given to
-    `validate`) changes what runs. ``points``: a sweep's runs (seeds x listed values), each the ValidRun of its
+    `validate`) changes what runs; ``options``: the method's options dataclass (``checked.method`` is what
+    config.json records of it). ``points``: a sweep's runs (seeds x listed values), each the ValidRun of its
     own single-run configuration with its traced ``values`` and ``grid_name``; () for one run.
     """
 
     checked: config_lib.RunConfig = dataclasses.field(repr=False)
+    options: Any = None  # the method's options, typed once (None: a method without options)
     points: tuple[ValidRun, ...] = ()
     # a sweep point's traced name ('lr', option name) -> float
     values: MappingProxyType = dataclasses.field(default_factory=lambda: MappingProxyType({}))
@@ -176,11 +179,6 @@ def host_copies() -> int:
     return len(devices) if jax.process_count() == 1 and len(devices) > 1 and devices[0].platform == "cpu" else 1
 
 
-def data_seed(cfg: config_lib.RunConfig) -> int:
-    """The seed of the partition and of generated data: ``data_seed``, else ``seed``."""
-    return cfg.seed if cfg.data_seed is None else cfg.data_seed
-
-
 def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
     """The partition of ``labels`` by ``p.scheme``, each of its parameters taken from the config field of the same
     name (data/partition.py's signatures name them)."""
@@ -189,6 +187,32 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
     if "min_size" in params:  # fixed per-client sizes need that many samples per client
         params["min_size"] = max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0))
     return partition.make_partition(p.scheme, labels, p.num_clients, seed, **params)
+
+
+def run_facts(cfg: config_lib.RunConfig, model=None, num_clients: int | None = None) -> RunFacts:
+    """What the method's checks read of the run ``cfg`` (`Algorithm.check_run`). Before its data are read, the
+    model is built for the dataset's declared inputs (data/registry.py ``INPUTS``) with the 'native' convolution
+    (the same parameters as every implementation's, and JAX's backend does not start) and the clients are
+    partition.num_clients; None where only the data know. ``model``, ``num_clients``: what the data gave."""
+    m, t, inputs = cfg.model, cfg.train, INPUTS.get(cfg.data.name)
+    facts = (num_clients or known_clients(cfg), t.drop_last, t.persistent_optimizer, beyond_plain_sgd(t))
+    if model is None and inputs is not None and m.name != "auto":
+        return _outline_facts((m.name, m.init, m.hidden, t.precision, *inputs), *facts)
+    return RunFacts(model, *facts)
+
+
+@functools.lru_cache(maxsize=64)  # one model's shapes, once a process: validate runs for every cell of a table
+def _outline_facts(model: tuple, *facts) -> RunFacts:
+    name, init, hidden, precision, input_shape, num_classes = model
+    return RunFacts(build_model(name, input_shape, num_classes, conv_impl="native", init=init, precision=precision,
+                                **({"hidden": hidden} if hidden else {})), *facts)
+
+
+def known_clients(cfg: config_lib.RunConfig) -> int | None:
+    """The run's client count before its data are read: partition.num_clients, except for a folder that brings
+    its own clients (a natural partition of anything but generated data)."""
+    natural = cfg.partition.scheme == "natural" and cfg.data.name != "synthetic"
+    return None if natural else cfg.partition.num_clients
 
 
 def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
@@ -250,37 +274,42 @@ def validate(cfg: config_lib.RunConfig) -> ValidRun:
 
     Resolved in the record, as config.json must record them: the dataset
     alias and ``data.name='auto'`` (the CIFAR-10 at hand: `resolve_dataset`),
-    ``model.name='auto'`` (by the dataset's inputs: `resolve_model`),
-    ``eval.model='auto'`` (the method's default protocol), every method
-    option, defaults included (`resolved_method_options`), the data folder as
-    an absolute path (the run resumes from any working directory) and the
-    output folder (default: runs/<method>-<data>[-sweep]-<time>). A sweep's
-    points (runs/sweep_points.py) are checked too, each with its own values.
+    ``partition.scheme='auto'`` (`config.partition_scheme`), ``model.name='auto'``
+    (by the dataset's inputs: `resolve_model`), ``eval.model='auto'`` (the
+    method's default protocol), the method's options, typed once
+    (``options``; ``cfg.method`` holds every option's value, defaults
+    included), the data folder as an absolute path (the run resumes from any
+    working directory) and the output folder (default:
+    runs/<method>-<data>[-sweep]-<time>). The method's own rules on the run
+    (`Algorithm.check_run`) are checked here too, before any data are read;
+    what only the data can tell (a PFLlib folder's inputs and clients) when
+    they are read. A sweep's points (runs/sweep_points.py) are checked too,
+    each with its own values.
     """
     cfg = copy.deepcopy(cfg)
-    check_values(cfg)
+    algorithm = get_method(cfg.method_name)
+    options = check_values(cfg, algorithm)
     if cfg.data.data_dir:
         cfg.data.data_dir = os.path.abspath(os.path.expanduser(cfg.data.data_dir))
     sweep = bool(cfg.seeds or cfg.sweep)
     cfg.out = cfg.out or str(default_run_folder(cfg.method_name, cfg.data.name, "sweep" if sweep else ""))
-    points = expand(cfg) if sweep else []
-    for point, _, _ in points:
-        config_lib.method_options(get_method(cfg.method_name).hparams_type, point.method)  # listed values
+    points = []
+    for point, values, grid_name in expand(cfg, algorithm.hyperparameter_names) if sweep else []:
+        point_options = config_lib.method_options(algorithm.hparams_type, point.method)  # its listed values
         config_lib.validate_values(point)
-    return ValidRun(cfg, tuple(ValidRun(p, values=MappingProxyType(v), grid_name=g) for p, v, g in points))
+        points.append(ValidRun(point, point_options, values=MappingProxyType(values), grid_name=grid_name))
+    return ValidRun(cfg, options, tuple(points))
 
 
-def check_values(cfg: config_lib.RunConfig) -> None:
-    """`validate`'s checks, resolving ``cfg``'s names in place."""
-    from fedjax_pfl.data.registry import canonical_name, input_kind
-
-    algorithm = get_method(cfg.method_name)
-    cfg.method = resolved_method_options(cfg.method_name, cfg.method)
+def check_values(cfg: config_lib.RunConfig, algorithm):
+    """`validate`'s checks, resolving ``cfg``'s names in place -> the method's options."""
+    options = config_lib.method_options(algorithm.hparams_type, cfg.method)
+    cfg.method = resolved(options)
     resolve_dataset(cfg)
     cfg.data.name = canonical_name(cfg.data.name)  # raises UserError listing the valid names
+    resolve_partition(cfg)
     resolve_model(cfg, {"image": True, "vector": False}.get(input_kind(cfg.data.name)))
     config_lib.validate_values(cfg)
-    algorithm.refuse_unsupported(cfg.train.persistent_optimizer, beyond_plain_sgd(cfg.train))
     offered = algorithm.eval_models
     if cfg.eval.model == "auto":
         cfg.eval.model = offered[0]
@@ -291,6 +320,8 @@ def check_values(cfg: config_lib.RunConfig) -> None:
     if data_dir and cfg.data.source == "files" and cfg.data.name != "synthetic" and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder; pass the folder that holds the dataset files "
                         "or leave it out")
+    algorithm.check_run(options, run_facts(cfg))
+    return options
 
 
 def _note(cfg: config_lib.RunConfig, key: str, text: str) -> None:
@@ -305,11 +336,17 @@ def resolved_notes(cfg: config_lib.RunConfig) -> dict[str, str]:
 def resolve_dataset(cfg: config_lib.RunConfig) -> None:
     """``data.name='auto'`` -> the official cifar10 when its files are here, else cifar10_jpeg when it is
     (data/registry.py's `resolve_auto`)."""
-    from fedjax_pfl.data.registry import AUTO, resolve_auto
-
     if cfg.data.name == AUTO:
         cfg.data.name, why = resolve_auto(cfg.data.data_dir, cfg.data.source)
         _note(cfg, "data.name", f"{cfg.data.name} ({why})")
+
+
+def resolve_partition(cfg: config_lib.RunConfig) -> None:
+    """``partition.scheme='auto'`` -> its scheme (`config.partition_scheme`), recorded."""
+    if cfg.partition.scheme == AUTO:
+        cfg.partition.scheme = config_lib.partition_scheme(cfg)
+        why = "the folder brings its own clients" if cfg.partition.scheme == "natural" else "the default"
+        _note(cfg, "partition.scheme", f"{cfg.partition.scheme} (auto: {why})")
 
 
 def resolve_model(cfg: config_lib.RunConfig, is_image: bool | None) -> None:
@@ -317,21 +354,6 @@ def resolve_model(cfg: config_lib.RunConfig, is_image: bool | None) -> None:
     if cfg.model.name == "auto" and is_image is not None:
         cfg.model.name = default_model(is_image)
         _note(cfg, "model.name", f"{cfg.model.name} (auto: the default for {'images' if is_image else 'feature vectors'})")
-
-
-def resolved_method_options(method_name: str, options: dict) -> dict:
-    """Every option of the method with the value it takes from ``options`` or its default (checked)."""
-    return resolved(config_lib.method_options(get_method(method_name).hparams_type, options))
-
-
-def check_body_head_split(method) -> None:
-    """A body-sharing method on a model whose body has no parameters (mlr) would just be Local."""
-    if not method.algorithm.needs_body_head_split:
-        return
-    shapes = jax.eval_shape(method.model.init, jax.random.key(0))
-    if not jax.tree.leaves(shapes["params"]["body"]):
-        raise UserError(f"method {method.name!r} shares the model's body, but {method.model.name!r} has no body "
-                        "parameters (its feature is the input); choose a model with a body, e.g. --model mlp")
 
 
 def check_files_read(data_dir, read: list) -> None:
@@ -350,13 +372,14 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
     (engine/round_progress.py)."""
     require_valid(run, "build_experiment")
     cfg = run.config
+    seed = config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)
     read: list = []
     if dataset is None:
-        extra = ({"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg),
+        extra = ({"num_clients": cfg.partition.num_clients, "seed": seed,
                   "size_factor": cfg.data.synthetic_size_factor,
                   "samples_per_client": cfg.data.synthetic_samples_per_client} if cfg.data.name == "synthetic" else {})
         if cfg.data.name == "synthetic":  # before a sample is drawn
-            train, test = synthetic.planned_sizes(cfg.partition.num_clients, data_seed(cfg),
+            train, test = synthetic.planned_sizes(cfg.partition.num_clients, seed,
                                                   cfg.data.synthetic_samples_per_client,
                                                   size_factor=cfg.data.synthetic_size_factor)
             client_limits.check_synthetic_fits(train, test, synthetic.DIMENSION, cfg.partition.scheme, host_copies())
@@ -364,7 +387,7 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
         try:
             with files.recording_reads() as read:
                 dataset = load_dataset(cfg.data.name, data_dir=cfg.data.data_dir,
-                                       allow_download=cfg.data.allow_download and not explicit_dir,
+                                       allow_download=cfg.data.allow_download,
                                        source=cfg.data.source, **extra)
         except DataNotFoundError as e:
             hint = " (or --dataset cifar10_jpeg, the project's JPEG copy)" if cfg.data.name == "cifar10" else ""
@@ -374,10 +397,10 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
     dataset = with_normalization(dataset, cfg.data.normalization)
     resolve_model(cfg, dataset.is_image)  # (datasets whose files decide their inputs)
     setup = build_setup(cfg, dataset)
-    algorithm = get_method(cfg.method_name)
-    method = algorithm(setup, config_lib.method_options(algorithm.hparams_type, cfg.method))
-    check_body_head_split(method)
-    data = partition_dataset(dataset, cfg.partition, data_seed(cfg))
+    method = get_method(cfg.method_name)(setup, run.options)
+    data = partition_dataset(dataset, cfg.partition, seed)
+    if INPUTS[cfg.data.name] is None or known_clients(cfg) is None:  # facts validate could not know
+        method.algorithm.check_run(run.options, run_facts(cfg, setup.model, data.train.num_clients))
     client_limits.check_batch_size(cfg.train.batch_size, data.train.n)
     num_clients = data.train.num_clients
     engine_cfg = engine_config(cfg.train, engine_lib.clients_per_round(num_clients, cfg.train.join_ratio), progress)

@@ -223,7 +223,7 @@ class FederationProgram:
         self.exps = []
         cfgs = [run.checked for run in runs]
         for run, cfg in zip(runs, cfgs):
-            key = repr((config_lib.to_dict(cfg)["partition"], cfg.seed if cfg.data_seed is None else cfg.data_seed))
+            key = repr((config_lib.to_dict(cfg)["partition"], config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)))
             if key not in built:
                 first = next(iter(built.values()), None)
                 reuse = first is not None and cfg.data.name != "synthetic"  # generated data depend on the seed

@@ -8,15 +8,14 @@ import itertools
 from pathlib import Path
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.methods import get_method
 from fedjax_pfl.runs import config as config_lib
 
 
-def expand(cfg: config_lib.RunConfig) -> list[tuple[config_lib.RunConfig, dict, str]]:
+def expand(cfg: config_lib.RunConfig, allowed: tuple[str, ...]) -> list[tuple[config_lib.RunConfig, dict, str]]:
     """The points of a sweep config with its output folder set: grid (``cfg.sweep``) x seeds (``cfg.seeds`` or
     ``seed``), each as (its config, its traced values: 'lr' or an option name -> float, its grid folder's name:
-    '' without a grid, else e.g. 'lr0.05_mu0.01')."""
-    allowed = get_method(cfg.method_name).hyperparameter_names
+    '' without a grid, else e.g. 'lr0.05_mu0.01'). ``allowed``: the names the method's round takes as values
+    (`Algorithm.hyperparameter_names`)."""
     names = {key: config_lib.hyperparameter_name(key) for key in cfg.sweep}
     for key, name in names.items():
         if name not in allowed:
@@ -26,7 +25,7 @@ def expand(cfg: config_lib.RunConfig) -> list[tuple[config_lib.RunConfig, dict, 
         if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise UserError(f"{key} must be a non-empty list of numbers, got {values!r}")
     seeds = list(cfg.seeds) or [cfg.seed]
-    data_seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
+    data_seed = config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)
     root = Path(cfg.out)
     points = []
     for combo in itertools.product(*cfg.sweep.values()):

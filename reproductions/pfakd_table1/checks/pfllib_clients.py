@@ -15,7 +15,7 @@ from fedjax_pfl.data import client_data, pfllib
 from fedjax_pfl.data.dataset import with_normalization
 from fedjax_pfl.data.registry import load_dataset
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.experiment import data_seed, partition_dataset
+from fedjax_pfl.runs.experiment import partition_dataset
 
 
 def main() -> None:
@@ -25,8 +25,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the preset, as for fedjax_pfl.train")
     args = ap.parse_args()
     cfg = config_lib.build(args.config, args.overrides)
+    cfg.partition.scheme = config_lib.partition_scheme(cfg)  # (an 'auto' resolved, as a run's validation does)
+    seed = config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)
     ds = with_normalization(load_dataset(cfg.data.name), cfg.data.normalization)
-    fed = partition_dataset(ds, cfg.partition, data_seed(cfg))
+    fed = partition_dataset(ds, cfg.partition, seed)
 
     def clients(data):
         return [(pfllib.to_pfllib_images(ds, x), y)
@@ -34,7 +36,7 @@ def main() -> None:
 
     folder = pfllib.write_pfllib_folder(args.out, clients(fed.train), clients(fed.test), ds.num_classes,
                                         dataset=ds.name, partition=cfg.partition.scheme,
-                                        alpha=cfg.partition.alpha, data_seed=data_seed(cfg))
+                                        alpha=cfg.partition.alpha, data_seed=seed)
     print(f"wrote {fed.train.num_clients} clients of {ds.name} to {folder}")
     print(fed.text)
 

@@ -39,7 +39,7 @@ CLIENTS, PER_ROUND, SHAPES = 10, 6, [(200, 784), (200,), (200, 200), (200,), (10
 
 def clients(seed: int) -> list[tuple]:
     """Client i's (x_train, y_train, x_test, y_test), normalized, of the run with ``--seed seed``."""
-    cfg = config_lib.build(overrides=["data.name=fmnist", "partition.num_clients=10"])
+    cfg = config_lib.build(overrides=["data.name=fmnist", "partition.scheme=dirichlet", "partition.num_clients=10"])
     ds = load_dataset("fmnist")
     fed = partition_dataset(ds, cfg.partition, seed)
     mean, std = np.asarray(ds.mean, np.float32), np.asarray(ds.std, np.float32)
