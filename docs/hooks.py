@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:  # the checkout's own fedjax_pfl, whatever is inst
 # re-point here when a command moves.
 CLI_PARSERS = (
     ("fedjax_pfl.commands.train", "build_parser", "python -m fedjax_pfl.train"),
-    ("fedjax_pfl.papers.reproduce", "build_parser", "python -m fedjax_pfl.reproduce"),
+    ("fedjax_pfl.cells.reproduce", "build_parser", "python -m fedjax_pfl.reproduce"),
     ("fedjax_pfl.commands.report", "build_parser", "python -m fedjax_pfl.report"),
 )
 RUN_CONFIG = "fedjax_pfl.runs.config"

@@ -16,7 +16,7 @@ import pytest
 from fedjax_pfl.commands import train
 from fedjax_pfl.commands import report
 from fedjax_pfl.outputs import report as report_files
-from fedjax_pfl.papers import reproduce
+from fedjax_pfl.cells import reproduce
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.data import files
 from fedjax_pfl.core.errors import UserError

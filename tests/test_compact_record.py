@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import compact_record, figures, metrics_file, run_folder
-from fedjax_pfl.papers import reproduce
+from fedjax_pfl.cells import reproduce
 from fedjax_pfl.commands import train
 from fedjax_pfl.outputs import report
 

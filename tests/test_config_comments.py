@@ -12,7 +12,7 @@ import pytest
 
 from fedjax_pfl.commands import train
 from fedjax_pfl.models.networks import build_model
-from fedjax_pfl.papers import reproduce
+from fedjax_pfl.cells import reproduce
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import experiment
 from fedjax_pfl.methods import get_method

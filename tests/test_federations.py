@@ -166,7 +166,7 @@ def _argv(root, name, cell, extra=()) -> list[str]:
 
 
 def _run_configs(root, cells, extra=()):
-    from fedjax_pfl.papers.cell_command import build_config
+    from fedjax_pfl.cells.cell_command import build_config
 
     return [build_config(_argv(root, name, cell, extra)) for name, cell in cells.items()]
 
@@ -228,7 +228,7 @@ def test_the_table_command_trains_a_methods_cells_as_rows_and_equals_them_one_by
     """reproduce: each method's new cells (two alphas x two join ratios x two seeds) as rows of one program;
     with --one-by-one each alone: the same records. --cells with ';' ends a program."""
     from fedjax_pfl.outputs import results_writer, run_folder
-    from fedjax_pfl.papers import reproduce
+    from fedjax_pfl.cells import reproduce
 
     monkeypatch.setattr(results_writer, "matplotlib_available", lambda: False)
     table = tmp_path / "tiny.yaml"

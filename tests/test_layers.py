@@ -3,7 +3,7 @@
 Layers, lowest first (a module may import its own folder and any lower layer):
 
     core -> process -> data, models, outputs -> kernels -> losses, aggregation -> methods -> engine -> runs -> commands
-         -> papers -> the command modules (train, reproduce, report)
+         -> papers -> cells -> the command modules (train, reproduce, report)
 
 Every import counts, at module level or inside a function.
 """
@@ -29,6 +29,7 @@ RANKS = {
     "runs": 6,
     "commands": 6.5,
     "papers": 7,
+    "cells": 7.5,
     "train": 8, "reproduce": 8, "report": 8, "__init__": 8,
 }
 COMMANDS = {"__init__", "losses", "aggregation", "train", "reproduce", "report"}
@@ -194,7 +195,7 @@ def test_the_output_files_package_imports_without_jax():
 
 
 ONE_FILE_EACH = {"methods", "kernels"}  # one file a method or a concept: as many as there are
-ABOVE_THE_ENGINE = {"runs", "papers", "outputs"}
+ABOVE_THE_ENGINE = {"runs", "papers", "cells", "outputs"}
 
 
 def test_no_folder_is_a_crowd():

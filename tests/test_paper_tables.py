@@ -6,7 +6,9 @@ table file that drifts from its paper fails; the settings are checked on the con
 
 import pytest
 
-from fedjax_pfl.papers import reproduce, table_spec
+from fedjax_pfl.cells import reproduce
+
+from fedjax_pfl.papers import table_spec
 
 ROWS = {
     "fedas_table2": ["fedavg_p", "fedprox_p", "fedper", "ditto", "lgfedavg", "fedbabu", "fedproto", "fedala", "fedpac",

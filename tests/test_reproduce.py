@@ -14,8 +14,10 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.commands import train
 from fedjax_pfl.runs import config
 from fedjax_pfl.outputs import report
-from fedjax_pfl.papers import data_check, paper_table, reproduce
-from fedjax_pfl.papers import earlier_table, parallel_cells, table_spec
+from fedjax_pfl.cells import data_check, reproduce
+from fedjax_pfl.papers import paper_table
+from fedjax_pfl.cells import parallel_cells
+from fedjax_pfl.papers import earlier_table, table_spec
 from fedjax_pfl.outputs import machine, results_writer, run_folder
 from signal_after_round import signal_after
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_pfl.papers import reproduce
+from fedjax_pfl.cells import reproduce
 
 REPRODUCTIONS = Path(__file__).resolve().parents[1] / "reproductions"
 TABLES = sorted(p.parent.relative_to(REPRODUCTIONS.parent) for p in REPRODUCTIONS.rglob("table.md"))

@@ -12,8 +12,9 @@ import pytest
 
 from fedjax_pfl.outputs import results_writer, run_folder
 from fedjax_pfl.engine import client_mapping
-from fedjax_pfl.papers import plan_command, plan_log, reproduce, round_seconds, run_plan, table_spec
-from fedjax_pfl.papers.run_plan import Margins, Step
+from fedjax_pfl.cells import plan_command, plan_log, reproduce, round_seconds, run_plan
+from fedjax_pfl.papers import table_spec
+from fedjax_pfl.cells.run_plan import Margins, Step
 from fedjax_pfl.runs import config as config_lib
 from test_reproduce import TINY as REPRODUCE_TINY
 

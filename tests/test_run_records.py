@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from fedjax_pfl.core.errors import UserError  # noqa: E402
 from fedjax_pfl.outputs import metrics_file, run_folder  # noqa: E402
-from fedjax_pfl.papers import reproduce  # noqa: E402
+from fedjax_pfl.cells import reproduce  # noqa: E402
 from signal_after_round import signal_after  # noqa: E402
 from test_run_plan import _tiny  # noqa: E402
 from tools import run_records  # noqa: E402

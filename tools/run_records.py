@@ -146,7 +146,7 @@ def replan_argv(table: list[str], out: Path) -> list[str]:
 def main(argv=None) -> int:
     """The two commands of the module docstring; one line and exit 2 on bad input."""
     from fedjax_pfl.commands.command import Command, OneLineParser
-    from fedjax_pfl.papers import reproduce
+    from fedjax_pfl.cells import reproduce
     from fedjax_pfl.papers.table_spec import find_table, load_table
 
     parser = OneLineParser(prog="python tools/run_records.py", description=__doc__.splitlines()[0])

@@ -1,12 +1,12 @@
 """A finished cell carried from a plan's work folder into the table's folder as a compact record.
 
 A background plan trains its cells in a work folder outside the repository
-(papers/plan_log.py); the table lives in the repository (reproductions/NAME).
+(cells/plan_log.py); the table lives in the repository (reproductions/NAME).
 `collect_cell` copies a cell's run folder, once it finished, into the
 table's runs/ as the compact record a reproduction commits (config.json,
 summary.json, metrics.jsonl.xz: outputs/compact_record.py), leaving the
 work folder's copy (and its checkpoints) as it is. The table is then written
-again from the table's folder (papers/reproduce.py), so each finished cell
+again from the table's folder (cells/reproduce.py), so each finished cell
 can be committed as soon as it finishes.
 """
 

@@ -2,12 +2,12 @@
 
 Reads every chosen cell's state here (finished, resumable, new; a cell an
 earlier table keeps counts as finished), estimates each cell's seconds per
-round on ``--device-kind`` (papers/round_seconds.py), orders and packs the
-missing ones into device commands that fit S seconds (papers/run_plan.py)
+round on ``--device-kind`` (cells/round_seconds.py), orders and packs the
+missing ones into device commands that fit S seconds (cells/run_plan.py)
 and writes, beside the table: run_plan.md (for people), run_plan.sh (what
 each device command runs: ``bash OUT/run_plan.sh [SECONDS [WORK]]``) and
 run_plan.json (the plan as data, and what made it). A method's new cells
-are rows of one program (papers/reproduce.py), and every cell runs with the
+are rows of one program (cells/reproduce.py), and every cell runs with the
 kind's client mapping (``packed`` unless the kind's record names another)
 unless the command sets a mapping (the rows share the lanes; `auto` would
 time its candidates in every lone cell, 35-55 s each on an H200,
@@ -19,8 +19,8 @@ priority beside other work, not a lent device's 600 s commands) plans one
 cell a program (``cells_per_program``: a cell finishes, and can be committed,
 before the next starts), runs its cells in a work folder outside the
 repository (``--work``, default the user cache's cells/TABLE:
-papers/plan_log.py) whose finished cells the command copies into the table's
-folder as compact records (papers/collect.py), and its run_plan.sh starts
+cells/plan_log.py) whose finished cells the command copies into the table's
+folder as compact records (cells/collect.py), and its run_plan.sh starts
 the command in the background and returns. The plan reads the work folder:
 its runs' seconds (finished or not) calibrate the estimate, and its log
 names the cells that ran before but whose checkpoints are gone (they start
@@ -36,8 +36,8 @@ from pathlib import Path
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs import run_folder
 from fedjax_pfl.outputs.atomic_file import atomic_write
-from fedjax_pfl.papers import plan_log, round_seconds, run_plan
-from fedjax_pfl.papers.cell_command import build_config, cell_argv, cell_state, display_path
+from fedjax_pfl.cells import plan_log, round_seconds, run_plan
+from fedjax_pfl.cells.cell_command import build_config, cell_argv, cell_state, display_path
 from fedjax_pfl.papers.table_spec import NO_DATA, Cell, TableSpec
 
 PLAN_FILES = ("run_plan.md", "run_plan.sh", "run_plan.json")

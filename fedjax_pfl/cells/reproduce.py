@@ -40,12 +40,12 @@ when they all finished); supply the files and run the same command again. Bad
 input: one line, exit 2; a cell that fails is reported and the others still
 run (exit 1); Ctrl-C (or SIGTERM) stops after the round in flight, writes the table so
 far, exit 130 (143). ``--jobs N`` trains N cells at a time, each in its own process
-(papers/parallel_cells.py; its output in OUT/logs/), for a device one cell
+(cells/parallel_cells.py; its output in OUT/logs/), for a device one cell
 does not fill. ``--cells A,B,...`` runs exactly those cells
 (``<method>-<setting>/seed<k>``), in that order; its table shows the rows x
 settings x seeds they span.
 
-A time budget (papers/plan_command.py): ``--plan-for-seconds S`` plans the
+A time budget (cells/plan_command.py): ``--plan-for-seconds S`` plans the
 cells not finished into device commands that fit S seconds (a lent GPU's
 window, a cluster job's walltime), most wanted first, and writes
 run_plan.md, run_plan.sh and run_plan.json beside the table, and the table
@@ -73,15 +73,16 @@ from fedjax_pfl.outputs.compact_record import compact_runs
 from fedjax_pfl.commands.command import INTERRUPTED, TERMINATED, Command, OneLineParser, seed_list, split_overrides
 from fedjax_pfl.outputs.output_folder import check_writable
 from fedjax_pfl.process.stop_request import StopRequest
-from fedjax_pfl.papers.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
+from fedjax_pfl.cells.cell_command import (base_argv, batchable, build_config, cell_argv, cell_state,
                                             consecutive_groups, display_path, paper_rounds, seeds_argv)
 from fedjax_pfl.outputs import run_folder
-from fedjax_pfl.papers import plan_command, plan_log, weight_notes
-from fedjax_pfl.papers.collect import collect_cell
-from fedjax_pfl.papers.data_check import missing_data
+from fedjax_pfl.cells import plan_command, plan_log
+from fedjax_pfl.papers import weight_notes
+from fedjax_pfl.cells.collect import collect_cell
+from fedjax_pfl.cells.data_check import missing_data
 from fedjax_pfl.papers.earlier_table import read_earlier
 from fedjax_pfl.papers.paper_table import kept_cells, write_table
-from fedjax_pfl.papers.parallel_cells import Job, run_side_by_side
+from fedjax_pfl.cells.parallel_cells import Job, run_side_by_side
 from fedjax_pfl.papers.table_spec import NO_DATA, TABLES_DIR, Cell, TableSpec, find_table, load_table, parse_list, table_names
 
 TRAIN = "python -m fedjax_pfl.train"
@@ -186,7 +187,7 @@ def first_cells(cells: list[Cell]) -> dict[str, Cell]:
 
 
 def settings_without_data(cells: list[Cell], extra: list[str], data_dir: str | None) -> dict[str, str]:
-    """Setting name -> why its dataset cannot be loaded (papers/data_check.py), for the settings of ``cells``."""
+    """Setting name -> why its dataset cannot be loaded (cells/data_check.py), for the settings of ``cells``."""
     data = ["--data-dir", data_dir] if data_dir else []
     first = first_cells(cells)
     reasons = {name: missing_data(build_config(base_argv(c, [*extra, *data])).config) for name, c in first.items()}
@@ -322,7 +323,7 @@ def listed_cells(text: str, spec: TableSpec) -> list[list[Cell]]:
 
 def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     """Run (or, with --dry-run, print) the chosen cells and write the table; the exit status. With
-    --plan-for-seconds (papers/plan_command.py), plan them for a time budget instead.
+    --plan-for-seconds (cells/plan_command.py), plan them for a time budget instead.
 
     ``command.folder`` is set to the output folder (for error.log)."""
     if args.table_file and args.name:
@@ -451,7 +452,7 @@ def log_cells(program: Program, out: Path, event: str, args) -> None:
 
 
 def collect(spec: TableSpec, program: Program, out: Path, into: Path, args) -> None:
-    """Copy ``program``'s finished cells from ``out`` into ``into`` (papers/collect.py) and, when one was new
+    """Copy ``program``'s finished cells from ``out`` into ``into`` (cells/collect.py) and, when one was new
     there, write ``into``'s table (as ``--table-only`` would), saying so in one line."""
     copied = [c.folder_name for c in program.cells
               if collect_cell(out / "runs" / c.folder_name, into / "runs" / c.folder_name)]

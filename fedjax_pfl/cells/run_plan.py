@@ -14,14 +14,14 @@ each, and what runs when it ends is lost. The plan:
    Without a ``headline``: column by column, settings and rows in table
    order. Resumable cells go before all (plan_command.py).
 2. **Programs** (`pack`): the cells a program may hold are queued: a method's
-   new cells (papers/reproduce.py: rows of one program, engine/federations.py),
+   new cells (cells/reproduce.py: rows of one program, engine/federations.py),
    in that order, the queues in the order of their first cell (so a method's
    further seeds go with its first ones), or a cell alone (resumable, or
    --one-by-one). Each command,
    queue by queue in order, takes the longest head of the queue whose program
    fits what the command has left: its ``cell_start`` (clients, compiling,
    checkpoints) and its rounds times the program's estimated seconds per round
-   (papers/round_seconds.py: for the cells together, not k times one); so the
+   (cells/round_seconds.py: for the cells together, not k times one); so the
    headline method's cells come first and later queues fill the time. Each
    command spends its ``command_start`` margin (Python, JAX, the data), and
    ``stop`` + ``pack`` are kept free at its end. What no command holds is left
@@ -44,7 +44,7 @@ import math
 import shlex
 
 from fedjax_pfl.core.errors import UserError
-from fedjax_pfl.papers import plan_log
+from fedjax_pfl.cells import plan_log
 from fedjax_pfl.papers.table_spec import Cell, TableSpec
 
 STANDBY_CELLS = 40  # at most this many steps left over are listed after the planned ones
@@ -232,9 +232,9 @@ def markdown(spec: TableSpec, plan: Plan, budget_seconds: float, kind: str, marg
                "the table again with --table-only). A cut cell resumes from its checkpoint in WORK.", ""]
     lines = [f"# Run plan: {spec.name} on {kind}", "",
              f"Made by `{command}` from the cells not finished when it ran, in the order of "
-             "fedjax_pfl/papers/run_plan.py (the headline setting first, then the rows nearest the headline "
+             "fedjax_pfl/cells/run_plan.py (the headline setting first, then the rows nearest the headline "
              f"row's published number, resumable cells first), {programs}. Seconds are estimates of each "
-             "program, its cells together (papers/round_seconds.py); margins per command: "
+             "program, its cells together (cells/round_seconds.py); margins per command: "
              f"start {margins.command_start:.0f}, stop {margins.stop:.0f}, packing {margins.pack:.0f}; per step: "
              f"start {margins.cell_start:.0f} (benchmarks/seconds_per_round.json says why, and what the model's "
              "step law is fitted to).", "",

@@ -50,7 +50,7 @@ model it cannot train); the others show no runs. A cell is one (row, setting, se
 command's ``--config``, ``--method``, ``--seed`` and the overrides, in that
 order of precedence (setting, then row, then per-setting). ``headline``
 (optional) marks the paper's own row and the setting(s) it leads with: a
-run plan (papers/run_plan.py) runs those cells first, then the rows whose
+run plan (cells/run_plan.py) runs those cells first, then the rows whose
 published numbers lie nearest the headline row's (they decide its rank).
 Nothing here imports JAX.
 """
