@@ -345,6 +345,15 @@ CASES_LIST: list[Case] = [
          "error: the run in {tmp}/run has no complete checkpoint (it stopped before its first one was saved, or "
          "during that save), so it cannot be continued: start it afresh in place with --start-over, or choose "
          "another --out", checked_by="test_a_kill_during_the_first_checkpoint_save_can_be_started_over_in_place"),
+    Case("rerun_finished_without_checkpoints", "the same run again (no --resume) in the folder of a finished run "
+         "that kept no checkpoints (the default --checkpoint-every 0)",
+         "error: the run in {tmp}/run finished without keeping a checkpoint (--checkpoint-every 0), so it cannot be "
+         "continued: start it afresh in place with --start-over, or choose another --out",
+         checked_by="test_a_finished_run_without_checkpoints_is_named_finished_and_starts_over_in_place"),
+    Case("resume_finished_without_checkpoints", "--resume of a finished run that kept no checkpoints",
+         "error: the run in {tmp}/run finished without keeping a checkpoint (--checkpoint-every 0), so it cannot be "
+         "continued: start it afresh in place with --start-over, or choose another --out",
+         checked_by="test_a_finished_run_without_checkpoints_is_named_finished_and_starts_over_in_place"),
     Case("sigterm_mid_run", "SIGTERM (a batch scheduler's stop) in round 2 of 3: the run stops after the round "
          "with a checkpoint and summary.json (status interrupted); --resume continues it",
          "SIGTERM: stopping after round 2 of 3, with a checkpoint and the summary; continue later with --resume "
