@@ -9,6 +9,7 @@ and masking in the engine.
 
 from __future__ import annotations
 
+import gc
 from typing import NamedTuple, Sequence
 
 import jax
@@ -46,8 +47,11 @@ def stack_clients(x_pool: np.ndarray, y_pool: np.ndarray, indices_per_client: Se
     placed on the default device; see `device_put` to shard it. The host arrays
     are `padded_arrays`' (no copy of the whole pool on the way).
     """
-    x, y, n = padded_arrays(x_pool, y_pool, indices_per_client, pad_to)
-    return ClientData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(n))
+    host = padded_arrays(x_pool, y_pool, indices_per_client, pad_to)
+    placed = jax.block_until_ready(ClientData(*map(jnp.asarray, host)))
+    del host
+    gc.collect()  # jax holds the host arrays it copied until the copy is done, then in a reference cycle: free them
+    return placed
 
 
 def padded_arrays(x_pool: np.ndarray, y_pool: np.ndarray, indices_per_client: Sequence[np.ndarray],

@@ -87,6 +87,12 @@ class Dataset:
         return tuple(self.x_train.shape[1:])
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of its samples, labels and client ids."""
+        arrays = (self.x_train, self.y_train, self.x_test, self.y_test, self.client_ids_train, self.client_ids_test)
+        return sum(a.nbytes for a in arrays if a is not None)
+
+    @property
     def is_federated(self) -> bool:
         """True when the data carries its own client ids."""
         return self.client_ids_train is not None

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.engine import engine as engine_lib, memory_estimate
 from fedjax_pfl.data import client_data, client_limits, files, partition, synthetic
 from fedjax_pfl.data.pfllib_partition import pfllib_dirichlet_split
 from fedjax_pfl.data.dataset import Dataset, with_normalization
@@ -49,6 +49,7 @@ class FederatedData:
     summary: dict
     text: str
     val: client_data.ClientData | None = None  # partition.val_fraction of each client's train split
+    memory: memory_estimate.Estimate | None = None  # the run's peak memory, estimated before the arrays were made
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +113,10 @@ def make_normalize(dataset: Dataset):
     return normalize
 
 
-def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int) -> FederatedData:
-    """Client train/test index lists per the config, stacked into padded arrays."""
+def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int,
+                      memory: memory_estimate.RunMemory | None = None) -> FederatedData:
+    """Client train/test index lists per the config, stacked into padded arrays; ``memory``: the run's estimate,
+    checked once the sizes are known, before the arrays are made (engine/memory_estimate.py)."""
     if p.scheme == "natural":
         if not dataset.is_federated:
             raise UserError(f"partition 'natural' needs a dataset with its own clients (synthetic, pfllib), not {dataset.name}")
@@ -153,9 +156,9 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
     if p.val_fraction > 0:  # stratified, from the train split only: test data never pick a setting
         train_idx, val_idx = partition.split_train_test(train_idx, y_train, 1.0 - p.val_fraction, seed + 3)
     parts = {"train": train_idx, "test": test_idx, **({"val": val_idx} if val_idx is not None else {})}
-    client_limits.check_client_arrays_fit({k: np.array([len(i) for i in v]) for k, v in parts.items()},
-                                        x_train.shape[1:], x_train.dtype, dataset.name.startswith("synthetic"),
-                                        host_copies())
+    if memory is not None:  # the pool twice where train and test are pooled; views of it for its own clients
+        memory.check_arrays({k: np.array([len(i) for i in v]) for k, v in parts.items()}, dataset,
+                            1 + (p.scheme != "natural" and p.test_from == "split"), p.scheme == "natural" and not val_idx)
     if val_idx is not None:
         val = client_data.stack_clients(x_train, y_train, val_idx)
     info = {"dataset": dataset.name, "seed": seed, **dataclasses.asdict(p)}
@@ -166,14 +169,8 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         summary=summary,
         text=partition.format_summary(summary),
         val=val,
+        memory=memory and memory.estimate,
     )
-
-
-def host_copies() -> int:
-    """How many copies of the client data the engine keeps: one per host device of this process when there are
-    several (engine/sharding.py's `place_client_data`), else one."""
-    devices = jax.local_devices()
-    return len(devices) if jax.process_count() == 1 and len(devices) > 1 and devices[0].platform == "cpu" else 1
 
 
 def data_seed(cfg: config_lib.RunConfig) -> int:
@@ -189,6 +186,11 @@ def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
     if "min_size" in params:  # fixed per-client sizes need that many samples per client
         params["min_size"] = max(p.min_size, (p.train_per_client or 0) + (p.test_per_client or 0))
     return partition.make_partition(p.scheme, labels, p.num_clients, seed, **params)
+
+
+def build_method(cfg: config_lib.RunConfig, dataset: Dataset):
+    algorithm = get_method(cfg.method_name)
+    return algorithm(build_setup(cfg, dataset), config_lib.method_options(algorithm.hparams_type, cfg.method))
 
 
 def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
@@ -351,15 +353,14 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
     require_valid(run, "build_experiment")
     cfg = run.config
     read: list = []
+    memory = memory_estimate.RunMemory(memory_estimate.RunPlan.of(cfg, data_seed(cfg)))  # (the process before data)
     if dataset is None:
         extra = ({"num_clients": cfg.partition.num_clients, "seed": data_seed(cfg),
                   "size_factor": cfg.data.synthetic_size_factor,
                   "samples_per_client": cfg.data.synthetic_samples_per_client} if cfg.data.name == "synthetic" else {})
-        if cfg.data.name == "synthetic":  # before a sample is drawn
-            train, test = synthetic.planned_sizes(cfg.partition.num_clients, data_seed(cfg),
-                                                  cfg.data.synthetic_samples_per_client,
-                                                  size_factor=cfg.data.synthetic_size_factor)
-            client_limits.check_synthetic_fits(train, test, synthetic.DIMENSION, cfg.partition.scheme, host_copies())
+        if cfg.data.name == "synthetic":  # before a sample is drawn (sized on a one-client copy of its data)
+            memory.with_method(build_method(cfg, synthetic.load_synthetic(num_clients=1, samples_per_client=2)))
+            memory.check_before_loading()
         explicit_dir = bool(cfg.data.data_dir) and cfg.data.source == "files"
         try:
             with files.recording_reads() as read:
@@ -373,11 +374,10 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
             check_files_read(cfg.data.data_dir, read)
     dataset = with_normalization(dataset, cfg.data.normalization)
     resolve_model(cfg, dataset.is_image)  # (datasets whose files decide their inputs)
-    setup = build_setup(cfg, dataset)
-    algorithm = get_method(cfg.method_name)
-    method = algorithm(setup, config_lib.method_options(algorithm.hparams_type, cfg.method))
+    method = build_method(cfg, dataset)
     check_body_head_split(method)
-    data = partition_dataset(dataset, cfg.partition, data_seed(cfg))
+    memory.with_method(method)
+    data = partition_dataset(dataset, cfg.partition, data_seed(cfg), memory)
     client_limits.check_batch_size(cfg.train.batch_size, data.train.n)
     num_clients = data.train.num_clients
     engine_cfg = engine_config(cfg.train, engine_lib.clients_per_round(num_clients, cfg.train.join_ratio), progress)
