@@ -10,17 +10,21 @@ The training loop calls three hooks:
   curves up to date (a failed or interrupted run keeps what it had) and waits
   for the figures.
 CSV files are small and written in the calling thread. Figures are drawn in
-one background thread that only ever draws the newest snapshot, so rounds
-never wait on matplotlib. Without matplotlib the run goes on and prints one
-note saying how to draw the figures later. Tables are rebuilt from
-metrics.jsonl, so a resumed run's files cover all its rounds.
+one background thread, shared by every run of the process (a sweep's runs
+draw one after another, one run's figures in memory at a time), that only
+ever draws a run's newest snapshot, so rounds never wait on matplotlib.
+``close(wait=False)`` leaves a run's figures to that thread: `unwaited` lists
+such runs, for whoever waits on many (outputs/many_runs.py). Without
+matplotlib the run goes on and prints one note saying how to draw the
+figures later. Tables are rebuilt from metrics.jsonl, so a resumed run's
+files cover all its rounds.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
 from pathlib import Path
 
 from fedjax_pfl.outputs import run_folder, tables
@@ -29,6 +33,25 @@ from fedjax_pfl.outputs.tensorboard_log import TensorBoardLog
 
 NO_MATPLOTLIB = ("note: figures skipped, matplotlib is not installed (pip install 'fedjax_pfl[plots]'; "
                  "then python -m fedjax_pfl.report --redraw {out} draws them)")
+
+
+_drawer: futures.ThreadPoolExecutor | None = None  # the process's one drawing thread (`drawer`)
+_unwaited: list["ResultsWriter"] = []  # runs closed without waiting for their figures
+
+
+def drawer() -> futures.ThreadPoolExecutor:
+    """The one thread that draws every run's figures in this process."""
+    global _drawer
+    if _drawer is None:
+        _drawer = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedjax_pfl-figures")
+    return _drawer
+
+
+def unwaited() -> list["ResultsWriter"]:
+    """The runs closed with ``wait=False`` whose figures nobody has waited for yet (taken off the list)."""
+    taken = list(_unwaited)
+    _unwaited.clear()
+    return taken
 
 
 def matplotlib_available() -> bool:
@@ -49,8 +72,7 @@ class ResultsWriter:
         self.draws = matplotlib_available()
         if not self.draws:
             print(NO_MATPLOTLIB.format(out=self.out), file=sys.stderr)
-        self._drawer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedjax_pfl-figures")
-        self._jobs: list = []
+        self._jobs: list[futures.Future] = []
         self._generation = 0
         self._refreshed_at = time.monotonic()
         self._written_records = -1
@@ -70,22 +92,44 @@ class ResultsWriter:
             tables.write_clients_csv(self.out / "clients.csv", self._clients)
         self._refresh(force=True)
 
-    def close(self) -> list[BaseException]:
-        """Bring metrics.csv and the figures up to date and wait for them -> the errors of figures not drawn
-        (each printed as a warning, but a full disk's: the caller reports that once)."""
+    def close(self, wait: bool = True) -> list[BaseException]:
+        """Bring metrics.csv and the figures up to date and (``wait``) wait for the figures -> the errors of figures
+        not drawn (each printed as a warning, but a full disk's: the caller reports that once). Without
+        ``wait`` the figures are drawn later (`unwaited`, `wait_figures`)."""
         try:
-            try:
-                self._refresh()
-            finally:
-                self._drawer.shutdown(wait=True)
-            failed = [job.exception() for job in self._jobs if job.exception() is not None]
-            for error in failed:
-                if not is_no_space(error):
-                    print(f"warning: figures in {self.out / 'plots'} not drawn: {error!r}", file=sys.stderr)
-            return failed
+            self._refresh()
+            if not wait:
+                if self not in _unwaited:
+                    _unwaited.append(self)
+                return []
+            return self.wait_figures()
         finally:
             if self.tensorboard is not None:
                 self.tensorboard.close()
+
+    @property
+    def figures_done(self) -> bool:
+        """Whether every figure queued for this run is drawn (or failed, or was cancelled)."""
+        return all(job.done() for job in self._jobs)
+
+    @property
+    def figures_drawn(self) -> bool:
+        """Whether every figure queued for this run was drawn (none cancelled)."""
+        return self.figures_done and not any(job.cancelled() for job in self._jobs)
+
+    def wait_figures(self) -> list[BaseException]:
+        """Wait for this run's figures -> the errors of those not drawn (printed, but a full disk's)."""
+        futures.wait(self._jobs)
+        failed = [job.exception() for job in self._jobs if not job.cancelled() and job.exception() is not None]
+        for error in failed:
+            if not is_no_space(error):
+                print(f"warning: figures in {self.out / 'plots'} not drawn: {error!r}", file=sys.stderr)
+        return failed
+
+    def cancel_figures(self) -> None:
+        """Drop this run's figures not yet begun (the one being drawn ends)."""
+        for job in self._jobs:
+            job.cancel()
 
     def _refresh(self, force: bool = False) -> None:
         """Rewrite metrics.csv and queue the figures, unless nothing changed since the last time."""
@@ -97,7 +141,7 @@ class ResultsWriter:
         tables.write_metrics_csv(self.out / "metrics.csv", records)
         if self.draws:
             self._generation += 1
-            self._jobs.append(self._drawer.submit(self._draw, self._generation, records, self._clients))
+            self._jobs.append(drawer().submit(self._draw, self._generation, records, self._clients))
 
     def _draw(self, generation: int, records: list[dict], clients: list[dict] | None) -> None:
         if generation != self._generation:  # a newer snapshot is queued; draw that one instead
