@@ -15,9 +15,10 @@ and its peak the larger of the two:
   the samples, the padded arrays once per CPU device (held whole by each host
   device, engine/sharding.py; once more when the clients are padded to a
   multiple of the devices) and the clients' state [N, ...] (the method's init
-  shapes): twice kept on the device (the state and the round's output), once
-  on the host (engine/host_clients.py), where memory-mapped files hold it and
-  the data (``mapped``) only the largest leaf while the state is made.
+  shapes) twice: on the device, the state and the round's output; on the
+  host (engine/host_clients.py), the store and the initial state it is copied
+  from, or only the latter where memory-mapped files hold the state and the
+  data (``mapped``: then only a cohort's rows of them are read into memory).
 
 On an accelerator the client arrays and state are the device's part, and
 the host keeps the samples and the process. `RunMemory` estimates a run
@@ -68,7 +69,7 @@ class Shape:
     accelerator: bool = False
     exact: bool = True  # False: the arrays' rows are a lower bound (the partition is not drawn yet)
     mapped: bool = False  # host-kept state and client data in memory-mapped files
-    largest_leaf: int = 0  # bytes of the largest leaf of the client state (made beside a mapped store)
+    records: bool = True  # a run's records and figures (a benchmark keeps none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +114,13 @@ def estimate(shape: Shape, process: int) -> Estimate:
     split = shape.devices > 1 and not shape.on_host
     copies = shape.devices + (shape.clients % shape.devices != 0) if split else 1
     on_device = shape.accelerator
-    if shape.mapped:  # only the cohort's rows are read into memory; the state is made a leaf at a time
-        arrays, largest, state = 0, 0, shape.largest_leaf
-    else:
-        state = shape.state_bytes * (1 if shape.on_host else 2)
+    state = shape.state_bytes * (1 if shape.mapped else 2)  # (mapped: once while it is made, then in the files)
+    if shape.mapped:  # only the cohort's rows are read into memory
+        arrays = largest = 0
     making = {"process": process, "samples": shape.pool_bytes * shape.pool_copies,
               "client arrays": 0 if on_device else arrays, "host copy": 0 if shape.in_place else largest}
-    training = {"process": process, "compiling and running": WORKSPACE, "client records": PER_CLIENT * shape.clients,
+    training = {"process": process, "compiling and running": WORKSPACE,
+                "client records": PER_CLIENT * shape.clients * shape.records,
                 "samples": shape.pool_bytes, "client arrays": 0 if on_device else arrays * copies,
                 "client state": 0 if on_device and not shape.on_host else state}
     host, phase = max((making, "making the data"), (training, "training"), key=lambda p: sum(p[0].values()))
