@@ -20,6 +20,7 @@ skipped (a record saying so) where it would not fit.
     python benchmarks/scale_rounds.py --quick
     python benchmarks/scale_rounds.py --methods fedavg,ditto --clients 1000,10000,100000
     python benchmarks/scale_rounds.py --methods fedavg,ditto --clients 1000000 --variants host --store memmap
+    python benchmarks/scale_rounds.py --clients 1000000 --variants host --store memmap --estimate-only
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def _child(spec: dict) -> dict:
               "estimate": f"{shown(est.host_bytes)} ({est.phase}: {est.parts()})"}
     if spec["variant"] == "device" and on_host:
         return {**record, "skipped": "[N, ...] state and data would not fit on the device"}
+    if spec.get("estimate_only"):
+        return {**record, "skipped": "--estimate-only", "available_host_bytes": client_limits.available_bytes()}
     folder = tempfile.mkdtemp(prefix="fedjax_pfl-scale-") if mapped else None
     try:
         timed = _timed(spec, method, client_data(n, samples, features, classes, folder), folder)
@@ -183,6 +186,7 @@ def main(argv=None):
     p.add_argument("--device-bytes", type=int, default=None, help="device memory for the fit rule (default: asked)")
     p.add_argument("--store", choices=("auto", "memory", "memmap"), default="auto",
                    help="where the host variant keeps data and state (auto: memmap past half the free memory)")
+    p.add_argument("--estimate-only", action="store_true", help="each record's estimate, without making its data")
     p.add_argument("--quick", action="store_true", help="1,000 and 10,000 clients, 3 rounds, 20 features")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -196,7 +200,8 @@ def main(argv=None):
             for variant in args.variants.split(","):
                 spec = {"method": method, "clients": n, "cohort": args.cohort, "samples": args.samples,
                         "features": args.features, "rounds": args.rounds, "variant": variant,
-                        "device_bytes": args.device_bytes, "store": args.store}
+                        "device_bytes": args.device_bytes, "store": args.store,
+                        "estimate_only": args.estimate_only}
                 proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
                                       text=True)
                 if proc.returncode != 0:
