@@ -29,7 +29,7 @@ def test_parts_count_copies_per_device_views_and_mapped_stores():
     arrays = 1000 * 40 * 244
     one = me.estimate(shape, process=200 * MB)
     assert one.phase == "training" and one.host["client arrays"] == arrays and one.host["client state"] == 16 * MB
-    assert one.host_bytes == 200 * MB + me.WORKSPACE + 1000 * me.PER_CLIENT + 50 * MB + arrays + 16 * MB
+    assert one.host_bytes == 200 * MB + me.WORKSPACE + 1000 * me.PER_CLIENT + me.PER_RUN + 50 * MB + arrays + 16 * MB
     two = me.estimate(dataclasses.replace(shape, devices=2), 200 * MB)
     assert two.host["client arrays"] == 2 * arrays  # held whole by each host device
     odd = me.estimate(dataclasses.replace(shape, clients=999, devices=2), 200 * MB)
@@ -40,6 +40,9 @@ def test_parts_count_copies_per_device_views_and_mapped_stores():
                        200 * MB).host["host copy"] == 0
     mapped = me.estimate(dataclasses.replace(shape, on_host=True, mapped=True, records=False), 200 * MB)
     assert mapped.host["client arrays"] == 0 and mapped.host["client state"] == 8 * MB
+    sweep = me.estimate(dataclasses.replace(shape, runs=4, folders=200), 200 * MB)  # 4 runs' state in one program
+    assert sweep.host["client state"] == 4 * 16 * MB
+    assert sweep.host["client records"] == 200 * (1000 * me.PER_CLIENT + me.PER_RUN)
     accelerator = me.estimate(dataclasses.replace(shape, accelerator=True), 200 * MB)
     assert accelerator.device["client arrays"] == arrays and accelerator.device["client state"] == 16 * MB
     assert "client arrays" not in {k for k, v in accelerator.host.items() if v}

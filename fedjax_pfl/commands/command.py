@@ -119,7 +119,7 @@ class Command:
         except UserError as e:
             print("error: " + one_line(e), file=sys.stderr)
             return BAD_INPUT
-        except KeyboardInterrupt as e:  # (``kept``: what the body says was kept, e.g. outputs/many_runs.py)
+        except KeyboardInterrupt as e:  # (``kept``: what the body says was kept, e.g. outputs/results_writer.py)
             print(f"{NAMES.get(signal_of(e), 'stopped')}: {getattr(e, 'kept', None) or self.interrupted}",
                   file=sys.stderr)
             if self.own_process:

@@ -48,6 +48,7 @@ from fedjax_pfl.engine import host_clients
 
 WORKSPACE = 400 << 20  # XLA compiling and running a round, evaluation, the figures (measured: RESULTS.md)
 PER_CLIENT = 2 << 10  # a client's records: partition.json's and clients.csv's rows, its evaluation
+PER_RUN = 1 << 20  # a run folder's writers and records beside the others of a sweep (measured: 200 seeds)
 DEVICE_WORKSPACE = 256 << 20  # an accelerator's: the round's buffers beside the client arrays and state
 FIXED_SIZE = 50  # the client size suggested for generated data (the smallest of the FedProx sizes)
 SUGGESTED_SHARE = 0.8  # a suggested change fits in this share of the memory available (room for the unforeseen)
@@ -70,6 +71,8 @@ class Shape:
     exact: bool = True  # False: the arrays' rows are a lower bound (the partition is not drawn yet)
     mapped: bool = False  # host-kept state and client data in memory-mapped files
     records: bool = True  # a run's records and figures (a benchmark keeps none)
+    runs: int = 1  # runs whose state is held at once (a sweep's runs in one program)
+    folders: int = 1  # runs writing their folders (a sweep's points)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,15 +92,16 @@ class Estimate:
     def device_bytes(self) -> int:
         return sum(self.device.values())
 
-    def parts(self) -> str:
-        return ", ".join(f"{k} {shown(v)}" for k, v in self.host.items() if v)
+    def parts(self, device: bool = False) -> str:
+        """The host's (or the device's) parts in words: 'samples 1.2 GB, client arrays 2.4 GB'."""
+        return ", ".join(f"{k} {shown(v)}" for k, v in (self.device if device else self.host).items() if v)
 
     def line(self) -> str:
         """One line for the run's log: the peak and its parts."""
         text = (f"memory estimate: {'' if self.exact else 'at least '}{shown(self.host_bytes)} of host memory at "
                 f"the peak, {self.phase} ({self.parts()})")
         if self.device:
-            text += f"; {shown(self.device_bytes)} of device memory ({', '.join(f'{k} {shown(v)}' for k, v in self.device.items() if v)})"
+            text += f"; {shown(self.device_bytes)} of device memory ({self.parts(device=True)})"
         return text
 
 
@@ -114,13 +118,13 @@ def estimate(shape: Shape, process: int) -> Estimate:
     split = shape.devices > 1 and not shape.on_host
     copies = shape.devices + (shape.clients % shape.devices != 0) if split else 1
     on_device = shape.accelerator
-    state = shape.state_bytes * (1 if shape.mapped else 2)  # (mapped: once while it is made, then in the files)
+    state = shape.state_bytes * shape.runs * (1 if shape.mapped else 2)  # (mapped: once while made, then in files)
     if shape.mapped:  # only the cohort's rows are read into memory
         arrays = largest = 0
     making = {"process": process, "samples": shape.pool_bytes * shape.pool_copies,
               "client arrays": 0 if on_device else arrays, "host copy": 0 if shape.in_place else largest}
     training = {"process": process, "compiling and running": WORKSPACE,
-                "client records": PER_CLIENT * shape.clients * shape.records,
+                "client records": (PER_CLIENT * shape.clients + PER_RUN) * shape.records * shape.folders,
                 "samples": shape.pool_bytes, "client arrays": 0 if on_device else arrays * copies,
                 "client state": 0 if on_device and not shape.on_host else state}
     host, phase = max((making, "making the data"), (training, "training"), key=lambda p: sum(p[0].values()))
@@ -192,6 +196,7 @@ class RunMemory:
         self.state_bytes: Callable[[int], int] = lambda n: 0
         self.host_support: str | None = "not known"  # why client state cannot be on the host (None: it can)
         self.estimate: Estimate | None = None
+        self.checked: Shape | None = None  # the shape of the last check
 
     def with_method(self, method) -> None:
         """Size the client state by ``method``'s init shapes (linear in the client count: two evaluations)."""
@@ -230,8 +235,11 @@ class RunMemory:
                           natural and bool(plan.samples_per_client), exact=natural)
 
     # ------------------------------------------------------------------ the checks
-    def check_before_loading(self) -> None:
-        """Refuse a run of generated data that cannot fit, before a sample is drawn (module docstring)."""
+    def check_before_loading(self, method=None) -> None:
+        """Refuse a run of generated data that cannot fit, before a sample is drawn (module docstring); ``method``:
+        the run's, sized on a sample of its data (`with_method`)."""
+        if method is not None:
+            self.with_method(method)
         if self.plan.dataset == "synthetic":
             self._check(self.synthetic_shape(self.plan))
 
@@ -244,9 +252,14 @@ class RunMemory:
         row = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize + 4
         rows = [max(int(np.max(n, initial=0)), 1) for n in sizes.values()]
         in_place = in_place and all(int(np.min(n, initial=0)) == r for n, r in zip(sizes.values(), rows))
-        shape = self.shape(self.plan, rows, len(sizes["train"]), row, dataset.nbytes, pool_copies, in_place)
-        self.estimate = self._check(shape)
+        self.checked = self.shape(self.plan, rows, len(sizes["train"]), row, dataset.nbytes, pool_copies, in_place)
+        self.estimate = self._check(self.checked)
         return self.estimate
+
+    def for_runs(self, at_once: int, folders: int) -> Estimate:
+        """The estimate of a sweep of ``folders`` runs of this shape, ``at_once`` in one program (their state held
+        together)."""
+        return estimate(dataclasses.replace(self.checked, runs=at_once, folders=folders), self.process)
 
     def _check(self, shape: Shape) -> Estimate:
         est = estimate(shape, self.process)

@@ -49,7 +49,7 @@ class FederatedData:
     summary: dict
     text: str
     val: client_data.ClientData | None = None  # partition.val_fraction of each client's train split
-    memory: memory_estimate.Estimate | None = None  # the run's peak memory, estimated before the arrays were made
+    memory: memory_estimate.RunMemory | None = None  # the run's peak memory, estimated before the arrays were made
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +113,9 @@ def make_normalize(dataset: Dataset):
     return normalize
 
 
-def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int,
-                      memory: memory_estimate.RunMemory | None = None) -> FederatedData:
-    """Client train/test index lists per the config, stacked into padded arrays; ``memory``: the run's estimate,
-    checked once the sizes are known, before the arrays are made (engine/memory_estimate.py)."""
+def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int, memory=None) -> FederatedData:
+    """Client train/test index lists per the config, stacked into padded arrays (``memory``: the run's
+    engine/memory_estimate.py RunMemory, checked once the sizes are known, before the arrays are made)."""
     if p.scheme == "natural":
         if not dataset.is_federated:
             raise UserError(f"partition 'natural' needs a dataset with its own clients (synthetic, pfllib), not {dataset.name}")
@@ -169,7 +168,7 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         summary=summary,
         text=partition.format_summary(summary),
         val=val,
-        memory=memory and memory.estimate,
+        memory=memory,
     )
 
 
@@ -359,8 +358,7 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
                   "size_factor": cfg.data.synthetic_size_factor,
                   "samples_per_client": cfg.data.synthetic_samples_per_client} if cfg.data.name == "synthetic" else {})
         if cfg.data.name == "synthetic":  # before a sample is drawn (sized on a one-client copy of its data)
-            memory.with_method(build_method(cfg, synthetic.load_synthetic(num_clients=1, samples_per_client=2)))
-            memory.check_before_loading()
+            memory.check_before_loading(build_method(cfg, synthetic.load_synthetic(num_clients=1, samples_per_client=2)))
         explicit_dir = bool(cfg.data.data_dir) and cfg.data.source == "files"
         try:
             with files.recording_reads() as read:

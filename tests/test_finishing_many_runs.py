@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedjax_pfl.outputs import many_runs, results_writer
+from fedjax_pfl.outputs import results_writer
 
 HERE = Path(__file__).parent
 TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition",
@@ -60,8 +60,8 @@ def test_figures_of_many_runs_report_at_least_every_interval(monkeypatch, tmp_pa
     def sleep(seconds):
         clock.now += 1.5
 
-    monkeypatch.setattr(many_runs.time, "sleep", sleep)
-    many_runs.draw_figures(tmp_path, show, interval=10.0, clock=clock)
+    monkeypatch.setattr(results_writer.time, "sleep", sleep)
+    results_writer.draw_figures(tmp_path, show, interval=10.0, clock=clock)
     times = [t for t, _ in lines]
     assert times[0] == 0.0 and times[-1] >= 84.0 and "all 12 runs drawn" in lines[-1][1]
     assert all(b - a <= 10.0 + 1.5 for a, b in zip(times, times[1:])), lines  # (the poll's step past the interval)
@@ -79,9 +79,9 @@ def test_a_stop_while_drawing_names_the_runs_that_have_their_figures(monkeypatch
         if clock.now >= 7.0:  # seeds 0-2 drawn
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(many_runs.time, "sleep", sleep)
+    monkeypatch.setattr(results_writer.time, "sleep", sleep)
     with pytest.raises(KeyboardInterrupt) as stopped:
-        many_runs.draw_figures(tmp_path, lambda line: None, clock=clock)
+        results_writer.draw_figures(tmp_path, lambda line: None, clock=clock)
     assert [r.cancelled for r in pending] == [False] * 3 + [True] * 5
     assert stopped.value.kept == (f"every one of the 8 runs has its records (metrics.jsonl, summary.json, "
                                   f"metrics.csv); 3 have their figures too (seed0-seed2); python -m fedjax_pfl.report "
@@ -101,14 +101,14 @@ def test_records_of_every_run_are_written_when_a_stop_comes_meanwhile(tmp_path):
 
     writers = [Writer(i) for i in range(5)]
     with pytest.raises(KeyboardInterrupt) as stopped:
-        many_runs.finish_records(writers, lambda line: None)
+        results_writer.finish_records(writers, lambda line: None)
     assert [w.calls for w in writers] == [1, 1, 2, 1, 1]
     assert stopped.value.kept.startswith("every one of the 5 runs has its records")
 
 
 def test_named_runs_group_consecutive_seeds(tmp_path):
     folders = [tmp_path / p for p in ("seed0", "seed1", "seed2", "seed5", "lr0.1/seed0", "lr0.1/seed1", "other")]
-    assert many_runs.named(folders, tmp_path) == "seed0-seed2, seed5, lr0.1/seed0-lr0.1/seed1, other"
+    assert results_writer.named(folders, tmp_path) == "seed0-seed2, seed5, lr0.1/seed0-lr0.1/seed1, other"
 
 
 def test_a_sweep_stopped_while_drawing_says_exactly_which_folders_have_figures(tmp_path):
@@ -122,6 +122,6 @@ def test_a_sweep_stopped_while_drawing_says_exactly_which_folders_have_figures(t
     drawn = [f for f in folders if (f / "plots" / "accuracy.png").is_file()]
     assert 3 <= len(drawn) < 8
     assert line == (f"Ctrl-C: every one of the 8 runs has its records (metrics.jsonl, summary.json, metrics.csv); "
-                    f"{len(drawn)} have their figures too ({many_runs.named(drawn, out)}); python -m fedjax_pfl.report "
+                    f"{len(drawn)} have their figures too ({results_writer.named(drawn, out)}); python -m fedjax_pfl.report "
                     f"{out} --redraw --out {out}/report draws the rest"), proc.stderr[-2000:]
     assert "figures: drawing those of 8 runs" in proc.stdout
