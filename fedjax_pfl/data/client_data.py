@@ -48,9 +48,11 @@ def stack_clients(x_pool: np.ndarray, y_pool: np.ndarray, indices_per_client: Se
     are `padded_arrays`' (no copy of the whole pool on the way).
     """
     host = padded_arrays(x_pool, y_pool, indices_per_client, pad_to)
-    placed = jax.block_until_ready(ClientData(*map(jnp.asarray, host)))
-    del host
-    gc.collect()  # jax holds the host arrays it copied until the copy is done, then in a reference cycle: free them
+    placed = ClientData(*map(jnp.asarray, host))
+    if sum(a.nbytes for a in host) > GATHER_BYTES:  # jax holds host arrays it copied in a reference cycle
+        jax.block_until_ready(placed)
+        del host
+        gc.collect()  # (large ones freed now, not at the next cycle)
     return placed
 
 

@@ -36,6 +36,7 @@ with one host device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -194,15 +195,24 @@ class RunMemory:
         self.process = client_limits.resident_bytes() if process is None else process
         self.accelerator = jax.local_devices()[0].platform != "cpu"
         self.state_bytes: Callable[[int], int] = lambda n: 0
-        self.host_support: str | None = "not known"  # why client state cannot be on the host (None: it can)
+        self.method = None
         self.estimate: Estimate | None = None
         self.checked: Shape | None = None  # the shape of the last check
 
     def with_method(self, method) -> None:
-        """Size the client state by ``method``'s init shapes (linear in the client count: two evaluations)."""
+        """Size the client state by ``method``'s init shapes: exact at the plan's client count, linear from one
+        and two clients at another."""
         one, two = host_clients.state_bytes(method, 1), host_clients.state_bytes(method, 2)
-        self.state_bytes = lambda n: one + (two - one) * (n - 1)
-        self.host_support = host_clients.why_not_on_host(method, self.plan.all_clients_train, False, 2)
+        exact = {self.plan.num_clients: host_clients.state_bytes(method, self.plan.num_clients)}
+        self.state_bytes = lambda n: exact.get(n, one + (two - one) * (n - 1))
+        self.method = method
+
+    @functools.cached_property
+    def host_support(self) -> str | None:
+        """Why the method cannot keep client state on the host (None: it can; `host_clients.why_not_on_host`)."""
+        if self.method is None:
+            return "its method is not known yet"
+        return host_clients.why_not_on_host(self.method, self.plan.all_clients_train, False, 2)
 
     # ------------------------------------------------------------------ the shapes
     def _on_host(self, plan: RunPlan, needed: int) -> bool:
@@ -210,10 +220,10 @@ class RunMemory:
         rule, on one device and for a method that can)."""
         if plan.client_state != "auto":
             return plan.client_state == "host"
-        if self.host_support is not None or plan.cpu_devices > 1:
+        if plan.cpu_devices > 1:
             return False
         available = device_available() if self.accelerator else client_limits.available_bytes()
-        return host_clients.choose("auto", needed, available)[0]
+        return host_clients.choose("auto", needed, available)[0] and self.host_support is None
 
     def shape(self, plan: RunPlan, part_rows, clients: int, row_bytes: int, pool_bytes: int, pool_copies: int = 1,
               in_place: bool = False, exact: bool = True) -> Shape:
