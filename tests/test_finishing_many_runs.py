@@ -106,6 +106,12 @@ def test_records_of_every_run_are_written_when_a_stop_comes_meanwhile(tmp_path):
     assert stopped.value.kept.startswith("every one of the 5 runs has its records")
 
 
+def test_a_sweep_stopped_between_programs_names_the_runs_with_records(tmp_path):
+    folders = [tmp_path / f"seed{i}" for i in range(10)]
+    assert results_writer.stopped_between(folders, 4, tmp_path) == (
+        "stopped: seed0-seed3 have their records; seed4-seed9 did not start (their folders are not made)")
+
+
 def test_named_runs_group_consecutive_seeds(tmp_path):
     folders = [tmp_path / p for p in ("seed0", "seed1", "seed2", "seed5", "lr0.1/seed0", "lr0.1/seed1", "other")]
     assert results_writer.named(folders, tmp_path) == "seed0-seed2, seed5, lr0.1/seed0-lr0.1/seed1, other"
