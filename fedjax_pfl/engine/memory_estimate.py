@@ -12,7 +12,7 @@ and its peak the larger of the two:
   data/client_data.py);
 - training: the same process plus `WORKSPACE` (XLA compiling and running the
   round, evaluation, the figures) and `PER_CLIENT` bytes of records a client,
-  the samples, the padded arrays once per CPU device (held whole by each host
+  the samples (but generated ones, freed once partitioned), the padded arrays once per CPU device (held whole by each host
   device, engine/sharding.py; once more when the clients are padded to a
   multiple of the devices) and the clients' state [N, ...] (the method's init
   shapes) twice: on the device, the state and the round's output; on the
@@ -64,6 +64,7 @@ class Shape:
     row_bytes: int  # one sample: its features and int32 label
     pool_bytes: int  # the dataset's samples, labels and client ids
     pool_copies: int = 1  # 2 while a pool of train and test samples is partitioned as one
+    keeps_pool: bool = True  # the samples stay for the run (False: generated data, freed once partitioned)
     in_place: bool = False  # the clients' rows are views of the pool (no host copy while they are made)
     state_bytes: int = 0  # the method's server and [N, ...] client state
     devices: int = 1  # CPU host devices, each holding the client arrays whole
@@ -126,7 +127,7 @@ def estimate(shape: Shape, process: int) -> Estimate:
               "client arrays": 0 if on_device else arrays, "host copy": 0 if shape.in_place else largest}
     training = {"process": process, "compiling and running": WORKSPACE,
                 "client records": (PER_CLIENT * shape.clients + PER_RUN) * shape.records * shape.folders,
-                "samples": shape.pool_bytes, "client arrays": 0 if on_device else arrays * copies,
+                "samples": shape.pool_bytes * shape.keeps_pool, "client arrays": 0 if on_device else arrays * copies,
                 "client state": 0 if on_device and not shape.on_host else state}
     host, phase = max((making, "making the data"), (training, "training"), key=lambda p: sum(p[0].values()))
     device = ({"client arrays": arrays, "client state": 0 if shape.on_host else state, "workspace": DEVICE_WORKSPACE}
@@ -229,8 +230,8 @@ class RunMemory:
               in_place: bool = False, exact: bool = True) -> Shape:
         state = self.state_bytes(clients)
         on_host = self._on_host(plan, state + clients * sum(part_rows) * row_bytes)
-        return Shape(clients, tuple(part_rows), row_bytes, pool_bytes, pool_copies, in_place, state,
-                     1 if self.accelerator else plan.cpu_devices, on_host, self.accelerator, exact)
+        return Shape(clients, tuple(part_rows), row_bytes, pool_bytes, pool_copies, plan.dataset != "synthetic",
+                     in_place, state, 1 if self.accelerator else plan.cpu_devices, on_host, self.accelerator, exact)
 
     def synthetic_shape(self, plan: RunPlan) -> Shape:
         """Generated data (data/synthetic.py) before a sample is drawn: exact for the natural partition; for

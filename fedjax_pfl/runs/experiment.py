@@ -380,7 +380,8 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
     num_clients = data.train.num_clients
     engine_cfg = engine_config(cfg.train, engine_lib.clients_per_round(num_clients, cfg.train.join_ratio), progress)
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
-    return Experiment(engine, data, dataset, cfg, tuple(str(p) for p in dict.fromkeys(read)))
+    kept = dataset.without_samples() if cfg.data.name == "synthetic" else dataset  # (generated: never reused)
+    return Experiment(engine, data, kept, cfg, tuple(str(p) for p in dict.fromkeys(read)))
 
 
 

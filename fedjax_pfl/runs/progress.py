@@ -18,8 +18,7 @@
   time is the wall clock and never jumps; compile time is left out of the
   rate. The estimate lines (before the first round, after it, and when it
   moves) are printed with the bar off too.
-Nothing here changes what a run computes; with the bar off only the compile
-and estimate lines are printed.
+Nothing here changes what a run computes; without the bar only the compile and estimate lines print.
 """
 
 from __future__ import annotations
