@@ -107,3 +107,17 @@ def test_each_change_a_refusal_names_runs_within_the_memory_refused_and_its_esti
         assert followed.returncode == 0, (suggestion, followed.stderr[-2000:])
         estimate = _bytes(re.search(r"memory estimate: (\S+ \S+) of host memory", followed.stdout)[1])
         assert peak <= limit and estimate / 1.5 <= peak <= 1.5 * estimate, (suggestion, peak, estimate)
+
+
+def test_the_generators_own_clients_of_one_size_are_estimated_as_views_of_the_samples():
+    """--partition natural with data.synthetic_samples_per_client: the clients' arrays are the samples reshaped (no
+    host copy while they are made), and the samples are freed once they are."""
+    from fedjax_pfl.runs import config as config_lib
+    from fedjax_pfl.runs.experiment import build_experiment, validate
+
+    cfg = config_lib.build(overrides=["method_name=fedavg", "data.name=synthetic", "partition.scheme=natural",
+                                      "partition.num_clients=40", "model.name=mlr",
+                                      "data.synthetic_samples_per_client=40"])
+    memory = build_experiment(validate(cfg)).data.memory
+    assert memory.checked.in_place and not memory.checked.keeps_pool and memory.checked.part_rows == (30, 10)
+    assert memory.estimate.line().startswith("memory estimate: ")

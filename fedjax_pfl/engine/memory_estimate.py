@@ -262,7 +262,7 @@ class RunMemory:
         x = dataset.x_train
         row = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize + 4
         rows = [max(int(np.max(n, initial=0)), 1) for n in sizes.values()]
-        in_place = in_place and all(int(np.min(n, initial=0)) == r for n, r in zip(sizes.values(), rows))
+        in_place = in_place and all(np.size(n) and int(np.min(n)) == r for n, r in zip(sizes.values(), rows))
         self.checked = self.shape(self.plan, rows, len(sizes["train"]), row, dataset.nbytes, pool_copies, in_place)
         self.estimate = self._check(self.checked)
         return self.estimate
