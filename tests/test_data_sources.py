@@ -508,6 +508,7 @@ def test_synthetic_size_factor_reaches_the_generator_from_the_config():
     expected = 3 * synthetic.client_sizes(np.random.default_rng(0), 4)
     np.testing.assert_array_equal(np.asarray(exp.data.train.n) + np.asarray(exp.data.test.n), expected)
     assert exp.dataset.x_train.shape == (0, synthetic.DIMENSION)  # (generated samples freed once partitioned)
+    assert exp.dataset.x_train.base is None and exp.dataset.client_ids_test.base is None  # no view keeps them
 
 
 def test_half_normalization_is_torchvisions_half_and_reaches_the_setup():

@@ -95,9 +95,9 @@ class Dataset:
     def without_samples(self) -> "Dataset":
         """This dataset's record with none of its samples (its shapes, classes and statistics): what a run keeps
         once its clients' arrays are made, so the samples' memory is freed."""
-        empty = {name: getattr(self, name)[:0] for name in ("x_train", "y_train", "x_test", "y_test",
-                                                              "client_ids_train", "client_ids_test")
-                 if getattr(self, name) is not None}
+        empty = {name: getattr(self, name)[:0].copy() for name in ("x_train", "y_train", "x_test", "y_test",
+                                                                     "client_ids_train", "client_ids_test")
+                 if getattr(self, name) is not None}  # (copies: an empty view would keep its samples alive)
         return dataclasses.replace(self, **empty)
 
     @property
