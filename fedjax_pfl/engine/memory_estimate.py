@@ -10,15 +10,17 @@ and its peak the larger of the two:
   default device, and the host copy of the largest part while it is made
   (none where the clients' rows lie in the pool as they are:
   data/client_data.py);
-- training: the same process plus `WORKSPACE` (XLA compiling and running the
-  round, evaluation, the figures) and `PER_CLIENT` bytes of records a client,
-  the samples (but generated ones, freed once partitioned), the padded arrays once per CPU device (held whole by each host
-  device, engine/sharding.py; once more when the clients are padded to a
-  multiple of the devices) and the clients' state [N, ...] (the method's init
-  shapes) twice: on the device, the state and the round's output; on the
-  host (engine/host_clients.py), the store and the initial state it is copied
-  from, or only the latter where memory-mapped files hold the state and the
-  data (``mapped``: then only a cohort's rows of them are read into memory).
+- training: the same process plus `WORKSPACE` (XLA compiling and running
+  the round) and `OUTPUTS` (evaluation, the figures), `PER_CLIENT` bytes of
+  records a client (`PER_RUN` a run folder), the samples (but generated
+  ones, freed once partitioned), the padded arrays once per CPU device (held
+  whole by each host device, engine/sharding.py; once more when the clients
+  are padded to a multiple of the devices) and the clients' state [N, ...]
+  (the method's init shapes) twice: on the device, the state and the round's
+  output; on the host (engine/host_clients.py), the store and the initial
+  state it is copied from, or only the latter where memory-mapped files hold
+  the state and the data (``mapped``: then only a cohort's rows of them are
+  read into memory).
 
 On an accelerator the client arrays and state are the device's part, and
 the host keeps the samples and the process. `RunMemory` estimates a run
@@ -47,7 +49,8 @@ from fedjax_pfl.data import client_limits, synthetic
 from fedjax_pfl.data.client_limits import shown
 from fedjax_pfl.engine import host_clients
 
-WORKSPACE = 400 << 20  # XLA compiling and running a round, evaluation, the figures (measured: RESULTS.md)
+WORKSPACE = 300 << 20  # XLA compiling and running a round (measured: RESULTS.md)
+OUTPUTS = 100 << 20  # a run's evaluation, records and figures being drawn (a benchmark has none)
 PER_CLIENT = 2 << 10  # a client's records: partition.json's and clients.csv's rows, its evaluation
 PER_RUN = 1 << 20  # a run folder's writers and records beside the others of a sweep (measured: 200 seeds)
 DEVICE_WORKSPACE = 256 << 20  # an accelerator's: the round's buffers beside the client arrays and state
@@ -125,7 +128,7 @@ def estimate(shape: Shape, process: int) -> Estimate:
         arrays = largest = 0
     making = {"process": process, "samples": shape.pool_bytes * shape.pool_copies,
               "client arrays": 0 if on_device else arrays, "host copy": 0 if shape.in_place else largest}
-    training = {"process": process, "compiling and running": WORKSPACE,
+    training = {"process": process, "compiling and running": WORKSPACE + OUTPUTS * shape.records,
                 "client records": (PER_CLIENT * shape.clients + PER_RUN) * shape.records * shape.folders,
                 "samples": shape.pool_bytes * shape.keeps_pool, "client arrays": 0 if on_device else arrays * copies,
                 "client state": 0 if on_device and not shape.on_host else state}
