@@ -319,8 +319,8 @@ CASES_LIST: list[Case] = [
          're-partitioned by the default Dirichlet split: refused before a sample is drawn, by a lower bound (the '
          'pool twice, while partitioned, and arrays at least the size of the pool)',
          "error: this run would take at least … GB of host memory, more than the … available (making the data: "
-         "process …, samples 22.8 GB, client arrays 11.2 GB, host copy 11.2 GB); it fits with --partition natural "
-         "data.synthetic_samples_per_client=50 (about …",
+         "process …, samples 22.8 GB, partition 1.7 GB, client arrays 11.2 GB, host copy 11.2 GB); it fits with "
+         "--partition natural data.synthetic_samples_per_client=50 (about …",
          _argv('--method', 'fedavg', '--dataset', 'synthetic', '--model', 'mlr', '--num-clients', '100000',
                '--join-ratio', '0.0005', '--rounds', '2', '--local-epochs', '1', '--no-progress')),
     Case('resume_without_metrics', '--resume after metrics.jsonl was deleted',

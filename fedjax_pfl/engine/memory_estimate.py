@@ -6,7 +6,8 @@ and its peak the larger of the two:
 - making the data: the process as it stood before the data were read (its
   resident size then: Python, JAX and its backend), the dataset's samples
   (features, labels, client ids; twice while a pool of train and test samples
-  is partitioned as one), the clients' padded arrays [N, n_max, ...] on the
+  is partitioned as one), the partition's index arrays (`INDEX_BYTES` a
+  sample) and summary, the clients' padded arrays [N, n_max, ...] on the
   default device, and the host copy of the largest part while it is made
   (none where the clients' rows lie in the pool as they are:
   data/client_data.py);
@@ -52,6 +53,7 @@ from fedjax_pfl.engine import host_clients
 WORKSPACE = 300 << 20  # XLA compiling and running a round (measured: RESULTS.md)
 OUTPUTS = 100 << 20  # a run's evaluation, records and figures being drawn (a benchmark has none)
 PER_CLIENT = 2 << 10  # a client's records: partition.json's and clients.csv's rows, its evaluation
+INDEX_BYTES = 32  # a sample's share of the partition's index arrays (int64 positions, owners, orders)
 PER_RUN = 1 << 20  # a run folder's writers and records beside the others of a sweep (measured: 200 seeds)
 DEVICE_WORKSPACE = 256 << 20  # an accelerator's: the round's buffers beside the client arrays and state
 FIXED_SIZE = 50  # the client size suggested for generated data (the smallest of the FedProx sizes)
@@ -126,7 +128,9 @@ def estimate(shape: Shape, process: int) -> Estimate:
     state = shape.state_bytes * shape.runs * (1 if shape.mapped else 2)  # (mapped: once while made, then in files)
     if shape.mapped:  # only the cohort's rows are read into memory
         arrays = largest = 0
+    indices = INDEX_BYTES * shape.pool_bytes // max(shape.row_bytes, 1)  # a few int64 index arrays per sample
     making = {"process": process, "samples": shape.pool_bytes * shape.pool_copies,
+              "partition": (PER_CLIENT * shape.clients + indices) * shape.records,
               "client arrays": 0 if on_device else arrays, "host copy": 0 if shape.in_place else largest}
     training = {"process": process, "compiling and running": WORKSPACE + OUTPUTS * shape.records,
                 "client records": (PER_CLIENT * shape.clients + PER_RUN) * shape.records * shape.folders,
