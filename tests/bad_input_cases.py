@@ -312,7 +312,7 @@ CASES_LIST: list[Case] = [
     Case('client_arrays_past_memory', '100,000 Synthetic clients of FedProx\'s lognormal sizes (the largest holds '
          '700,000 samples): their padded arrays, refused before a sample is drawn, naming changes that fit',
          "error: this run would take … TB of host memory, more than the … available (…: process …, samples 11.4 GB, "
-         "client arrays … TB…); it fits with …data.synthetic_samples_per_client=50 (about …",
+         "…client arrays … TB…); it fits with …data.synthetic_samples_per_client=50 (about …",
          _argv('--method', 'fedavg', '--dataset', 'synthetic', '--model', 'mlr', '--num-clients', '100000',
                '--partition', 'natural', '--join-ratio', '0.0005', '--rounds', '1', '--no-progress')),
     Case('client_arrays_past_memory_repartitioned', '100,000 Synthetic clients of FedProx\'s lognormal sizes '
