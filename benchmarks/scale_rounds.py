@@ -66,7 +66,7 @@ def client_data(n: int, samples: int, features: int, classes: int, folder: str |
             if folder is None:
                 arrays[k][start:start + count] = values
             else:
-                files[k].write(values.tobytes())
+                values.tofile(files[k])  # (no bytes copy of the block)
     if folder is not None:
         for f in files.values():
             f.close()

@@ -30,7 +30,7 @@ def test_parts_count_copies_per_device_views_and_mapped_stores():
     arrays = 1000 * 40 * 244
     one = me.estimate(shape, process=200 * MB)
     assert one.phase == "training" and one.host["client arrays"] == arrays and one.host["client state"] == 16 * MB
-    assert one.host_bytes == 200 * MB + me.WORKSPACE + me.OUTPUTS + 1000 * me.PER_CLIENT + me.PER_RUN + 50 * MB + arrays + 16 * MB
+    assert one.host_bytes == 200 * MB + me.WORKSPACE + 1000 * me.PER_CLIENT + me.PER_RUN + 50 * MB + arrays + 16 * MB
     two = me.estimate(dataclasses.replace(shape, devices=2), 200 * MB)
     assert two.host["client arrays"] == 2 * arrays  # held whole by each host device
     odd = me.estimate(dataclasses.replace(shape, clients=999, devices=2), 200 * MB)

@@ -12,8 +12,8 @@ and its peak the larger of the two:
   (none where the clients' rows lie in the pool as they are:
   data/client_data.py);
 - training: the same process plus `WORKSPACE` (XLA compiling and running
-  the round) and `OUTPUTS` (evaluation, the figures), `PER_CLIENT` bytes of
-  records a client (`PER_RUN` a run folder), the samples (but generated
+  the round, evaluation, the figures), `PER_CLIENT` bytes of records a
+  client (`PER_RUN` a run folder), the samples (but generated
   ones, freed once partitioned), the padded arrays once per CPU device (held
   whole by each host device, engine/sharding.py; once more when the clients
   are padded to a multiple of the devices) and the clients' state [N, ...]
@@ -50,8 +50,7 @@ from fedjax_pfl.data import client_limits, synthetic
 from fedjax_pfl.data.client_limits import shown
 from fedjax_pfl.engine import host_clients
 
-WORKSPACE = 300 << 20  # XLA compiling and running a round (measured: RESULTS.md)
-OUTPUTS = 100 << 20  # a run's evaluation, records and figures being drawn (a benchmark has none)
+WORKSPACE = 400 << 20  # XLA compiling and running a round, evaluation, the figures (measured: RESULTS.md)
 PER_CLIENT = 2 << 10  # a client's records: partition.json's and clients.csv's rows, its evaluation
 INDEX_BYTES = 32  # a sample's share of the partition's index arrays (int64 positions, owners, orders)
 PER_RUN = 1 << 20  # a run folder's writers and records beside the others of a sweep (measured: 200 seeds)
@@ -132,7 +131,7 @@ def estimate(shape: Shape, process: int) -> Estimate:
     making = {"process": process, "samples": shape.pool_bytes * shape.pool_copies,
               "partition": (PER_CLIENT * shape.clients + indices) * shape.records,
               "client arrays": 0 if on_device else arrays, "host copy": 0 if shape.in_place else largest}
-    training = {"process": process, "compiling and running": WORKSPACE + OUTPUTS * shape.records,
+    training = {"process": process, "compiling and running": WORKSPACE,
                 "client records": (PER_CLIENT * shape.clients + PER_RUN) * shape.records * shape.folders,
                 "samples": shape.pool_bytes * shape.keeps_pool, "client arrays": 0 if on_device else arrays * copies,
                 "client state": 0 if on_device and not shape.on_host else state}
