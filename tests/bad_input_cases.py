@@ -310,10 +310,19 @@ CASES_LIST: list[Case] = [
          'error: --out is … characters long as an absolute path; the files a run writes inside it need 200 more, past the … this system allows for a path: choose a shorter --out',
          _argv('--method', 'fedavg', *TINY, '--out', '{tmp}/' + '/'.join(['b' * 200] * 21))),
     Case('client_arrays_past_memory', '100,000 Synthetic clients of FedProx\'s lognormal sizes (the largest holds '
-         '700,000 samples): their padded arrays, refused before a sample is drawn',
-         "error: data.name=synthetic with 100000 clients: its 45,999,229 samples and the clients' arrays padded to the largest client (train [100000, 527710, 60], test [100000, 175904, 60] float32… would take … of memory, more than the … available on this machine; use fewer clients (--num-clients), or clients of a fixed size (data.synthetic_samples_per_client=K)…",
+         '700,000 samples): their padded arrays, refused before a sample is drawn, naming changes that fit',
+         "error: this run would take … TB of host memory, more than the … available (…: process …, samples 11.4 GB, "
+         "…client arrays … TB…); it fits with …data.synthetic_samples_per_client=50 (about …",
          _argv('--method', 'fedavg', '--dataset', 'synthetic', '--model', 'mlr', '--num-clients', '100000',
                '--partition', 'natural', '--join-ratio', '0.0005', '--rounds', '1', '--no-progress')),
+    Case('client_arrays_past_memory_repartitioned', '100,000 Synthetic clients of FedProx\'s lognormal sizes '
+         're-partitioned by the default Dirichlet split: refused before a sample is drawn, by a lower bound (the '
+         'pool twice, while partitioned, and arrays at least the size of the pool)',
+         "error: this run would take at least … GB of host memory, more than the … available (making the data: "
+         "process …, samples 22.8 GB, partition 1.7 GB, client arrays 11.2 GB, host copy 11.2 GB); it fits with "
+         "--partition natural data.synthetic_samples_per_client=50 (about …",
+         _argv('--method', 'fedavg', '--dataset', 'synthetic', '--model', 'mlr', '--num-clients', '100000',
+               '--join-ratio', '0.0005', '--rounds', '2', '--local-epochs', '1', '--no-progress')),
     Case('resume_without_metrics', '--resume after metrics.jsonl was deleted',
          "error: {tmp}/no_metrics/metrics.jsonl is missing, though the checkpoint is after round 2: resuming would drop them from the run's history and summary; restore the file (e.g. from a backup), or start the run afresh (in place with --start-over, or in a new --out)",
          _argv('--method', 'fedavg', *TINY, '--checkpoint-every', '1', '--out', '{no_metrics}', '--resume', '--rounds', '3')),
@@ -345,6 +354,15 @@ CASES_LIST: list[Case] = [
          "error: the run in {tmp}/run has no complete checkpoint (it stopped before its first one was saved, or "
          "during that save), so it cannot be continued: start it afresh in place with --start-over, or choose "
          "another --out", checked_by="test_a_kill_during_the_first_checkpoint_save_can_be_started_over_in_place"),
+    Case("rerun_finished_without_checkpoints", "the same run again (no --resume) in the folder of a finished run "
+         "that kept no checkpoints (the default --checkpoint-every 0)",
+         "error: the run in {tmp}/run finished without keeping a checkpoint (--checkpoint-every 0), so it cannot be "
+         "continued: start it afresh in place with --start-over, or choose another --out",
+         checked_by="test_a_finished_run_without_checkpoints_is_named_finished_and_starts_over_in_place"),
+    Case("resume_finished_without_checkpoints", "--resume of a finished run that kept no checkpoints",
+         "error: the run in {tmp}/run finished without keeping a checkpoint (--checkpoint-every 0), so it cannot be "
+         "continued: start it afresh in place with --start-over, or choose another --out",
+         checked_by="test_a_finished_run_without_checkpoints_is_named_finished_and_starts_over_in_place"),
     Case("sigterm_mid_run", "SIGTERM (a batch scheduler's stop) in round 2 of 3: the run stops after the round "
          "with a checkpoint and summary.json (status interrupted); --resume continues it",
          "SIGTERM: stopping after round 2 of 3, with a checkpoint and the summary; continue later with --resume "

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_pfl.data.client_data import (ClientData, device_put, padding_efficiency, select_clients,
+from fedjax_pfl.data import client_data
+from fedjax_pfl.data.client_data import (ClientData, device_put, padded_arrays, padding_efficiency, select_clients,
                                          stack_clients, unpad)
 from fedjax_pfl.core.errors import UserError
 
@@ -35,6 +36,30 @@ def test_pad_to_and_float_features():
     assert d.x.shape == (4, 16, 6) and d.x.dtype == jnp.float32
     with pytest.raises(UserError, match="pad_to"):
         stack_clients(xf, Y, PARTS, pad_to=5)
+
+
+def test_blocks_of_clients_fill_the_same_arrays_as_one_gather(monkeypatch):
+    """A temporary of a few rows at a time (not a gathered copy of the pool) gives the arrays of the plain gather."""
+    parts = [RNG.choice(50, size=int(k), replace=False) for k in RNG.integers(0, 9, size=13)]
+    whole = padded_arrays(X, Y, parts)
+    monkeypatch.setattr(client_data, "GATHER_BYTES", X[:1].nbytes * 9)  # one client (n_max <= 8 rows) a block
+    blocks = padded_arrays(X, Y, parts)
+    for a, b in zip(whole, blocks):
+        np.testing.assert_array_equal(a, b)
+    n_max = max(len(p) for p in parts)
+    for i, p in enumerate(parts):
+        np.testing.assert_array_equal(blocks[0][i, :len(p)], X[p])
+        assert not blocks[0][i, len(p):].any() and blocks[0].shape[1] == n_max
+
+
+def test_clients_lying_in_order_with_one_size_are_views_of_the_pool():
+    labels = Y.astype(np.int32)
+    x, y, n = padded_arrays(X, labels, [np.arange(10, 15), np.arange(15, 20), np.arange(20, 25)])
+    assert np.shares_memory(x, X) and np.shares_memory(y, labels)
+    assert x.shape == (3, 5, 4, 4, 3) and n.tolist() == [5, 5, 5]
+    np.testing.assert_array_equal(x.reshape(15, 4, 4, 3), X[10:25])
+    padded, _, _ = padded_arrays(X, Y, [np.arange(10, 15), np.arange(15, 20)], pad_to=6)  # padding: a copy
+    assert not np.shares_memory(padded, X) and not padded[:, 5].any()
 
 
 def test_all_empty_clients_still_valid():

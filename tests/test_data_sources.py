@@ -504,9 +504,11 @@ def test_synthetic_size_factor_reaches_the_generator_from_the_config():
 
     cfg = config_lib.build(overrides=['method_name=fedavg', 'data.name=synthetic', 'partition.scheme=natural',
                                       'partition.num_clients=4', 'model.name=mlr', 'data.synthetic_size_factor=3'])
-    ds = build_experiment(validate(cfg)).dataset
+    exp = build_experiment(validate(cfg))
     expected = 3 * synthetic.client_sizes(np.random.default_rng(0), 4)
-    np.testing.assert_array_equal(np.bincount(ds.client_ids_train) + np.bincount(ds.client_ids_test), expected)
+    np.testing.assert_array_equal(np.asarray(exp.data.train.n) + np.asarray(exp.data.test.n), expected)
+    assert exp.dataset.x_train.shape == (0, synthetic.DIMENSION)  # (generated samples freed once partitioned)
+    assert exp.dataset.x_train.base is None and exp.dataset.client_ids_test.base is None  # no view keeps them
 
 
 def test_half_normalization_is_torchvisions_half_and_reaches_the_setup():

@@ -146,3 +146,15 @@ def test_a_kill_during_the_first_checkpoint_save_can_be_started_over_in_place(un
     assert _without_seconds(_records(out)) == _without_seconds(_records(uninterrupted))
     assert json.loads((out / "summary.json").read_text()) == json.loads((uninterrupted / "summary.json").read_text())
     assert json.loads((out / "config.json").read_text()).get("resumed") is None  # a fresh run, not a resumed one
+
+
+def test_a_finished_run_without_checkpoints_is_named_finished_and_starts_over_in_place(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = [*TINY, "--rounds", "2", "--out", str(out)]  # checkpoint_every 0: no checkpoint kept
+    assert cli.main(args) == 0
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+    for case, argv in (("rerun_finished_without_checkpoints", args),
+                       ("resume_finished_without_checkpoints", ["--out", str(out), "--resume", "--no-progress"])):
+        code = cli.main(argv)
+        assert_case(case, code, capsys.readouterr().err, tmp=tmp_path)
+    assert cli.main([*args, "--start-over"]) == 0

@@ -136,6 +136,19 @@ def test_more_runs_than_the_process_may_keep_files_open_is_refused_before_any_wo
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_sweep_past_the_open_files_is_refused_before_its_runs_are_expanded(tmp_path, capsys, monkeypatch):
+    """10,000 seeds under a hard limit of 1,024 files: refused on the count of runs, before any of them is
+    expanded and checked (a sweep's points each a configuration) or a folder made."""
+    from fedjax_pfl.commands import open_files
+
+    monkeypatch.setattr(open_files.resource, "getrlimit", lambda which: (1024, 1024))
+    monkeypatch.setattr(cli, "settle", lambda cfg: pytest.fail("the sweep's runs were expanded before the refusal"))
+    code = cli.main(["--method", "fedavg", *TINY, "--seeds", ",".join(map(str, range(10_000))),
+                     "--out", str(tmp_path / "sweep")])
+    assert code == 2 and "10000 runs in one sweep keep about 20256 files open" in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_tensorboard_without_tensorboardx_is_refused_before_the_data_load(tmp_path, capsys, monkeypatch):
     """Refused while the configuration is checked: no data read, no folder left that would refuse the corrected
     command."""

@@ -119,8 +119,9 @@ class Command:
         except UserError as e:
             print("error: " + one_line(e), file=sys.stderr)
             return BAD_INPUT
-        except KeyboardInterrupt as e:
-            print(f"{NAMES.get(signal_of(e), 'stopped')}: {self.interrupted}", file=sys.stderr)
+        except KeyboardInterrupt as e:  # (``kept``: what the body says was kept, e.g. outputs/results_writer.py)
+            print(f"{NAMES.get(signal_of(e), 'stopped')}: {getattr(e, 'kept', None) or self.interrupted}",
+                  file=sys.stderr)
             if self.own_process:
                 sys.stderr.flush()
                 _exit_after(GRACE, exit_status(signal_of(e)))

@@ -36,3 +36,11 @@ def ensure(runs: int, tensorboard: bool = False) -> None:
     raise UserError(f"{runs} runs in one sweep keep about {need} files open at once (each run folder's lock and "
                     f"metrics.jsonl), more than this process may open ({hard}, ulimit -Hn); run at most {fit} seeds "
                     "or grid points at a time, or raise the limit (ulimit -n)")
+
+
+def sweep_runs(cfg) -> int:
+    """How many runs a sweep configuration (runs/config.py) expands into, grid x seeds, without expanding it."""
+    runs = len(cfg.seeds) or 1
+    for values in cfg.sweep.values():
+        runs *= len(values) if isinstance(values, (list, tuple)) else 1
+    return runs

@@ -177,6 +177,8 @@ def main(argv=None, observe=None) -> int:
         host_devices.check_environment()  # JAX_PLATFORMS, XLA_FLAGS: before JAX starts
         distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id)
         cfg = config_from_args(args, overrides)
+        if cfg.seeds or cfg.sweep:  # before its runs are expanded and checked one by one
+            open_files.ensure(open_files.sweep_runs(cfg), cfg.log.tensorboard)
         run = settle(cfg)
         command.folder = run.out
         stop = StopRequest()

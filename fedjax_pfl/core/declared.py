@@ -12,6 +12,7 @@ way, so what a user reads cannot drift from what the code checks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -143,9 +144,12 @@ def check_value(where: str, value, annotation, spec: Spec) -> None:
         spec.check(value)
 
 
+_type_hints = functools.cache(typing.get_type_hints)  # per dataclass: a sweep checks one config per point
+
+
 def check_fields(obj, prefix: str) -> None:
     """`check_value` for every declared field of dataclass ``obj``, named ``prefix + name``."""
-    hints = typing.get_type_hints(type(obj))
+    hints = _type_hints(type(obj))
     for field in dataclasses.fields(obj):
         if is_declared(field):
             check_value(prefix + field.name, getattr(obj, field.name), hints[field.name], spec_of(field))

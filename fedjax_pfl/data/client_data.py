@@ -9,6 +9,7 @@ and masking in the engine.
 
 from __future__ import annotations
 
+import gc
 from typing import NamedTuple, Sequence
 
 import jax
@@ -34,13 +35,35 @@ class ClientData(NamedTuple):
         return self.n.shape[0]
 
 
+GATHER_BYTES = 64 << 20  # the most sample bytes `padded_arrays` copies through a temporary at once
+
+
 def stack_clients(x_pool: np.ndarray, y_pool: np.ndarray, indices_per_client: Sequence[np.ndarray],
                   pad_to: int | None = None) -> ClientData:
     """Gather each client's samples (in the given index order) and zero-pad to n_max.
 
     n_max = pad_to if given, else the largest client (at least 1, so a client
     with 0 samples, or all of them, still yields valid shapes). The result is
-    placed on the default device; see `device_put` to shard it.
+    placed on the default device; see `device_put` to shard it. The host arrays
+    are `padded_arrays`' (no copy of the whole pool on the way).
+    """
+    host = padded_arrays(x_pool, y_pool, indices_per_client, pad_to)
+    placed = ClientData(*map(jnp.asarray, host))
+    if sum(a.nbytes for a in host) > GATHER_BYTES:  # jax holds host arrays it copied in a reference cycle
+        jax.block_until_ready(placed)
+        del host
+        gc.collect()  # (large ones freed now, not at the next cycle)
+    return placed
+
+
+def padded_arrays(x_pool: np.ndarray, y_pool: np.ndarray, indices_per_client: Sequence[np.ndarray],
+                  pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`stack_clients`' arrays on the host: (x [N, n_max, ...], y int32 [N, n_max], n int32 [N]).
+
+    Clients whose samples already lie in order, one after another, all of size n_max (a generator's own
+    clients of fixed size) are views of the pool, no copy; otherwise the padded arrays are filled a block of
+    clients at a time (at most `GATHER_BYTES` of samples through a temporary), never through a gathered copy
+    of the whole pool.
     """
     x_pool, y_pool = np.asarray(x_pool), np.asarray(y_pool)
     if x_pool.shape[0] != y_pool.shape[0]:
@@ -57,13 +80,27 @@ def stack_clients(x_pool: np.ndarray, y_pool: np.ndarray, indices_per_client: Se
         if pad_to < sizes.max():
             raise UserError(f"pad_to={pad_to} is below the largest client ({sizes.max()} samples).")
         n_max = int(pad_to)
-    rows = np.repeat(np.arange(len(idx)), sizes)
-    cols = np.arange(flat.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    x = np.zeros((len(idx), n_max) + x_pool.shape[1:], x_pool.dtype)
-    y = np.zeros((len(idx), n_max), np.int32)
-    x[rows, cols] = x_pool[flat]
-    y[rows, cols] = y_pool[flat]
-    return ClientData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(sizes.astype(np.int32)))
+    num = len(idx)
+    counts = sizes.astype(np.int32)
+    start = int(flat[0]) if flat.size else 0
+    if flat.size == num * n_max and np.array_equal(flat, np.arange(start, start + flat.size)):
+        shape = (num, n_max)
+        return (x_pool[start:start + flat.size].reshape(shape + x_pool.shape[1:]),
+                y_pool[start:start + flat.size].astype(np.int32, copy=False).reshape(shape), counts)
+    x = np.zeros((num, n_max) + x_pool.shape[1:], x_pool.dtype)
+    y = np.zeros((num, n_max), np.int32)
+    ends = np.cumsum(sizes)
+    row_bytes = max(x_pool[:1].nbytes, 1)
+    per_block = max(1, int(GATHER_BYTES // (row_bytes * n_max)))
+    for first in range(0, num, per_block):
+        last = min(first + per_block, num)
+        lo, hi = int(ends[first] - sizes[first]), int(ends[last - 1])
+        block = sizes[first:last]
+        rows = np.repeat(np.arange(first, last), block)
+        cols = np.arange(hi - lo) - np.repeat(np.cumsum(block) - block, block)
+        x[rows, cols] = x_pool[flat[lo:hi]]
+        y[rows, cols] = y_pool[flat[lo:hi]]
+    return x, y, counts
 
 
 def device_put(data: ClientData, sharding: jax.sharding.Sharding | None = None) -> ClientData:

@@ -5,17 +5,16 @@
   /proc/meminfo) and what the process's cgroup (a container's or a batch
   job's limit) still allows; None where neither can be read (then nothing is
   refused). `check_fits` refuses in one line giving the estimate, what is
-  available and what to change, instead of the kernel's out-of-memory killer.
-  The clients' arrays are padded to the largest client ([N, n_max, ...],
-  data/client_data.py) and, on several host devices, padded to a multiple of
-  the device count and held once per device (engine/sharding.py):
-  `check_client_arrays_fit` checks them once the partition gives the sizes
-  (generated data are checked before a sample is drawn: data/synthetic.py).
+  available and what to change, instead of the kernel's out-of-memory killer;
+  `resident_bytes` is this process's resident memory now. A run's whole
+  estimate (client arrays, state, copies per device) is
+  engine/memory_estimate.py's.
 - The batch: `check_batch_size` refuses a batch larger than every client.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +59,15 @@ def available_bytes() -> int | None:
     return min(known) if known else None
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (/proc/self/statm; else its peak so far, from getrusage)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def shown(n: float) -> str:
     """Bytes in words: '512 MB', '4.9 TB' (powers of 1000)."""
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -75,62 +83,6 @@ def check_fits(need: int, what: str, fix: str, available: int | None = None) -> 
     if available is not None and need > available:
         raise UserError(f"{what} would take {shown(need)} of memory, more than the {shown(available)} available on "
                         f"this machine; {fix}")
-
-
-SYNTHETIC_FIX = ("use fewer clients (--num-clients), or clients of a fixed size "
-                 "(data.synthetic_samples_per_client=K)")
-
-
-def _row_bytes(sample_shape, dtype) -> int:
-    return int(np.prod(sample_shape, dtype=np.int64)) * np.dtype(dtype).itemsize + 4  # + the int32 label
-
-
-def _copies(num_clients: int, devices: int) -> tuple[int, int]:
-    """(client rows, copies held): N rounded up to a multiple of the devices, one copy per device."""
-    return -(-num_clients // devices) * devices, devices
-
-
-def check_synthetic_fits(train: np.ndarray, test: np.ndarray, features: int, scheme: str, devices: int = 1) -> None:
-    """Generated Synthetic data against the memory available, from the per-client ``train`` and ``test`` sizes
-    the generator will draw (data/synthetic.py's `planned_sizes`; ``features`` float32 each) before a sample is
-    drawn: its samples, and for the natural partition the clients' padded arrays exactly; for another
-    partition (``scheme``) at least the samples once more (the pool split over clients)."""
-    num_clients = len(train)
-    row = _row_bytes((features,), np.float32)
-    total = int(train.sum() + test.sum())
-    pool = total * (row + 4)  # + the client id
-    if scheme == "natural":
-        rows, copies = _copies(num_clients, devices)
-        arrays = copies * rows * (int(train.max()) + int(test.max())) * row
-        held = f", one copy on each of {copies} host devices)" if copies > 1 else ")"
-        what = (f"data.name=synthetic with {num_clients} clients: its {total:,} samples and the clients' arrays "
-                f"padded to the largest client (train [{rows}, {int(train.max())}, {features}], test "
-                f"[{rows}, {int(test.max())}, {features}] float32{held}")
-    else:
-        arrays = devices * pool
-        what = (f"data.name=synthetic with {num_clients} clients: its {total:,} samples, and at least as much again "
-                f"for the clients' arrays ({scheme} partition, padded to the largest client),")
-    check_fits(pool + arrays, what, SYNTHETIC_FIX + (", or fewer host devices (--cpu-devices)" if devices > 1 else ""))
-
-
-def check_client_arrays_fit(sizes: dict[str, np.ndarray], sample_shape, dtype, synthetic_data: bool,
-                            devices: int = 1) -> None:
-    """The padded client arrays of the parts in ``sizes`` (name -> per-client sample counts: train, test, val)
-    against the memory available, before they are made: one copy per host device, and the largest part once
-    more while it moves to the device."""
-    num_clients = len(next(iter(sizes.values())))
-    rows, copies = _copies(num_clients, devices)
-    row = _row_bytes(sample_shape, dtype)
-    parts = {name: rows * max(int(np.max(n, initial=0)), 1) * row for name, n in sizes.items()}
-    need = copies * sum(parts.values()) + max(parts.values())
-    train = np.asarray(sizes["train"])
-    shape = "x".join(str(s) for s in sample_shape)
-    what = (f"the arrays of {num_clients} clients, padded to the largest ({int(train.max())} train samples of "
-            f"{shape} {np.dtype(dtype).name}; the mean client has {train.mean():.0f})"
-            + (f" and held once on each of {copies} host devices" if copies > 1 else ""))
-    fix = (SYNTHETIC_FIX if synthetic_data else
-           "use fewer clients (--num-clients), or a partition whose clients are closer in size")
-    check_fits(need, what, fix + (", or fewer host devices (--cpu-devices)" if copies > 1 else ""))
 
 
 def check_batch_size(batch_size: int, train_sizes) -> None:

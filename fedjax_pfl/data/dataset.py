@@ -87,6 +87,20 @@ class Dataset:
         return tuple(self.x_train.shape[1:])
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of its samples, labels and client ids."""
+        arrays = (self.x_train, self.y_train, self.x_test, self.y_test, self.client_ids_train, self.client_ids_test)
+        return sum(a.nbytes for a in arrays if a is not None)
+
+    def without_samples(self) -> "Dataset":
+        """This dataset's record with none of its samples (its shapes, classes and statistics): what a run keeps
+        once its clients' arrays are made, so the samples' memory is freed."""
+        empty = {name: getattr(self, name)[:0].copy() for name in ("x_train", "y_train", "x_test", "y_test",
+                                                                     "client_ids_train", "client_ids_test")
+                 if getattr(self, name) is not None}  # (copies: an empty view would keep its samples alive)
+        return dataclasses.replace(self, **empty)
+
+    @property
     def is_federated(self) -> bool:
         """True when the data carries its own client ids."""
         return self.client_ids_train is not None

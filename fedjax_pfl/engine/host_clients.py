@@ -46,16 +46,23 @@ def server_sized_by_clients(method, num_clients: int) -> list[str]:
 
 def unsupported(engine: Engine) -> str | None:
     """Why ``engine``'s run cannot keep client state on the host, in a few words, or None when it can."""
-    method, schedule = engine.method, engine.method.schedule
+    return why_not_on_host(engine.method, engine.config.all_clients_train, engine.mesh is not None,
+                           engine.num_clients)
+
+
+def why_not_on_host(method, all_clients_train: bool, split: bool, num_clients: int) -> str | None:
+    """`unsupported` before an engine is built: ``method``, train.all_clients_train, whether the client axis is
+    ``split`` over several devices, and the client count."""
+    schedule = method.schedule
     if schedule.updates_every_client:
         return f"method {method.name!r} updates every client each round"
     if schedule.server_steps_per_client:
         return f"method {method.name!r} steps its server after each client"
-    if engine.config.all_clients_train:
+    if all_clients_train:
         return "train.all_clients_train trains every client each round"
-    if engine.mesh is not None:
+    if split:
         return "the client axis is split over several devices"
-    sized = server_sized_by_clients(method, engine.num_clients)
+    sized = server_sized_by_clients(method, num_clients)
     if sized:
         return f"method {method.name!r} keeps server state sized by the number of clients ({sized[0]})"
     return None
@@ -111,13 +118,15 @@ def keep_on_host(mode: str, engine: Engine) -> tuple[bool, str]:
     return choose(mode, needed, device_bytes())
 
 
-def _host_array(a, folder, name):
-    a = np.asarray(a)
+def host_store(a, folder: str | None, name) -> np.ndarray:
+    """``a`` (a host array, or a device array on the host's CPU) as a writable store: a NumPy copy, or with
+    ``folder`` a memory-mapped .npy file there, written through the file (its pages stay in the page cache,
+    not in this process's resident memory, until a cohort reads them)."""
     if folder is None:
         return np.array(a)
-    out = np.lib.format.open_memmap(os.path.join(folder, f"{name}.npy"), mode="w+", dtype=a.dtype, shape=a.shape)
-    out[...] = a
-    return out
+    path = os.path.join(folder, f"{name}.npy")
+    np.save(path, np.asarray(a))
+    return np.load(path, mmap_mode="r+")
 
 
 class HostClients:
@@ -141,15 +150,21 @@ class HostClients:
 
     # ---------------------------------------------------------------- state
     def init(self, key):
-        """Server state on the device; every client's state into the host store (computed on the host CPU)."""
+        """Server state on the device; every client's state into the host store (computed on the host CPU, as
+        one program, so its numbers are the device-kept engine's), moved there a leaf at a time, each freed once
+        stored: at most one leaf [N, ...] more than the state itself."""
+        if self.folder is not None:
+            os.makedirs(self.folder, exist_ok=True)
         with jax.default_device(self.host):
             server, clients = jax.jit(self.engine.method.init, static_argnums=1)(
                 jax.device_put(key, self.host), self.engine.num_clients)
-            clients = jax.device_get(clients)
-        if self.folder is not None:
-            os.makedirs(self.folder, exist_ok=True)
         leaves, tree = jax.tree.flatten(clients)
-        self.clients = jax.tree.unflatten(tree, [_host_array(a, self.folder, i) for i, a in enumerate(leaves)])
+        del clients
+        stored = []
+        for i in range(len(leaves)):
+            stored.append(host_store(leaves[i], self.folder, i))
+            leaves[i].delete()
+        self.clients = jax.tree.unflatten(tree, stored)
         return jax.device_put(jax.device_get(server), jax.devices()[0])
 
     def plan(self, key):

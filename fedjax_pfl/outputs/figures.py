@@ -13,6 +13,7 @@ matplotlib raises ImportError, which callers turn into a one-line note.
 from __future__ import annotations
 
 import io
+import json
 import textwrap
 from pathlib import Path
 
@@ -246,12 +247,16 @@ def overlaid_accuracy(curves: list[dict], title: str = "") -> Figure:
     return fig
 
 
-def save_png(fig: Figure, path: Path) -> None:
-    """Write ``fig`` as PNG; readers never see a half-written file."""
+def png_bytes(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def save_png(fig: Figure, path: Path) -> None:
+    """Write ``fig`` as PNG; readers never see a half-written file."""
     with atomic_write(path, "wb") as f:
-        f.write(buffer.getvalue())
+        f.write(png_bytes(fig))
 
 
 def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clients: list[dict] | None,
@@ -270,10 +275,24 @@ def draw_run(plots_dir: Path, records: list[dict], partition: dict | None, clien
         eval_model = records[-1].get("eval_model") if records else None
         todo["client_accuracy.png"] = lambda: client_accuracy_histogram(
             clients, f"per-client accuracy: {title}" if title else "", eval_model)
-    if partition:
-        todo["partition.png"] = lambda: partition_picture(partition)
     written = []
     for name, make in todo.items():
         save_png(make(), plots_dir / name)
         written.append(plots_dir / name)
+    if partition:
+        with atomic_write(plots_dir / "partition.png", "wb") as f:
+            f.write(partition_png(partition))
+        written.append(plots_dir / "partition.png")
     return written
+
+
+_last_partition: tuple[str, bytes] = ("", b"")  # the last partition picture drawn: its partition (JSON), its PNG
+
+
+def partition_png(partition: dict) -> bytes:
+    """`partition_picture` as PNG bytes; drawn once for runs that share a partition (a sweep's seeds)."""
+    global _last_partition
+    key = json.dumps(partition, sort_keys=True)
+    if _last_partition[0] != key:
+        _last_partition = (key, png_bytes(partition_picture(partition)))
+    return _last_partition[1]

@@ -8,9 +8,11 @@ folder holds:
 - files that no run wrote (a user's own): refused, whatever the flags, and
   left as they are;
 - a run, without ``--resume``: refused, saying how to continue it or, when
-  its first checkpoint never completed (a kill during that save, or before
-  it), that it cannot be continued and ``--start-over`` starts it afresh in
-  place;
+  it holds no complete checkpoint, that it cannot be continued and
+  ``--start-over`` starts it afresh in place: a run that finished without
+  keeping checkpoints (``checkpoint_every`` 0) is named as finished, any
+  other as stopped before its first checkpoint was saved (a kill during that
+  save, or before it);
 - with ``--resume``, a run with no complete checkpoint: refused the same way;
 - with ``--start-over``: the run's own files are removed and it starts afresh.
 
@@ -29,13 +31,19 @@ from typing import Callable, Iterator
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.folder_lock import LOCK_FILE, locked
+from fedjax_pfl.outputs.run_output import read_json
 from fedjax_pfl.outputs.output_folder import check_not_foreign, check_writable, holds_run, is_run_entry
 
 START_OVER = "--start-over"
 
 
 def no_checkpoint_note(out: Path) -> str:
-    """Why the run in ``out`` cannot be continued, and what to do, when it has no complete checkpoint."""
+    """Why the run in ``out`` cannot be continued, and what to do, when it has no complete checkpoint: a run
+    whose summary.json says it finished kept no checkpoints; any other stopped before its first was saved."""
+    summary = read_json(Path(out) / "summary.json")
+    if isinstance(summary, dict) and summary.get("status") == "finished":
+        return (f"the run in {out} finished without keeping a checkpoint (--checkpoint-every 0), so it cannot be "
+                f"continued: start it afresh in place with {START_OVER}, or choose another --out")
     return (f"the run in {out} has no complete checkpoint (it stopped before its first one was saved, or during "
             f"that save), so it cannot be continued: start it afresh in place with {START_OVER}, or choose another "
             "--out")

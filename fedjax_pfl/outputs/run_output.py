@@ -7,6 +7,7 @@ already written; metrics.jsonl has its own file (metrics_file.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -51,6 +52,12 @@ def jsonable(obj):
 
 
 def versions() -> dict:
+    """`package_versions`, looked up once a process (a sweep writes it into every run's config.json)."""
+    return dict(package_versions())
+
+
+@functools.cache
+def package_versions() -> dict:
     """Versions of the packages a result depends on, the machine (`machine.describe`), and the git commit if any."""
     import flax  # (these here: outputs/ imports without JAX, tests/test_layers.py; the package above it)
     import jax

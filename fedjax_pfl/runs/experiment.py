@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.engine import engine as engine_lib
+from fedjax_pfl.engine import engine as engine_lib, memory_estimate
 from fedjax_pfl.data import client_data, client_limits, files, partition, synthetic
 from fedjax_pfl.data.pfllib_partition import pfllib_dirichlet_split
 from fedjax_pfl.data.dataset import Dataset, with_normalization
@@ -50,6 +50,7 @@ class FederatedData:
     summary: dict
     text: str
     val: client_data.ClientData | None = None  # partition.val_fraction of each client's train split
+    memory: memory_estimate.RunMemory | None = None  # the run's peak memory, estimated before the arrays were made
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +116,9 @@ def make_normalize(dataset: Dataset):
     return normalize
 
 
-def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int) -> FederatedData:
-    """Client train/test index lists per the config, stacked into padded arrays."""
+def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int, memory=None) -> FederatedData:
+    """Client train/test index lists per the config, stacked into padded arrays (``memory``: the run's
+    engine/memory_estimate.py RunMemory, checked once the sizes are known, before the arrays are made)."""
     if p.scheme == "natural":
         if not dataset.is_federated:
             raise UserError(f"partition 'natural' needs a dataset with its own clients (synthetic, pfllib), not {dataset.name}")
@@ -156,9 +158,9 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
     if p.val_fraction > 0:  # stratified, from the train split only: test data never pick a setting
         train_idx, val_idx = partition.split_train_test(train_idx, y_train, 1.0 - p.val_fraction, seed + 3)
     parts = {"train": train_idx, "test": test_idx, **({"val": val_idx} if val_idx is not None else {})}
-    client_limits.check_client_arrays_fit({k: np.array([len(i) for i in v]) for k, v in parts.items()},
-                                        x_train.shape[1:], x_train.dtype, dataset.name.startswith("synthetic"),
-                                        host_copies())
+    if memory is not None:  # the pool twice where train and test are pooled; views of it for its own clients
+        memory.check_arrays({k: np.array([len(i) for i in v]) for k, v in parts.items()}, dataset,
+                            1 + (p.scheme != "natural" and p.test_from == "split"), p.scheme == "natural" and not val_idx)
     if val_idx is not None:
         val = client_data.stack_clients(x_train, y_train, val_idx)
     info = {"dataset": dataset.name, "seed": seed, **dataclasses.asdict(p)}
@@ -169,14 +171,8 @@ def partition_dataset(dataset: Dataset, p: config_lib.PartitionConfig, seed: int
         summary=summary,
         text=partition.format_summary(summary),
         val=val,
+        memory=memory,
     )
-
-
-def host_copies() -> int:
-    """How many copies of the client data the engine keeps: one per host device of this process when there are
-    several (engine/sharding.py's `place_client_data`), else one."""
-    devices = jax.local_devices()
-    return len(devices) if jax.process_count() == 1 and len(devices) > 1 and devices[0].platform == "cpu" else 1
 
 
 def _scheme(labels, p: config_lib.PartitionConfig, seed: int):
@@ -213,6 +209,11 @@ def known_clients(cfg: config_lib.RunConfig) -> int | None:
     its own clients (a natural partition of anything but generated data)."""
     natural = cfg.partition.scheme == "natural" and cfg.data.name != "synthetic"
     return None if natural else cfg.partition.num_clients
+
+
+def build_method(cfg: config_lib.RunConfig, dataset: Dataset, options):
+    """The run's method, bound to its setup on ``dataset`` with its typed ``options`` (`ValidRun.options`)."""
+    return get_method(cfg.method_name)(build_setup(cfg, dataset), options)
 
 
 def build_setup(cfg: config_lib.RunConfig, dataset: Dataset) -> LocalSetup:
@@ -374,15 +375,14 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
     cfg = run.config
     seed = config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)
     read: list = []
+    memory = memory_estimate.RunMemory(memory_estimate.RunPlan.of(cfg, seed))  # (the process before data)
     if dataset is None:
         extra = ({"num_clients": cfg.partition.num_clients, "seed": seed,
                   "size_factor": cfg.data.synthetic_size_factor,
                   "samples_per_client": cfg.data.synthetic_samples_per_client} if cfg.data.name == "synthetic" else {})
-        if cfg.data.name == "synthetic":  # before a sample is drawn
-            train, test = synthetic.planned_sizes(cfg.partition.num_clients, seed,
-                                                  cfg.data.synthetic_samples_per_client,
-                                                  size_factor=cfg.data.synthetic_size_factor)
-            client_limits.check_synthetic_fits(train, test, synthetic.DIMENSION, cfg.partition.scheme, host_copies())
+        if cfg.data.name == "synthetic":  # before a sample is drawn (sized on a one-client copy of its data)
+            memory.check_before_loading(build_method(cfg, synthetic.load_synthetic(num_clients=1, samples_per_client=2),
+                                                     run.options))
         explicit_dir = bool(cfg.data.data_dir) and cfg.data.source == "files"
         try:
             with files.recording_reads() as read:
@@ -396,16 +396,17 @@ def build_experiment(run: ValidRun, dataset: Dataset | None = None, progress: bo
             check_files_read(cfg.data.data_dir, read)
     dataset = with_normalization(dataset, cfg.data.normalization)
     resolve_model(cfg, dataset.is_image)  # (datasets whose files decide their inputs)
-    setup = build_setup(cfg, dataset)
-    method = get_method(cfg.method_name)(setup, run.options)
-    data = partition_dataset(dataset, cfg.partition, seed)
+    method = build_method(cfg, dataset, run.options)
+    memory.with_method(method)
+    data = partition_dataset(dataset, cfg.partition, seed, memory)
     if INPUTS[cfg.data.name] is None or known_clients(cfg) is None:  # facts validate could not know
-        method.algorithm.check_run(run.options, run_facts(cfg, setup.model, data.train.num_clients))
+        method.algorithm.check_run(run.options, run_facts(cfg, method.setup.model, data.train.num_clients))
     client_limits.check_batch_size(cfg.train.batch_size, data.train.n)
     num_clients = data.train.num_clients
     engine_cfg = engine_config(cfg.train, engine_lib.clients_per_round(num_clients, cfg.train.join_ratio), progress)
     engine = engine_lib.Engine(method, data.train, data.test, engine_cfg, val=data.val)
-    return Experiment(engine, data, dataset, cfg, tuple(str(p) for p in dict.fromkeys(read)))
+    kept = dataset.without_samples() if cfg.data.name == "synthetic" else dataset  # (generated: never reused)
+    return Experiment(engine, data, kept, cfg, tuple(str(p) for p in dict.fromkeys(read)))
 
 
 

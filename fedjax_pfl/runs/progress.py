@@ -11,16 +11,14 @@
   (or ``statistics pass 64/380`` for a Fisher trace or class means, and the
   server step and evaluation once every client is done). On several devices
   each device reports its own clients; the clients in flight count once per
-  device. Events are counted
-  as they come (a runtime thread calls `event`); the bar is redrawn at most 4
-  times a second on a terminal, every 5 s in a log, and at least that often
-  while a call runs (a heartbeat thread), so the elapsed time always moves.
-- The time left (outputs/wall_time.py) counts computing only: the elapsed time is the
-  wall clock and never jumps; compile time is left out of the rate. The
-  estimate lines (before the first round, after it, and when it moves) are
-  printed with the bar off too.
-Nothing here changes what a run computes; with the bar off only the compile
-and estimate lines are printed.
+  device. Events are counted as they come (a runtime thread calls `event`);
+  the bar is redrawn at most 4 times a second on a terminal, every 5 s in a
+  log, and at least that often while a call runs (a heartbeat thread).
+- The time left (outputs/wall_time.py) counts computing only: the elapsed
+  time is the wall clock and never jumps; compile time is left out of the
+  rate. The estimate lines (before the first round, after it, and when it
+  moves) are printed with the bar off too.
+Nothing here changes what a run computes; without the bar only the compile and estimate lines print.
 """
 
 from __future__ import annotations

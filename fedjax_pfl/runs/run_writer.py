@@ -157,12 +157,12 @@ class RunWriter:
                    "the last checkpoint", **run_output.final_summary(list(self.log.records))}
         run_output.write_json(self.files / "summary.json", summary)
 
-    def finish(self) -> dict:
-        """Close the files and write summary.json; returns the summary. On a full disk what fits is written and
-        what does not is left as it was; `NoSpaceError` then, unless the run already stopped for it."""
+    def finish(self, wait_figures: bool = True) -> dict:
+        """Close the files, write summary.json and (``wait_figures``) wait for the figures -> the summary. On a full
+        disk what fits is written, the rest left as it was; `NoSpaceError` then, unless the run stopped for it."""
         self.doing = "writing summary.json, metrics.csv and the figures"
         full = None
-        for step in (self.log.close, self._write_summary, self.results.close):
+        for step in (self.log.close, self._write_summary, lambda: self.results.close(wait_figures)):
             try:
                 failed = step()
             except Exception as e:  # noqa: BLE001 (a full disk: the other files are still written where they fit)

@@ -91,7 +91,7 @@ def _train(run: ValidRun, out: Path, files: Path, progress: bool, resume: bool, 
     print(f"loading {cfg.data.name} and partitioning it ({cfg.partition.scheme}) ...", flush=True)
     exp = build_experiment(run, progress=progress)
     cfg = exp.config  # (with what its data decided: a model 'auto')
-    print(exp.partition_text)
+    print(exp.partition_text + ("\n" + exp.data.memory.estimate.line() if exp.data.memory else ""), flush=True)
     print(f"loaded and partitioned in {time.perf_counter() - began:.1f} s; initialising the model and "
           f"{'restoring' if resume else 'creating'} the clients' state ...", flush=True)
     init_key, key = jax.random.split(jax.random.key(cfg.seed))

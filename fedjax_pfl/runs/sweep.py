@@ -52,7 +52,7 @@ from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import checkpoint, mapping_choice, sharding
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine.federations import Federation, FederationRows
-from fedjax_pfl.outputs import run_output
+from fedjax_pfl.outputs import results_writer, run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.atomic_file import atomic_write
 from fedjax_pfl.runs.call_planner import CallPlanner
@@ -188,7 +188,7 @@ def run_program(program, exps: list, runs: list[ValidRun], progress: bool, stop:
         raise
     finally:
         display.close()
-        summaries = [writer.finish() for writer in writers]
+        summaries = results_writer.finish_records(writers, lambda line: print(line, flush=True))
     return summaries
 
 
@@ -277,7 +277,9 @@ def run_federations(runs: list[ValidRun], progress: bool = True, observe=None,
         program = FederationProgram(runs, progress)
         print(f"{len(cfgs)} runs as rows of one program on {jax.devices()[0].device_kind} ({jax.default_backend()})",
               flush=True)
-        return run_program(program, program.exps, runs, progress, stop, observe)
+        summaries = run_program(program, program.exps, runs, progress, stop, observe)
+        results_writer.draw_figures(Path(cfgs[0].out).parent, lambda line: print(line, flush=True), stop.requested)
+        return summaries
 
 
 def _mean_std(values) -> dict:
@@ -359,6 +361,7 @@ def _run_points(cfg: config_lib.RunConfig, points: list[ValidRun], root: Path, p
     exp = next(iter(exps.values()))
     print(exp.partition_text if len(exps) == 1 else f"{len(exps)} partitions, one per seed (vary_data_with_seed)")
     per_call = experiments_per_call(exp.engine, cfg, len(points))
+    print(exp.data.memory.for_runs(per_call, len(points)).line(), flush=True)
     print(f"{len(points)} runs, {per_call} per compiled program, on {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}); {host_devices.describe(host_devices.record())} ...", flush=True)
     start = time.perf_counter()
@@ -368,11 +371,14 @@ def _run_points(cfg: config_lib.RunConfig, points: list[ValidRun], root: Path, p
         summaries += run_chunk(exps, points[i:i + per_call], progress, stop, observe, mappings)
         if stop.requested:
             break
+    if len(summaries) < len(points):  # stopped between two programs: which runs have their records
+        print(results_writer.stopped_between([p.out for p in points], len(summaries), root))
     summary = sweep_summary(points[:len(summaries)], summaries)
     summary["seconds"] = time.perf_counter() - start
     run_output.write_json(root / "sweep.json", summary)
     with atomic_write(root / "sweep.md") as f:
         f.write(sweep_markdown(summary))
-    print(sweep_markdown(summary), end="")
+    print(sweep_markdown(summary), end="", flush=True)
+    results_writer.draw_figures(root, lambda line: print(line, flush=True), stop.requested)
     print(f"wrote {root}/ ({len(summaries)} run folders, sweep.json, sweep.md)")
     return summary

@@ -27,13 +27,15 @@ def expand(cfg: config_lib.RunConfig, allowed: tuple[str, ...]) -> list[tuple[co
     seeds = list(cfg.seeds) or [cfg.seed]
     data_seed = config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)
     root = Path(cfg.out)
+    single = copy.copy(cfg)  # each point copies this one, without the list of every seed (a copy per point)
+    single.seeds, single.sweep = (), {}
     points = []
     for combo in itertools.product(*cfg.sweep.values()):
         values = {names[k]: float(v) for k, v in zip(cfg.sweep, combo)}
         grid_name = "_".join(f"{n}{v:g}" for n, v in values.items())
         for seed in seeds:
-            point = copy.deepcopy(cfg)
-            point.seeds, point.sweep, point.seed = (), {}, seed
+            point = copy.deepcopy(single)
+            point.seed = seed
             point.data_seed, point.vary_data_with_seed = seed if cfg.vary_data_with_seed else data_seed, False
             for key, v in zip(cfg.sweep, combo):
                 section, name = key.split(".", 1)
@@ -41,3 +43,4 @@ def expand(cfg: config_lib.RunConfig, allowed: tuple[str, ...]) -> list[tuple[co
             point.out = str(root / grid_name / f"seed{seed}") if grid_name else str(root / f"seed{seed}")
             points.append((point, values, grid_name))
     return points
+
