@@ -13,7 +13,7 @@ from fedjax_pfl.outputs import results_writer
 
 HERE = Path(__file__).parent
 TINY = ["--method", "fedavg", "--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition",
-        "natural", "--local-epochs", "1", "--rounds", "2", "--no-progress", "--offline"]
+        "natural", "--local-epochs", "1", "--rounds", "2", "--no-progress"]
 
 
 class Clock:

@@ -90,7 +90,7 @@ def _train(limit, *args, tmp: Path):
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     proc = subprocess.run([sys.executable, str(HERE / "memory_limited_train.py"), str(limit), "--method", "fedavg",
                            "--dataset", "synthetic", "--model", "mlr", "--rounds", "1", "--local-epochs", "1",
-                           "--join-ratio", "0.01", "--partition", "natural", "--no-progress", "--offline",
+                           "--join-ratio", "0.01", "--partition", "natural", "--no-progress",
                            "--out", str(tmp), *args], capture_output=True, text=True, timeout=600, env=env)
     peak = int(re.search(r"peak_rss_bytes=(\d+)", proc.stdout)[1])
     return proc, peak
