@@ -86,6 +86,5 @@ def test_a_command_whose_options_do_not_fit_the_network_fails(monkeypatch):
     monkeypatch.chdir(ROOT)
     args, overrides = train.parse_args(["--config", "configs/pfakd_fmnist.yaml", "--method", "pfakd_at",
                                         "method.at_layers=2"])
-    run = train.settle(train.config_from_args(args, overrides))
-    with pytest.raises(UserError, match="at_layers"):
-        bind_method(run.config)
+    with pytest.raises(UserError, match="at_layers"):  # refused where the run is settled, before any data load
+        bind_method(train.settle(train.config_from_args(args, overrides)).config)

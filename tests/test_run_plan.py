@@ -352,6 +352,23 @@ def test_collect_into_copies_each_finished_cell_as_a_compact_record_and_writes_t
     assert len(plan_log.read(work)) == 6
     assert reproduce.main([*argv[:4], "--out", str(out), "--collect-into", str(out), "--cells",
                            "local-synth/seed0"]) == 2
+    assert "Command: `python -m fedjax_pfl.reproduce --table-file" in (out / "table.md").read_text()
+
+
+def test_collecting_a_slice_of_cells_keeps_the_table_its_command_records(tmp_path, monkeypatch):
+    """A plan runs a slice of the table's cells; collecting one writes the table again as its table.md's
+    recorded command writes it (every seed and row it names), not only the slice."""
+    table = _background_table(tmp_path, monkeypatch)
+    work, out = tmp_path / "work", tmp_path / "table"
+    assert reproduce.main(["--table-file", str(table), "--no-progress", "--out", str(out), "--seeds", "0,1",
+                           "--table-only"]) == 0
+    before = {(r["method"], r["setting"]) for r in csv.DictReader(open(out / "table.csv"))}
+    assert reproduce.main(["--table-file", str(table), "--no-progress", "--out", str(work), "--collect-into",
+                           str(out), "--cells", "local-synth/seed0"]) == 0
+    rows = {(r["method"], r["setting"]): r for r in csv.DictReader(open(out / "table.csv"))}
+    assert set(rows) == before and len(before) > 1
+    assert rows[("local", "synth")]["status"] == "1 finished, 1 not run"
+    assert "--seeds 0,1" in (out / "table.md").read_text()
 
 
 def test_a_background_plan_script_starts_its_runner_and_returns_and_refuses_a_second(tmp_path, monkeypatch):

@@ -441,6 +441,10 @@ def reproduce(args, extra: list[str], command: Command, observe=None) -> int:
     return status
 
 
+REPRODUCE = "python -m fedjax_pfl.reproduce "
+COMMAND_PREFIX = f"Command: `{REPRODUCE}"  # the line of table.md that records the command writing it
+
+
 def log_cells(program: Program, out: Path, event: str, args) -> None:
     """With --collect-into (a background plan's command): one line per cell of ``program`` in OUT's plan log."""
     if not args.collect_into:
@@ -460,11 +464,25 @@ def collect(spec: TableSpec, program: Program, out: Path, into: Path, args) -> N
         return
     for name in copied:
         plan_log.append(out, name, "collected", run_folder.read_records(into / "runs" / name)[-1]["round"])
-    table = [args.name] if args.name else ["--table-file", args.table_file]
     with contextlib.redirect_stdout(io.StringIO()):
-        status = main([*table, "--out", str(into), "--table-only", "--no-progress"])
+        status = main([*rewrite_argv(into, args), "--table-only", "--no-progress"])
     print(f"collected {', '.join(copied)} into {display_path(into)}/runs/ and wrote its table "
           f"({'exit ' + str(status) if status else 'table.md, table.csv'}): commit them", flush=True)
+
+
+def rewrite_argv(into: Path, args) -> list[str]:
+    """The reproduce arguments that write ``into``'s table again: the command its table.md records (its seeds,
+    methods and settings: a plan's slice of cells does not shrink the table), else the table's name, with
+    ``--out into`` unless that is where the command writes."""
+    recorded = [line for line in (into / "table.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith(COMMAND_PREFIX)] if (into / "table.md").is_file() else []
+    argv = (shlex.split(recorded[0][len(COMMAND_PREFIX):].rstrip(".").rstrip("`")) if recorded
+            else [args.name] if args.name else ["--table-file", args.table_file])
+    if "--out" in argv:  # the recorded folder is where it was written from; the table is now in ``into``
+        at = argv.index("--out")
+        argv = argv[:at] + argv[at + 2:]
+    default = Path("reproductions") / argv[0] if not argv[0].startswith("-") else None
+    return argv if default and default.resolve() == Path(into).resolve() else [*argv, "--out", str(into)]
 
 
 def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict, seeds: list[int], args,
@@ -472,7 +490,7 @@ def write_and_print(spec: TableSpec, cells: list[Cell], out: Path, rounds: dict,
     """Write table.md / table.csv (with the planned runs' note when OUT holds a run plan) and print the table
     (``show``) or only where it went."""
     out.mkdir(parents=True, exist_ok=True)
-    head_extra = [f"Command: `{table_command(args, extra)}`."]
+    head_extra = [f"Command: `{table_command(args, extra)}`."]  # read back by `rewrite_argv`
     head_extra += [f"Overrides on every cell: {' '.join(extra)}."] if extra else []
     text = write_table(spec, cells, out, rounds, seeds, head_extra, no_data,
                        [*weight_notes.notes(cells, out / "runs"), *plan_command.plan_note(out)])
@@ -498,7 +516,7 @@ def table_command(args, extra: list[str]) -> str:
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--one-by-one"] if args.one_by_one else []
-    return shlex.join([*"python -m fedjax_pfl.reproduce".split(), *argv, *extra])
+    return shlex.join([*REPRODUCE.split(), *argv, *extra])
 
 
 def _by_value(mapping: dict) -> dict:

@@ -144,7 +144,8 @@ def ours_cell(e: dict, metric: str = "") -> str:
     """``mean ± std (n=k)`` in percent, with the seeds' state when not all finished; '-' without runs."""
     mean, std = (e["mean"], e["std"]) if not metric else (e[f"{metric}_mean"], e[f"{metric}_std"])
     text = f"{100 * mean:.2f} ± {100 * std:.2f} (n={e['runs']})" if math.isfinite(mean) else "-"
-    if e["status"] != f"{e['runs']} finished":  # say when seeds are missing, unfinished or failed
+    if e["status"] and e["status"] != f"{e['runs']} finished":  # say when seeds are missing, unfinished or failed
+        # (no status: the row does not run in this setting, its spec's 'settings'; the notes say why)
         text += f" ({e['status']})"
     return text
 

@@ -1,6 +1,6 @@
 """The tau sweeps' short table: per point, accuracy and how the server step read the models at the last round.
 
-    python reproductions/diversifed_table2/sweeps/tau_table.py FOLDER [FOLDER ...] > table.md
+    python reproductions/diversifed_table2/sweeps/tau_table.py FOLDER [FOLDER ...] > tau_table.md
 
 Each FOLDER holds a sweep's point folders (<point>/seed0/ with config.json and metrics.jsonl or
 metrics.jsonl.xz). Columns: the point's alpha, distance unit, eta and tau; test accuracy, best round
