@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.kernels.counted_loop import PLAIN, Loops
 from fedjax_pfl.models.networks import Model
 
 
@@ -285,7 +286,9 @@ class Method:
     Each call passes itself to the algorithm's function of the same name, so a
     function reads the setup as ``m.setup``, the options as ``m.hparams`` and
     the round's learning rate as ``m.lr`` (``m.optimizer``: the local optimizer
-    at it). The engine gives each round its values with `with_hyperparams`.
+    at it). The engine gives each round its values with `with_hyperparams`, and
+    each client how its counted loops run with `with_loops` (``m.loops``, which
+    the shared training steps pass to the kernels).
     """
 
     def __init__(self, algorithm: Algorithm, setup: LocalSetup, hparams: Any = None):
@@ -296,6 +299,7 @@ class Method:
         self.setup = setup
         self.options = hparams  # as bound (concrete, checked)
         self.hyperparams = Hyperparams(setup.lr, setup.lr, {})
+        self.loops = PLAIN  # how the client's counted loops run (kernels/counted_loop.py)
         self.static = algorithm.static(self) if algorithm.static is not None else None
 
     def with_hyperparams(self, hyperparams: Hyperparams) -> "Method":
@@ -308,6 +312,12 @@ class Method:
                             f"it can vary: {', '.join(self.algorithm.hyperparameter_names)}")
         view = copy.copy(self)
         view.hyperparams = hyperparams
+        return view
+
+    def with_loops(self, loops: Loops) -> "Method":
+        """This method running its clients' counted loops as ``loops`` says (packed lanes, progress reports)."""
+        view = copy.copy(self)
+        view.loops = loops
         return view
 
     def __repr__(self) -> str:

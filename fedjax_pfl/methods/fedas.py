@@ -141,7 +141,7 @@ def align(m, old_variables, variables, data, key):
     return local_training.train(alignment_objective(m, old_variables, data), optax.sgd(hp.align_lr), variables,
                                 data, key, batch_size=hp.align_batch_size, max_epochs=hp.align_epochs,
                                 epochs=hp.align_epochs, normalize=s.normalize, part="body", drop_last=s.drop_last,
-                                augment=s.augment)
+                                augment=s.augment, loops=m.loops)
 
 
 def aligned_after_round_zero(m, client, received, data, key, round_index):

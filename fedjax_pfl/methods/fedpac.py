@@ -179,7 +179,7 @@ def class_sums(m, variables, data):
         return m.model.apply(variables, x, train=False).features
 
     s = m.setup
-    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize)
+    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize, m.loops)
 
 
 def client_update(m, server, client, data, key, info):

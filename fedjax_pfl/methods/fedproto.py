@@ -80,7 +80,7 @@ def client_update(m, server, client, data, key, info):
         return m.model.apply(variables, x, train=False).features
 
     s = m.setup
-    sums = prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize)
+    sums = prototypes.client_class_sums(feature_fn, data, m.model.num_classes, s.batch_size, s.normalize, m.loops)
     local, counts = prototypes.prototypes(sums)
     return {"variables": variables}, {"prototypes": local, "counts": counts, "loss": loss}
 

@@ -45,7 +45,7 @@ def train(m, objective, variables, data, key, epochs, *, part="all", optimizer=N
     s = m.setup
     return local_training.train(objective, optimizer or m.optimizer, variables, data, key, batch_size=s.batch_size,
                                 max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize,
-                                part=part, drop_last=s.drop_last, augment=s.augment)
+                                part=part, drop_last=s.drop_last, augment=s.augment, loops=m.loops)
 
 
 def train_kept(m, objective, client, variables, data, key, epochs, state="opt_state", *, part="all",
@@ -70,7 +70,7 @@ def train_kept(m, objective, client, variables, data, key, epochs, state="opt_st
     variables, loss, opt_state = local_training.train_with_state(
         objective, optimizer or m.optimizer, variables, data, key, batch_size=s.batch_size,
         max_epochs=max_epochs or s.local_epochs, epochs=epochs, normalize=s.normalize, part=part,
-        drop_last=s.drop_last, opt_state=client[state], augment=s.augment)
+        drop_last=s.drop_last, opt_state=client[state], augment=s.augment, loops=m.loops)
     return variables, loss, {state: opt_state}
 
 
@@ -86,7 +86,7 @@ def with_optimizer_state(m, clients, variables, num_clients: int, state="opt_sta
 
 def sum_batches(m, fn, data):
     """Sum of ``fn(batch)`` over the client's real batches of the run's batch size (local_training.sum_batches)."""
-    return local_training.sum_batches(fn, data, m.setup.batch_size, m.setup.normalize)
+    return local_training.sum_batches(fn, data, m.setup.batch_size, m.setup.normalize, m.loops)
 
 
 def map_batches(m, fn, data):
