@@ -39,7 +39,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import device_name  # noqa: E402
 
-from fedjax_pfl.engine import round_progress  # noqa: E402
 from fedjax_pfl.runs import config as config_lib  # noqa: E402
 from fedjax_pfl.runs.experiment import build_experiment, validate  # noqa: E402
 from fedjax_pfl.runs.progress import RunProgress  # noqa: E402
@@ -84,7 +83,7 @@ def measure(name: str, overrides: list[str], blocks: int, calls: int) -> dict:
     selected = states[True]["engine"].config.clients_per_round
     display = RunProgress(total=10**6, done=0, clients=selected, enabled=True)
     with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink), \
-            round_progress.listening(lambda e: (events.append(e), display.event(e))):
+            states[True]["engine"].progress.listening(lambda e: (events.append(e), display.event(e))):
         display.bar.fp = sink
         for state in states.values():
             time_block(state, 1)  # compiles

@@ -15,7 +15,7 @@ import optax
 from uniform_clients import normalize, uniform_clients
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData, stack_clients
-from fedjax_pfl.kernels import local_training
+from fedjax_pfl.kernels.counted_loop import Loops
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.methods.step_counted import random_batch_index
 from fedjax_pfl.models.networks import build_model
@@ -50,15 +50,15 @@ def host(tree):
     return jax.tree.map(np.array, tree)
 
 
-def steps_heard(fn, *args):
-    """(done, total) of every local step ``fn(*args)`` takes, in order (local_training.reporting_steps)."""
+def steps_heard(method, name, *args):
+    """(done, total) of every local step ``method``'s function ``name`` takes on ``args``, in order (its
+    counted loops' reporter, kernels/counted_loop.py `Loops`)."""
     heard = []
 
     def report(kind, done, total, value):
         jax.debug.callback(lambda d, t: heard.append((int(d), int(t))), done, total, ordered=True)
 
-    with local_training.reporting_steps(report):
-        out = jax.jit(fn)(*args)
+    out = jax.jit(getattr(method.with_loops(Loops(report=report)), name))(*args)
     jax.effects_barrier()
     return out, heard
 

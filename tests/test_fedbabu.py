@@ -48,7 +48,7 @@ def test_fedbabu_fine_tunes_the_whole_model_for_pfllibs_ten_epochs_by_default():
     client = tree_ops.gather(clients, 0)
     server = {"body": jax.tree.map(lambda a: a + 0.01, server["body"])}  # a "trained" global body
     data = plain_fed.client_data(2)  # 13 samples, B = 5: 3 steps an epoch
-    tuned, heard = plain_fed.steps_heard(method.eval_variables, server, client, data, jax.random.key(1))
+    tuned, heard = plain_fed.steps_heard(method, "eval_variables", server, client, data, jax.random.key(1))
     assert heard == [(i + 1, 30) for i in range(30)]  # 10 epochs
     body, head = tuned["params"]["body"], tuned["params"]["head"]
     assert not np.allclose(body["mlp"]["dense0"]["kernel"], server["body"]["params"]["mlp"]["dense0"]["kernel"])

@@ -1,4 +1,4 @@
-"""Federations as rows of one program (engine/federations.py) against each federation run alone.
+"""Federations as rows of one program (engine/rows.py) against each federation run alone.
 
 Four federations of one method in one compiled program: two share a
 partition of six ragged clients (one empty, one smaller than a batch) and
@@ -27,7 +27,7 @@ import pytest
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.engine.federations import Federation, FederationRows, refusal
+from fedjax_pfl.engine.rows import Federation, FederationRows, refusal
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.models.networks import build_model
 from settings_records import engine_config, local_setup

@@ -20,7 +20,7 @@ def _fedrep_steps(epochs=2, client_epochs=None, **options):
     client = tree_ops.gather(clients, 0)
     variables = shared_body.receive(method, server, client)
     info = ClientRound(jnp.int32(0), jnp.int32(client_epochs or epochs))
-    (new_client, _), heard = plain_fed.steps_heard(method.client_update, server, client, plain_fed.client_data(2),
+    (new_client, _), heard = plain_fed.steps_heard(method, "client_update", server, client, plain_fed.client_data(2),
                                                    jax.random.key(1), info)
     trained = new_client["variables"]
     for part in ("body", "head"):  # both phases trained

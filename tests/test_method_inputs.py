@@ -13,8 +13,9 @@ from fedjax_pfl.methods.base import LocalSetup, LocalTraining
 METHODS = Path(__file__).resolve().parents[1] / "fedjax_pfl" / "methods"
 CONTEXT = "m"  # the bound method, every method function's first argument
 RECORDS = ("setup", "local")  # what of the context holds the run's settings
-# the run's train and data settings a method reads (the optimizer at this round's lr is a round value, not one)
-SETTINGS = {f.name for f in dataclasses.fields(LocalTraining)} - {"optimizer"}
+# the run's train and data settings a method reads (the optimizer at this round's lr is a round value, the
+# loops the engine's way of running a client's loops: neither is a setting)
+SETTINGS = {f.name for f in dataclasses.fields(LocalTraining)} - {"optimizer", "loops"}
 
 
 def _chain(node):

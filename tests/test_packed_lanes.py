@@ -29,6 +29,7 @@ from fedjax_pfl.data.client_data import ClientData, stack_clients
 from fedjax_pfl.engine import client_mapping, mapping_choice
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import packed_loops
+from fedjax_pfl.kernels.counted_loop import PLAIN
 from fedjax_pfl.methods import get_method, training
 from fedjax_pfl.methods.base import ClientRound, Schedule, ServerRound
 from fedjax_pfl.methods.fedavg import FEDAVG
@@ -185,20 +186,19 @@ def test_lanes_run_no_padding_steps():
     counts = jnp.array([9, 1, 5, 0, 4, 3])
     calls = []
 
-    def client(n, x):
+    def client(loops, n, x):
         def body(i, acc):
             jax.debug.callback(calls.append, i)
             return acc + x * (i + 1)
-        return packed_loops.counted_loop(body, n, jnp.float32(0))
+        return packed_loops.counted_loop(body, n, jnp.float32(0), loops)
 
     x = jnp.arange(1.0, 7.0)
     want = np.asarray([c * (c + 1) / 2 for c in counts.tolist()]) * np.asarray(x)
-    np.testing.assert_allclose(jax.jit(jax.vmap(client))(counts, x), want)
+    np.testing.assert_allclose(jax.jit(jax.vmap(functools.partial(client, PLAIN)))(counts, x), want)
     jax.effects_barrier()
     assert len(calls) == 6 * 9
     calls.clear()
-    with packed_loops.packing(2, 6):
-        got = jax.jit(jax.vmap(client))(counts, x)
+    got = jax.jit(packed_loops.in_lanes(client, 2))(counts, x)
     jax.effects_barrier()
     np.testing.assert_allclose(got, want)
     assert len(calls) == 2 * 12  # lanes 9+3 and 5+4+1: 22 real steps of 24
@@ -209,31 +209,29 @@ def test_lanes_run_no_padding_steps():
 def test_packed_loop_carries_each_clients_own_inputs_keys_and_state_under_an_outer_vmap():
     """Closed-over per-client values (data, key schedules), typed keys in the carry, any width, and a vmap over
     experiments outside the clients' (a sweep's program) all give the unpacked loop's numbers."""
-    def client(n, x, key):
+    def client(loops, n, x, key):
         keys = jax.random.split(key, 10)
 
         def body(i, carry):
             acc, k = carry
             return acc + x[i] * jax.random.uniform(keys[i]), jax.random.fold_in(k, i)
-        return packed_loops.counted_loop(body, n, (jnp.float32(0), key))
+        return packed_loops.counted_loop(body, n, (jnp.float32(0), key), loops)
 
     counts = jnp.array([3, 0, 10, 1, 4, 7, 2])
     x = jnp.arange(70.0).reshape(7, 10)
     keys = jax.random.split(jax.random.key(0), 7)
-    want = jax.vmap(client)(counts, x, keys)
+    want = jax.vmap(functools.partial(client, PLAIN))(counts, x, keys)
     for lanes in (1, 3, 9):
-        with packed_loops.packing(lanes, 7):
-            got = jax.jit(jax.vmap(client))(counts, x, keys)
+        got = jax.jit(packed_loops.in_lanes(client, lanes))(counts, x, keys)
         _assert_equal(got, want, f"{lanes} lanes", tol=1e-6)
 
     def experiment(counts, x, keys):
-        with packed_loops.packing(3, 7):
-            return jax.vmap(client)(counts, x, keys)
+        return packed_loops.in_lanes(client, 3)(counts, x, keys)
 
     got = jax.jit(jax.vmap(experiment))(jnp.stack([counts, counts[::-1]]), jnp.stack([x, 2 * x]),
                                         jnp.stack([keys, keys]))
-    _assert_equal(jax.tree.map(lambda a: a[1], got), jax.vmap(client)(counts[::-1], 2 * x, keys), "experiment 1",
-                  tol=1e-6)
+    _assert_equal(jax.tree.map(lambda a: a[1], got), jax.vmap(functools.partial(client, PLAIN))(counts[::-1], 2 * x, keys),
+                  "experiment 1", tol=1e-6)
 
 
 def test_lane_queues_deal_longest_first_to_the_least_loaded_lane():
@@ -334,3 +332,24 @@ print("PACKED_TWO_DEVICES_OK")
 def test_packed_on_two_host_devices_equals_one_device():
     """Clients dealt to devices (balanced by steps), then each device packs its own into lanes (shard_map)."""
     run_script(TWO_DEVICES, 2, "PACKED_TWO_DEVICES_OK")
+
+
+def test_loops_under_a_methods_own_vmap_or_inside_a_packed_loop_run_plainly_with_the_same_numbers():
+    """Only the engine's vmap of rows packs (the runner is tied to the row's position, not to an axis size): a
+    method's own vmap of as many members as there are rows, and a loop nested in a packed loop's body, run
+    plainly inside their row's lane, with the unpacked numbers."""
+    counts = jnp.array([3, 0, 5])
+    x = jnp.arange(1.0, 4.0)
+
+    def client(loops, n, x):
+        def member(scale):  # a method's own vmap over 3 members, as many as the rows
+            def body(i, acc):  # a loop of i + 1 steps inside each step
+                return acc + packed_loops.counted_loop(lambda j, a: a + x * scale, i + 1, jnp.float32(0), loops)
+            return packed_loops.counted_loop(body, n, jnp.float32(0), loops)
+        return jax.vmap(member)(jnp.arange(1.0, 4.0)), packed_loops.counted_loop(
+            lambda i, acc: acc + packed_loops.counted_loop(lambda j, a: a + x, i, jnp.float32(0), loops), n,
+            jnp.float32(0), loops)
+
+    want = jax.vmap(functools.partial(client, PLAIN))(counts, x)
+    for lanes in (1, 2):
+        _assert_equal(jax.jit(packed_loops.in_lanes(client, lanes))(counts, x), want, f"{lanes} lanes", tol=1e-6)

@@ -18,6 +18,7 @@ import hlo_text
 from fedjax_pfl.data.client_data import stack_clients
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import packed_loops
+from fedjax_pfl.kernels.counted_loop import PLAIN
 from fedjax_pfl.methods import get_method
 from fedjax_pfl.models.networks import build_model
 from settings_records import engine_config, local_setup
@@ -37,22 +38,21 @@ def test_a_packed_sgd_loop_copies_no_lanes_parameters_and_branches_nowhere():
     """Plain SGD of a linear map, each client its own steps: the packed loop's body neither copies a lane's
     parameters nor holds a conditional, and the numbers are the unpacked loop's. (One weight matrix: XLA:CPU
     copies a leaf that another leaf's update also reads, e.g. a bias, in any training loop, packed or not.)"""
-    def client(n, x, y):
+    def client(loops, n, x, y):
         def body(i, params):
             grad = jax.grad(lambda p: jnp.sum((x[i % 4] @ p["w"] - y[i % 4]) ** 2))(params)
             return jax.tree.map(lambda p, g: p - 0.01 * g, params, grad)
-        return packed_loops.counted_loop(body, n, {"w": jnp.zeros((5, 3))})
+        return packed_loops.counted_loop(body, n, {"w": jnp.zeros((5, 3))}, loops)
 
     counts = jnp.array([9, 1, 5, 0, 4, 3, 12])
     x = jax.random.normal(jax.random.key(0), (CLIENTS, 4, 5))
     y = jax.random.normal(jax.random.key(1), (CLIENTS, 4, 3))
 
     def packed(counts, x, y):
-        with packed_loops.packing(LANES, CLIENTS):
-            return jax.vmap(client)(counts, x, y)
+        return packed_loops.in_lanes(client, LANES)(counts, x, y)
 
     got = jax.jit(packed)(counts, x, y)
-    want = jax.vmap(client)(counts, x, y)
+    want = jax.vmap(functools.partial(client, PLAIN))(counts, x, y)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     text = jax.jit(packed).lower(counts, x, y).compile().as_text()

@@ -20,7 +20,7 @@ import pytest
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.engine import round_progress
-from fedjax_pfl.kernels import local_training
+from fedjax_pfl.kernels.counted_loop import Loops
 from fedjax_pfl.methods import method_names
 from fedjax_pfl.methods.base import ClientRound
 from fedjax_pfl.commands import train as cli
@@ -51,7 +51,7 @@ def _one_call(exp, count=1, rounds=3):
     events = []
     key = jax.random.key(0)
     server, clients = exp.engine.init(key)
-    with round_progress.listening(events.append):
+    with exp.engine.progress.listening(events.append):
         out = exp.engine.run_rounds(server, clients, key, 0, count, rounds, 1)
         jax.effects_barrier()
     return out, events
@@ -107,7 +107,7 @@ def test_the_experiment_axis_reports_its_points_as_one_batch():
     keys = jnp.stack([jax.random.key(s) for s in (0, 1)])
     servers, clients = exp.engine.init_batched(keys)
     events = []
-    with round_progress.listening(events.append):
+    with exp.engine.progress.listening(events.append):
         exp.engine.run_rounds_batched(servers, clients, keys, 0, 1, 2, 1)
         jax.effects_barrier()
     assert {e.width for e in events} == {6} and sum(e.width for e in events if e.kind == "client") == 6
@@ -139,13 +139,13 @@ def test_every_methods_local_update_traces_with_progress_and_reports_its_steps(m
 
     def report_step(kind, done, total, value):
         traced.append(kind)
-        round_progress.report_step(kind, done, total, value)
+        engine.progress.report_step(kind, done, total, value)
 
     def one_client(client, data_i, key_i):
         info = ClientRound(jnp.int32(0), jnp.int32(engine.method.setup.local_epochs))
-        with local_training.reporting_steps(report_step):
-            out = engine.method.client_update(server, client, ClientData(*data_i), key_i, info)
-        return round_progress.report_client(out)
+        method = engine.method.with_loops(Loops(report=report_step))
+        out = method.client_update(server, client, ClientData(*data_i), key_i, info)
+        return engine.progress.report_client(out)
 
     jax.eval_shape(jax.vmap(one_client), chosen, data, jax.random.split(key, 2))
     assert set(traced) <= {"step", "pass"}

@@ -256,7 +256,7 @@ def run_rows(program: Program, progress: bool, observe=None) -> tuple[int, list[
     """Train a rows program's cells as one program (`runs.sweep.run_federations`) -> (exit status, the cells that
     failed). Where their method cannot run as rows exactly (the engine's one-line reason), each cell runs on
     its own instead."""
-    from fedjax_pfl.engine.federations import CannotPool  # (these two import JAX: only when cells run)
+    from fedjax_pfl.engine.rows import CannotPool  # (these two import JAX: only when cells run)
     from fedjax_pfl.runs.sweep import run_federations
 
     stop, failed = StopRequest(), []

@@ -1,6 +1,6 @@
 """Seconds a round of a program of table cells takes on a device kind, modelled from measurements.
 
-A table's cells of one method run as rows of one program (engine/federations.py;
+A table's cells of one method run as rows of one program (engine/rows.py;
 one cell alone is a program of one). A round of a program of cells (each a
 federation f: N_f clients of train sizes n, S_f of them training a round) in
 packed lanes runs about max(L, T / W) steps of W lanes (engine/packed_loops.py):

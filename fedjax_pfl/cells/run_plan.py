@@ -14,7 +14,7 @@ each, and what runs when it ends is lost. The plan:
    Without a ``headline``: column by column, settings and rows in table
    order. Resumable cells go before all (plan_command.py).
 2. **Programs** (`pack`): the cells a program may hold are queued: a method's
-   new cells (cells/reproduce.py: rows of one program, engine/federations.py),
+   new cells (cells/reproduce.py: rows of one program, engine/rows.py),
    in that order, the queues in the order of their first cell (so a method's
    further seeds go with its first ones), or a cell alone (resumable, or
    --one-by-one). Each command,

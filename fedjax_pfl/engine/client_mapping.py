@@ -24,6 +24,7 @@ so that padding efficiency (real / executed client-steps) can be reported.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -32,6 +33,7 @@ import numpy as np
 
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.engine import dealing, packed_loops
+from fedjax_pfl.kernels.counted_loop import PLAIN
 
 AUTO = "auto"  # this backend's measured default (`default_mapping`); train.client_mapping=auto times the candidates
 MAPPINGS = ("vmap", "map", "chunked", "packed")
@@ -105,24 +107,20 @@ def packed_width(counts, clients: int, devices: int = 1, backend: str | None = N
 
 
 def map_clients(fn, mapping: str, chunk_size: int | None = None):
-    """Return ``g(*stacked_args)`` applying ``fn`` to each client's slice (``chunk_size``: clients a chunk,
-    which ``chunked`` needs)."""
+    """Return ``g(*stacked_args)`` applying ``fn(loops, *row)`` to each client's slice, ``loops`` saying how that
+    client's counted loops run (kernels/counted_loop.py: in lanes under ``packed``, else plainly);
+    ``chunk_size``: clients a chunk, which ``chunked`` needs."""
     mapping = resolve(mapping)
     _check_chunks(mapping, chunk_size)
-    if mapping == "vmap":
-        return jax.vmap(fn)
     if is_packed(mapping):
         lanes = parse(mapping)[1]
         if lanes is None:
             raise ValueError("'packed' needs its width here: the engine sets packed:W from the data (packed_width)")
-
-        def packed(*args):
-            with packed_loops.packing(lanes, jax.tree.leaves(args)[0].shape[0]):
-                return jax.vmap(fn)(*args)
-
-        return packed
+        return packed_loops.in_lanes(fn, lanes)
+    if mapping == "vmap":
+        return jax.vmap(functools.partial(fn, PLAIN))
     batch = None if mapping == "map" else chunk_size
-    return lambda *args: jax.lax.map(lambda a: fn(*a), args, batch_size=batch)
+    return lambda *args: jax.lax.map(lambda a: fn(PLAIN, *a), args, batch_size=batch)
 
 
 def _check_chunks(mapping: str, chunk_size: int | None) -> None:

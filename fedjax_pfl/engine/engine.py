@@ -30,7 +30,6 @@ state is bounded by the chunk plus the stacked uploads.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
 
 import jax
@@ -41,6 +40,7 @@ from fedjax_pfl import losses
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.engine import client_mapping, round_progress, sequential_clients, sharding
 from fedjax_pfl.kernels import local_training
+from fedjax_pfl.kernels.counted_loop import Loops
 from fedjax_pfl.data.client_data import ClientData
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.engine.lr_schedule import LrSchedule
@@ -173,33 +173,37 @@ def method_at(method: Method, schedule: LrSchedule, values: dict, round_index) -
     return method.with_hyperparams(Hyperparams(lr, base, {k: v for k, v in values.items() if k != LR}))
 
 
-def client_step_of(method: Method, round_index, report: bool = False):
-    """``step(server, client, data, key, epochs) -> (client, upload)``: the method's client update of round
-    ``round_index`` (``data``: the client's (x, y, n)); ``report``: in-round progress (round_progress.py)."""
-    def client_step(server, client, data_i, key_i, epochs_i):
+def client_step_of(method: Method, round_index, progress: round_progress.Progress | None = None):
+    """``step(loops, server, client, data, key, epochs) -> (client, upload)``: the method's client update of round
+    ``round_index`` (``data``: the client's (x, y, n); ``loops``: how its counted loops run); ``progress``: the
+    in-round progress it reports to (round_progress.py), None: none."""
+    def client_step(loops, server, client, data_i, key_i, epochs_i):
         info = ClientRound(round_index, epochs_i)
-        with local_training.reporting_steps(round_progress.report_step if report else None):
-            out = method.client_update(server, client, ClientData(*data_i), key_i, info)
-        return round_progress.report_client(out) if report else out
+        loops = Loops(loops.run, None if progress is None else progress.report_step)
+        out = method.with_loops(loops).client_update(server, client, ClientData(*data_i), key_i, info)
+        return out if progress is None else progress.report_client(out)
 
     return client_step
 
 
 def client_evaluation(method: Method, eval_batch_size: int):
-    """``evaluate(server, client, train, test, key) -> {'correct', 'count', 'loss_sum'}``: one client's
-    personalized model (`Method.eval_variables`) on its test data (``train``, ``test``: (x, y, n))."""
+    """``evaluate(loops, server, client, train, test, key) -> {'correct', 'count', 'loss_sum'}``: one client's
+    personalized model (`Method.eval_variables`) on its test data (``train``, ``test``: (x, y, n); ``loops``: how
+    its counted loops run)."""
     normalize = method.setup.normalize
 
-    def one_client(server, client, train_i, test_i, key_i):
-        variables = method.eval_variables(server, client, ClientData(*train_i), key_i)
+    def one_client(loops, server, client, train_i, test_i, key_i):
+        method_ = method.with_loops(loops)
+        variables = method_.eval_variables(server, client, ClientData(*train_i), key_i)
 
         def batch_metrics(batch):
-            logits = method.eval_logits(variables, batch.x)
+            logits = method_.eval_logits(variables, batch.x)
             correct, count = losses.accuracy_counts(logits, batch.y, batch.mask)
             nll = losses.cross_entropy(logits, batch.y, batch.mask) * count
             return correct, count, nll
 
-        correct, count, nll = local_training.sum_batches(batch_metrics, ClientData(*test_i), eval_batch_size, normalize)
+        correct, count, nll = local_training.sum_batches(batch_metrics, ClientData(*test_i), eval_batch_size, normalize,
+                                                         loops)
         return {"correct": correct, "count": count, "loss_sum": nll}
 
     return one_client
@@ -223,6 +227,7 @@ class Engine:
         self.config = config
         self.client_data = (train, test, val)  # as given: `with_mapping` builds its engines from them
         self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
+        self.progress = round_progress.Progress()  # where this engine's in-round events go (round_progress.py)
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
         self.mapping, self.mapping_note = self._packed_or_fallback(client_mapping.resolve(config.client_mapping))
         # passes over every client (evaluation, `update_every_client`) map like training, lanes from their sizes
@@ -392,7 +397,7 @@ class Engine:
         training = selected.shape[0]
         sequential = method.schedule.server_steps_per_client  # sequential_clients.py: no mapping, the selection order
 
-        client_step = client_step_of(method, round_index, report)
+        client_step = client_step_of(method, round_index, self.progress if report else None)
         info = ServerRound(round_index, selected, train.n[rows].astype(jnp.float32), uploaded)
         started_from = server  # the round's server state, for the method's diagnostics
         if sequential:  # the server steps after each client
@@ -438,9 +443,9 @@ class Engine:
         keys = sharding.pad_clients(every_client_keys(key, self.num_clients), self.padded_clients)
         real = jnp.arange(self.padded_clients) < self.num_clients
 
-        def one_client(shared, client, data_i, key_i, real_i):
+        def one_client(loops, shared, client, data_i, key_i, real_i):
             server, round_index = shared
-            new = method.update_every_client(server, client, ClientData(*data_i), key_i, round_index)
+            new = method.with_loops(loops).update_every_client(server, client, ClientData(*data_i), key_i, round_index)
             return tree_ops.select(real_i, new, client)
 
         return self._map_clients(one_client, self.every_client_mapping)((server, round_index), clients, tuple(train),
@@ -577,20 +582,20 @@ class Engine:
             mapped = self._map_clients(client_step, mapping=mapping)
             return mapped(server, chosen, tuple(tree_ops.gather(train, rows)), keys, epochs, **costs)
 
-        def step_in_place(shared, client, row, key_i, epochs_i):
+        def step_in_place(loops, shared, client, row, key_i, epochs_i):
             server, train = shared
-            return client_step(server, client, tuple(a[row] for a in train), key_i, epochs_i)
+            return client_step(loops, server, client, tuple(a[row] for a in train), key_i, epochs_i)
 
         return self._map_clients(step_in_place, mapping=mapping)((server, train), chosen, rows, keys, epochs, **costs)
 
     def _map_clients(self, fn, mapping: str | None = None):
-        """``fn(shared, *row)`` as ``mapped(shared, *rows)``: `client_mapping.map_clients` over the rows (the
+        """``fn(loops, shared, *row)`` as ``mapped(shared, *rows)``: `client_mapping.map_clients` over the rows (the
         engine's mapping unless ``mapping``), split over the mesh's devices when there is one; ``shared``
         (server state, round index) reaches every client whole (`sharding.split_over_devices`)."""
         how, chunk = mapping or self.mapping, self.config.chunk_size
 
         def mapped(shared, *rows):
-            return client_mapping.map_clients(functools.partial(fn, shared), how, chunk)(*rows)
+            return client_mapping.map_clients(lambda loops, *row: fn(loops, shared, *row), how, chunk)(*rows)
 
         return mapped if self.mesh is None else sharding.split_over_devices(mapped, self.mesh)
 

@@ -19,7 +19,6 @@ client axis split over several devices.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import jax
@@ -138,6 +137,7 @@ class HostClients:
         if why:
             raise UserError(f"{why}: client state cannot stay on the host; use train.client_state=device")
         self.engine, self.folder, self.eval_chunk = engine, folder, eval_chunk
+        self.progress = engine.progress
         train, test, val = engine.client_data
         self.train, self.test = ClientData(*map(np.asarray, train)), ClientData(*map(np.asarray, test))
         self.val = None if val is None else ClientData(*map(np.asarray, val))
@@ -254,8 +254,9 @@ class HostClients:
     # ------------------------------------------------------------ evaluation
     def _evaluate_chunk(self, server, clients, train, test, keys, values, round_index):
         method = self.engine.method_at(values, round_index)
-        one = functools.partial(client_evaluation(method, self.engine.eval_batch_size), server)
-        return client_mapping.map_clients(one, "vmap", self.eval_chunk)(clients, train, test, keys)
+        one = client_evaluation(method, self.engine.eval_batch_size)
+        return client_mapping.map_clients(lambda loops, *row: one(loops, server, *row), "vmap")(clients, train, test,
+                                                                                                  keys)
 
     def evaluate(self, server, clients, key, values: dict | None = None, round_index: int = 0):
         """`Engine.evaluate`'s call on this store (``clients``: `clients`, the store itself): per-client test

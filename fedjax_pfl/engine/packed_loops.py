@@ -3,16 +3,17 @@
 A client's local training and its statistics passes are loops with the
 client's own trip count (kernels/local_training.py). Under ``vmap`` a loop
 runs to the largest count of the vmapped clients. Under the ``packed``
-client mapping (engine/client_mapping.py) the engine vmaps the per-client
-function over the S clients inside `packing(lanes, S)`, and every loop
-written with `counted_loop` is then run as one loop over W lanes instead: the
-S clients are dealt, longest first, to the least-loaded lane (`lane_queues`,
-the rule `engine/dealing.balanced_slots` uses across devices), and each lane
-trains its queue back to back. A lane that finishes a client writes that
-client's carry out and, in the same compiled step, starts its next client
-from that client's own initial carry and its own loop inputs (data rows,
-key schedule, closed-over per-client values). Every step is the same
-branch-free code (a masked write-out and a select, no ``lax.cond``: a
+client mapping (engine/client_mapping.py) the engine maps the per-client
+function with `in_lanes`: each row's function is handed a `Loops` record whose
+runner is this module's, tied to the row's position in the engine's vmap, and
+every loop written with `counted_loop` is then run as one loop over W lanes
+instead: the S clients are dealt, longest first, to the least-loaded lane
+(`lane_queues`, the rule `engine/dealing.balanced_slots` uses across
+devices), and each lane trains its queue back to back. A lane that finishes a
+client writes that client's carry out and, in the same compiled step, starts
+its next client from that client's own initial carry and its own loop inputs
+(data rows, key schedule, closed-over per-client values). Every step is the
+same branch-free code (a masked write-out and a select, no ``lax.cond``: a
 conditional's pass-through branch copied every lane's state at every step),
 and the loop runs exactly max over lanes of the lane's summed counts, close
 to max(largest count, total / W), as fixed-length inner loops (`run_steps`:
@@ -28,43 +29,42 @@ training and Fisher pass; FedRep's head then body; Ditto's two models) packs
 each loop in turn, and the straight-line code between loops stays vmapped
 over the S clients. A loop inside a packed loop's body, or one vmapped over
 another axis than the engine's clients (a method's own vmap over models), runs
-as a plain ``vmap`` of ``lax.fori_loop``. Results equal the unpacked loop's:
-each client runs exactly its own steps on its own inputs.
-
-Outside `packing` (every other mapping) `counted_loop` is `jax.lax.fori_loop`
-and adds nothing to the program.
+as a plain ``vmap`` of ``lax.fori_loop``: the runner packs a loop only where
+the row position it was handed is batched, i.e. under the engine's own vmap.
+Results equal the unpacked loop's: each client runs exactly its own steps on
+its own inputs. Every other mapping hands the rows `PLAIN` loops, plain
+``fori_loop``s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Callable, Iterator
+from typing import Callable
 
 import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
 from fedjax_pfl.engine.dealing import balanced_slots
-from fedjax_pfl.kernels import counted_loop as counted_loop_lib
-from fedjax_pfl.kernels.counted_loop import counted_loop
+from fedjax_pfl.kernels.counted_loop import Loops, counted_loop
 
 CHUNK_STEPS = 16  # steps of one fixed-length inner loop of a packed loop (`run_steps`)
 
 
-@contextlib.contextmanager
-def packing(lanes: int, clients: int) -> Iterator[None]:
-    """While tracing inside this block, `counted_loop` under a ``vmap`` of ``clients`` runs in ``lanes`` lanes.
+def in_lanes(fn: Callable, lanes: int) -> Callable:
+    """``fn(loops, *row)`` vmapped over the rows of its arguments (a leading axis of S), each row's counted loops
+    run in ``lanes`` lanes shared by all S rows.
 
     Examples:
-        >>> def client(n):  # sum of 1..n: a loop of the client's own count
-        ...     return counted_loop(lambda i, acc: acc + i + 1, n, jnp.int32(0))
-        >>> with packing(lanes=2, clients=4):
-        ...     jax.vmap(client)(jnp.array([3, 0, 1, 4])).tolist()
+        >>> def client(loops, n):  # sum of 1..n: a loop of the client's own count
+        ...     return counted_loop(lambda i, acc: acc + i + 1, n, jnp.int32(0), loops)
+        >>> in_lanes(client, lanes=2)(jnp.array([3, 0, 1, 4])).tolist()
         [6, 0, 1, 10]
     """
-    with counted_loop_lib.runner(functools.partial(_packed_loop, int(lanes), int(clients))):
-        yield
+    def row(position, *args):
+        return fn(Loops(run=functools.partial(_packed_loop, int(lanes), position)), *args)
+
+    return lambda *rows: jax.vmap(row)(jnp.arange(jax.tree.leaves(rows)[0].shape[0]), *rows)
 
 
 def lane_queues(counts, lanes: int):
@@ -90,30 +90,35 @@ def lane_queues(counts, lanes: int):
     return queue, queued.sum(axis=1), jnp.where(queued, counts[queue], 0).sum(axis=1)
 
 
-def _packed_loop(lanes: int, clients: int, body: Callable, count, init):
-    """`counted_loop` inside `packing`: lanes under the engine's vmap of ``clients``, a plain loop otherwise."""
+def _packed_loop(lanes: int, position, body: Callable, count, init):
+    """A counted loop of the row at ``position`` (traced under the engine's vmap of `in_lanes`): lanes when that
+    vmap batches it, a plain loop under any other (a method's own vmap over models, the lanes' vmap)."""
     count = jnp.asarray(count, jnp.int32)
-    with counted_loop_lib.runner(None):  # a loop inside a packed loop's body runs plainly
-        closed = jax.make_jaxpr(body)(jnp.int32(0), init)
+    closed = jax.make_jaxpr(body)(jnp.int32(0), init)
+    consts = list(closed.consts)
+    # a loop inside this one's body was handed the same position: each lane passes it whole, not per lane, so
+    # that inner loop runs plainly
+    whole = [c is position for c in consts]
     treedef = jax.tree.structure(init)
 
     def step(i, carry, consts):
         out = jex.core.jaxpr_as_fun(closed.replace(consts=list(consts)))(i, *jax.tree.leaves(carry))
         return jax.tree.unflatten(treedef, out)
 
-    def plain(count, init, consts):
+    def plain(count, init, consts, position):
         return jax.lax.fori_loop(0, count, lambda i, carry: step(i, carry, consts), init)
 
     loop = jax.custom_batching.custom_vmap(plain)
 
     @loop.def_vmap
-    def rule(axis_size, in_batched, count, init, consts):
-        if axis_size != clients:  # another vmap than the engine's over its clients: no packing
+    def rule(axis_size, in_batched, count, init, consts, position):
+        if not in_batched[3]:  # not the engine's vmap of rows: no packing
             axes = jax.tree.map(lambda b: 0 if b else None, in_batched)
-            return jax.vmap(plain, in_axes=axes)(count, init, consts), jax.tree.map(lambda _: True, init)
-        return _run_lanes(step, min(lanes, axis_size), axis_size, in_batched, count, init, consts)
+            return jax.vmap(plain, in_axes=axes)(count, init, consts, position), jax.tree.map(lambda _: True, init)
+        batched = (in_batched[0], in_batched[1], [b and not w for b, w in zip(in_batched[2], whole)])
+        return _run_lanes(step, min(lanes, axis_size), axis_size, batched, count, init, consts)
 
-    return loop(count, init, list(closed.consts))
+    return loop(count, init, consts, position)
 
 
 def _rows(a, rows):

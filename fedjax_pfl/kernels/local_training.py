@@ -18,27 +18,27 @@ Statistics passes (evaluation, Fisher traces, prototypes, class means) use
 `sum_batches`, which visits only the ``ceil(n / B)`` batches that hold real
 samples, in a counted loop that packs into lanes like the step loop.
 
-While tracing inside `reporting_steps(report)`, each local step calls
+Both loops run as their ``loops`` (kernels/counted_loop.py `Loops`) say: in
+packed lanes, and with ``loops.report`` each local step calls
 ``report('step', steps_done, total_steps, loss)`` and each batch of a
 statistics pass ``report('pass', batches_done, batches, its sums)`` (the
-engine's in-round progress, engine/round_progress.py); outside it nothing is
-added to the program.
+engine's in-round progress, engine/round_progress.py); with the default
+`PLAIN` nothing is added to the program.
 
 This module holds no method logic: an objective is passed in.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.core import tree_ops
-from fedjax_pfl.kernels.counted_loop import counted_loop
+from fedjax_pfl.kernels.counted_loop import PLAIN, Loops, counted_loop
 
 
 AUGMENT_STREAM = 1  # fold_in constant of the augmentation keys (kernels/augmentation.py)
@@ -158,33 +158,6 @@ def make_batch(data, index, mask, normalize: Callable) -> Batch:
 Objective = Callable[..., tuple]
 """``objective(variables, batch, key) -> (loss, new_batch_stats)``."""
 
-_step_reports: list[Callable] = []  # trace time only: who wants to hear of each local step
-
-
-@contextlib.contextmanager
-def reporting_steps(report: Callable | None) -> Iterator[None]:
-    """While tracing inside this block, `train_with_state` and `sum_batches` call ``report(kind, done, total,
-    value)`` at each step or batch (see the module docstring).
-
-    Examples:
-        >>> from fedjax_pfl.data.client_data import ClientData
-        >>> data = ClientData(jnp.ones((5, 1)), jnp.zeros(5, jnp.int32), jnp.asarray(5))
-        >>> heard = []
-        >>> with reporting_steps(lambda kind, done, total, value: heard.append(kind)):
-        ...     total = sum_batches(lambda batch: batch.mask.sum(), data, batch_size=2, normalize=lambda x: x)
-        >>> int(total), heard  # three batches hold real samples; the pass reported once while tracing
-        (5, ['pass'])
-    """
-    if report is None:
-        yield
-        return
-    _step_reports.append(report)
-    try:
-        yield
-    finally:
-        _step_reports.remove(report)
-
-
 def train(objective: Objective, optimizer: optax.GradientTransformation, variables, data, key, **kwargs):
     """`train_with_state` from a fresh optimizer state -> (variables, mean loss); the state is dropped.
 
@@ -220,6 +193,7 @@ def train_with_state(
     part: str = "all",
     opt_state=None,
     augment: Callable | None = None,
+    loops: Loops = PLAIN,
 ):
     """Local SGD on ``part`` of ``variables`` for exactly ``epochs * ceil(n/B)`` steps (floor: ``drop_last``).
 
@@ -233,7 +207,7 @@ def train_with_state(
     loss 0). BatchNorm statistics are updated only when the body is trained.
     ``augment(key, x)`` (kernels/augmentation.py), when given, transforms each
     stored batch before ``normalize``, with a key folded from the step's key
-    (the objective's key stream is unchanged).
+    (the objective's key stream is unchanged). ``loops``: how the step loop runs (module docstring).
     Step ``s`` of epoch ``e`` draws its key as the ``e * ceil(n_max/B) + s``-th
     of ``split(step_key, max_epochs * ceil(n_max/B))``, so the keys do not
     depend on how many steps other clients take.
@@ -278,12 +252,12 @@ def train_with_state(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         stats = new_stats if update_stats else stats
-        for report in _step_reports:
-            report("step", i + 1, total, loss)
+        if loops.report is not None:
+            loops.report("step", i + 1, total, loss)
         return params, opt_state, stats, loss_sum + loss.astype(loss_sum.dtype)  # float32 whatever the loss's
 
     carry = (params, opt_state, variables.get("batch_stats"), jnp.zeros((), jnp.float32))
-    params, opt_state, stats, loss_sum = counted_loop(step, total, carry)
+    params, opt_state, stats, loss_sum = counted_loop(step, total, carry, loops)
     out = tree_ops.with_trainable(variables, part, params)
     if stats is not None:
         out = {**out, "batch_stats": stats}
@@ -296,18 +270,22 @@ def _batch_in_order(data, t, batch_size: int, normalize: Callable) -> Batch:
     return make_batch(data, jnp.minimum(position, n_max - 1), position < data.n, normalize)
 
 
-def sum_batches(fn, data, batch_size: int, normalize: Callable):
+def sum_batches(fn, data, batch_size: int, normalize: Callable, loops: Loops = PLAIN):
     """Sum of ``fn(batch)`` over the ``ceil(n/B)`` batches of one client's real samples, in order.
 
     Padding-only batches are never computed; rows past ``n`` inside the last
     batch are masked, so ``fn`` must give them no weight. Used for evaluation
-    and statistics passes (Fisher traces, prototypes, class means).
+    and statistics passes (Fisher traces, prototypes, class means); ``loops``: how its loop runs.
 
     Examples:
         >>> from fedjax_pfl.data.client_data import ClientData
         >>> data = ClientData(jnp.arange(5.0)[:, None], jnp.zeros(5, jnp.int32), jnp.asarray(3))  # 3 real of 5 rows
         >>> float(sum_batches(lambda b: jnp.sum(b.x[:, 0] * b.mask), data, batch_size=2, normalize=lambda x: x))  # 0+1+2
         3.0
+        >>> heard = []  # a reporter hears the pass once, while it is traced
+        >>> _ = sum_batches(lambda b: b.mask.sum(), data, 2, lambda x: x, Loops(report=lambda *a: heard.append(a[0])))
+        >>> heard
+        ['pass']
     """
     count = (data.n + batch_size - 1) // batch_size
     shape = jax.eval_shape(fn, _batch_in_order(data, 0, batch_size, normalize))
@@ -315,11 +293,11 @@ def sum_batches(fn, data, batch_size: int, normalize: Callable):
 
     def body(t, acc):
         summed = jax.tree.map(jnp.add, acc, fn(_batch_in_order(data, t, batch_size, normalize)))
-        for report in _step_reports:
-            report("pass", t + 1, count, summed)
+        if loops.report is not None:
+            loops.report("pass", t + 1, count, summed)
         return summed
 
-    return counted_loop(body, count, zeros)
+    return counted_loop(body, count, zeros, loops)
 
 
 def map_batches(fn, data, batch_size: int, normalize: Callable):

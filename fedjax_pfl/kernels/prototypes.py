@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pfl.kernels import local_training
+from fedjax_pfl.kernels.counted_loop import PLAIN, Loops
 
 VARIANCES = ("code", "paper")
 
@@ -72,11 +73,12 @@ def add_sums(a: ClassSums, b: ClassSums) -> ClassSums:
 
 
 def client_class_sums(feature_fn: Callable, data, num_classes: int, batch_size: int,
-                      normalize: Callable) -> ClassSums:
+                      normalize: Callable, loops: Loops = PLAIN) -> ClassSums:
     """`ClassSums` over all of one client's train samples.
 
     ``feature_fn(x) -> [B, d]`` (e.g. the model's features in inference mode);
-    ``data`` is one client's padded (x, y, n); batches in storage order.
+    ``data`` is one client's padded (x, y, n); batches in storage order; ``loops``: how the pass runs
+    (kernels/counted_loop.py).
 
     Examples:
         >>> from fedjax_pfl.data.client_data import ClientData
@@ -90,7 +92,7 @@ def client_class_sums(feature_fn: Callable, data, num_classes: int, batch_size: 
     def per_batch(batch):
         return class_sums(feature_fn(batch.x), batch.y, num_classes, batch.mask)
 
-    return local_training.sum_batches(per_batch, data, batch_size, normalize)
+    return local_training.sum_batches(per_batch, data, batch_size, normalize, loops)
 
 
 def prototypes(sums: ClassSums):

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pfl.core.errors import UserError
+from fedjax_pfl.kernels.counted_loop import PLAIN, Loops
 from fedjax_pfl.models.networks import Model
 
 
@@ -105,6 +106,7 @@ class LocalTraining:
     drop_last: bool  # train.drop_last
     persistent_optimizer: bool  # train.persistent_optimizer
     share_batch_stats: bool  # train.share_batch_stats
+    loops: Loops = PLAIN  # how the client's counted loops run (packed lanes, progress reports): the engine's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,8 +343,9 @@ class Method:
     Each call passes itself to the algorithm's function of the same name, so a
     function reads the options as ``m.hparams``, the round's learning rate as
     ``m.lr`` (``m.optimizer``: the local optimizer at it) and hands ``m.local``
-    (the run's train and data settings) to the steps that read them. The engine
-    gives each round its values with `with_hyperparams`.
+    (the run's train and data settings, and how the client's counted loops run)
+    to the steps that read them. The engine gives each round its values with
+    `with_hyperparams`, and each client its loops with `with_loops`.
     """
 
     def __init__(self, algorithm: Algorithm, setup: LocalSetup, hparams: Any = None):
@@ -352,6 +355,7 @@ class Method:
         self.setup = setup
         self.options = hparams  # as bound (concrete, checked)
         self.hyperparams = Hyperparams(setup.lr, setup.lr, {})
+        self.loops = PLAIN  # how the client's counted loops run (kernels/counted_loop.py)
         self.static = algorithm.static(self) if algorithm.static is not None else None
 
     def with_hyperparams(self, hyperparams: Hyperparams) -> "Method":
@@ -364,6 +368,12 @@ class Method:
                             f"it can vary: {', '.join(self.algorithm.hyperparameter_names)}")
         view = copy.copy(self)
         view.hyperparams = hyperparams
+        return view
+
+    def with_loops(self, loops: Loops) -> "Method":
+        """This method running its clients' counted loops as ``loops`` says (packed lanes, progress reports)."""
+        view = copy.copy(self)
+        view.loops = loops
         return view
 
     def __repr__(self) -> str:
@@ -395,8 +405,8 @@ class Method:
     def local(self) -> LocalTraining:
         """The run's local training at this round's learning rate, the record a method's steps take."""
         settings = {f.name: getattr(self.setup, f.name) for f in dataclasses.fields(LocalTraining)
-                    if f.name != "optimizer"}
-        return LocalTraining(optimizer=self.optimizer, **settings)
+                    if f.name not in ("optimizer", "loops")}
+        return LocalTraining(optimizer=self.optimizer, loops=self.loops, **settings)
 
     @property
     def name(self) -> str:

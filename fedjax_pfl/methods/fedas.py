@@ -139,7 +139,8 @@ def feature_change(m, local: LocalTraining, before, after, data):
         delta = features(m, after, batch.x) - features(m, before, batch.x)
         return jnp.sum(jnp.sum(delta.astype(jnp.float32) ** 2, axis=-1) * batch.mask)
 
-    total = local_training.sum_batches(batch_sum, sample, FEATURE_CHANGE_SAMPLES, local.normalize)
+    total = local_training.sum_batches(batch_sum, sample, FEATURE_CHANGE_SAMPLES, local.normalize,
+                                         local.loops)
     return total / jnp.maximum(sample.n.astype(jnp.float32), 1.0)
 
 

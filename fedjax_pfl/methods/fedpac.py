@@ -180,7 +180,8 @@ def class_sums(m, local: LocalTraining, variables, data):
     def feature_fn(x):
         return m.model.apply(variables, x, train=False).features
 
-    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, local.batch_size, local.normalize)
+    return prototypes.client_class_sums(feature_fn, data, m.model.num_classes, local.batch_size, local.normalize,
+                                       local.loops)
 
 
 def client_update(m, server, client, data, key, info):

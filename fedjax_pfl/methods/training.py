@@ -48,7 +48,7 @@ def train(local: LocalTraining, objective, variables, data, key, epochs, *, part
     return local_training.train(objective, optimizer or local.optimizer, variables, data, key,
                                 batch_size=local.batch_size, max_epochs=max_epochs or local.local_epochs,
                                 epochs=epochs, normalize=local.normalize, part=part, drop_last=local.drop_last,
-                                augment=local.augment)
+                                augment=local.augment, loops=local.loops)
 
 
 def train_kept(local: LocalTraining, objective, client, variables, data, key, epochs, state="opt_state", *,
@@ -72,7 +72,7 @@ def train_kept(local: LocalTraining, objective, client, variables, data, key, ep
     variables, loss, opt_state = local_training.train_with_state(
         objective, optimizer or local.optimizer, variables, data, key, batch_size=local.batch_size,
         max_epochs=max_epochs or local.local_epochs, epochs=epochs, normalize=local.normalize, part=part,
-        drop_last=local.drop_last, opt_state=client[state], augment=local.augment)
+        drop_last=local.drop_last, opt_state=client[state], augment=local.augment, loops=local.loops)
     return variables, loss, {state: opt_state}
 
 
@@ -89,7 +89,7 @@ def with_optimizer_state(local: LocalTraining, clients, variables, num_clients: 
 
 def sum_batches(local: LocalTraining, fn, data):
     """Sum of ``fn(batch)`` over the client's real batches of ``local.batch_size`` (local_training.sum_batches)."""
-    return local_training.sum_batches(fn, data, local.batch_size, local.normalize)
+    return local_training.sum_batches(fn, data, local.batch_size, local.normalize, local.loops)
 
 
 def map_batches(local: LocalTraining, fn, data):

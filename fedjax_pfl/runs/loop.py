@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from typing import Callable, Protocol, Sequence
 
-from fedjax_pfl.engine import round_progress
 from fedjax_pfl.runs.call_planner import CallPlanner
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
@@ -47,7 +46,7 @@ def run_calls(program: Program, writers: Sequence[RunWriter], planner: CallPlann
     Ctrl-C came during it), ``interrupted`` (with ``after_round``) when
     stopped by Ctrl-C before; a writer whose run diverged is already ``failed``.
     """
-    with round_progress.listening(display.event):
+    with program.engine.progress.listening(display.event):
         _run_calls(program, writers, planner, first, stop_request, display, observe)
 
 

@@ -25,7 +25,7 @@ picked on test data.
 Runs that differ in their partition or their participation too (a paper
 table's cells for one method: another Dirichlet alpha, another join ratio,
 another seed) are rows of one program instead (`run_federations`,
-engine/federations.py): each writes its own run folder, its numbers those of
+engine/rows.py): each writes its own run folder, its numbers those of
 its single run within float tolerance (integer state exactly).
 
 Memory guard: a point's stacked state (server + all clients) is sized from
@@ -51,7 +51,7 @@ import numpy as np
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import checkpoint, mapping_choice, sharding
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.engine.federations import Federation, FederationRows
+from fedjax_pfl.engine.rows import Federation, FederationRows
 from fedjax_pfl.outputs import results_writer, run_output
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.outputs.atomic_file import atomic_write
@@ -240,7 +240,7 @@ class FederationProgram:
         mapping = self.engine.mapping
         self.mapping = {"requested": cfgs[0].train.client_mapping, "chosen": mapping, "mapping": mapping,
                         "chunk_size": self.engine.config.chunk_size if mapping == "chunked" else None, "timed": False,
-                        "why": f"one of {len(cfgs)} runs as rows of one program (engine/federations.py)",
+                        "why": f"one of {len(cfgs)} runs as rows of one program (engine/rows.py)",
                         "program": [f"{Path(cfg.out).parent.name}/{Path(cfg.out).name}" for cfg in cfgs]}
 
     def training_rows(self) -> int:

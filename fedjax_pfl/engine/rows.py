@@ -36,7 +36,6 @@ step's augmentation key follows the padded length). One device: no mesh.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +44,7 @@ import numpy as np
 from fedjax_pfl.core import tree_ops
 from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.data.client_data import ClientData
-from fedjax_pfl.engine import client_mapping
+from fedjax_pfl.engine import client_mapping, round_progress
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.methods.base import Method, ServerRound
@@ -125,6 +124,7 @@ class FederationRows:
         if why:
             raise CannotPool(why)
         self.method, self.config, self.federations = method, config, list(federations)
+        self.progress = round_progress.Progress()  # (its rounds report none)
         self.sizes = [f.num_clients for f in federations]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int32)
         self.num_rows = int(sum(self.sizes))
@@ -247,13 +247,11 @@ class FederationRows:
             rows = tree_ops.gather(rows, order)
         client_step = engine_lib.client_step_of(method, round_index)
 
-        def row_step(shared, client, data_row, fed, key_i, epochs_i):
-            servers, train = shared
-            return client_step(jax.tree.map(lambda a: a[fed], servers), client, tuple(a[data_row] for a in train),
-                               key_i, epochs_i)
+        def row_step(loops, client, data_row, fed, key_i, epochs_i):
+            return client_step(loops, jax.tree.map(lambda a: a[fed], servers), client,
+                               tuple(a[data_row] for a in self.train), key_i, epochs_i)
 
-        trained = client_mapping.map_clients(functools.partial(row_step, (servers, tuple(self.train))), self.mapping,
-                                             cfg.chunk_size)(*rows)
+        trained = client_mapping.map_clients(row_step, self.mapping, cfg.chunk_size)(*rows)
         if order is not None:
             trained = tree_ops.gather(trained, jnp.argsort(order))
         chosen, uploads = trained
@@ -324,13 +322,12 @@ class FederationRows:
         `engine.every_client_keys`."""
         keys = self._every_row_keys(engine_lib.every_client_keys, round_keys)
 
-        def one_client(shared, client, fed, data_row, key_i):
-            servers, train = shared
-            return method.update_every_client(jax.tree.map(lambda a: a[fed], servers), client,
-                                              ClientData(*(a[data_row] for a in train)), key_i, round_index)
+        def one_client(loops, client, fed, data_row, key_i):
+            return method.with_loops(loops).update_every_client(
+                jax.tree.map(lambda a: a[fed], servers), client, ClientData(*(a[data_row] for a in self.train)),
+                key_i, round_index)
 
-        mapped = client_mapping.map_clients(functools.partial(one_client, (servers, tuple(self.train))),
-                                            self.every_client_mapping, self.config.chunk_size)
+        mapped = client_mapping.map_clients(one_client, self.every_client_mapping, self.config.chunk_size)
         return mapped(clients, jnp.asarray(self.row_federation), jnp.asarray(self.row_data), keys)
 
     # ------------------------------------------------------------ evaluation
@@ -341,18 +338,17 @@ class FederationRows:
         keys = self._every_row_keys(lambda k, n: jax.random.split(k, n), eval_keys)
         one_client = engine_lib.client_evaluation(method, self.eval_batch_size)
 
-        def row(shared, client, fed, data_row, key_i):
-            servers, train, test = shared
-            return one_client(jax.tree.map(lambda a: a[fed], servers), client, tuple(a[data_row] for a in train),
-                              tuple(a[data_row] for a in test), key_i)
+        def row(loops, test, client, fed, data_row, key_i):
+            return one_client(loops, jax.tree.map(lambda a: a[fed], servers), client,
+                              tuple(a[data_row] for a in self.train), tuple(a[data_row] for a in test), key_i)
 
         test, val = self.eval_data
         out = {}
         for prefix, data in (("", test), ("val_", val)):
             if data is None:
                 continue
-            mapped = client_mapping.map_clients(functools.partial(row, (servers, tuple(self.train), tuple(data))),
-                                                self.eval_mapping, self.config.chunk_size)
+            mapped = client_mapping.map_clients(lambda loops, *a, data=data: row(loops, data, *a), self.eval_mapping,
+                                                self.config.chunk_size)
             found = mapped(clients, jnp.asarray(self.row_federation), jnp.asarray(self.row_data), keys)
             out.update({prefix + k: v for k, v in found.items()})
         return out
