@@ -543,3 +543,17 @@ def test_the_fedas_round_split_subtracts_its_variants():
                               "aggregation_and_fixed": 6.0, "evaluation": 4.0}
     assert sum(got["seconds"].values()) == pytest.approx(104.0)
     assert got["share_of_round_and_evaluation"]["local_training"] == pytest.approx(60 / 104, abs=1e-3)
+
+
+def test_the_fedas_round_split_times_one_clients_fisher_pass_beside_one_epoch():
+    """fedas_round_split.pass_seconds: both passes of the median client timed, the ratio the two medians'."""
+    sys.path.insert(0, str(BENCH))
+    import fedas_round_split
+
+    engine = fedas_round_split.build([*fedas_round_split.QUICK, "--out", os.devnull])
+    got = fedas_round_split.pass_seconds(engine, repeats=2)
+    sizes = sorted(np.asarray(engine.train.n).tolist())
+    assert got["client_samples"] == sizes[len(sizes) // 2]
+    assert all(s > 0 for s in got["seconds"].values())
+    assert got["fisher_over_epoch"] == pytest.approx(
+        got["seconds"]["fisher_pass"] / got["seconds"]["training_epoch"], rel=1e-2)
