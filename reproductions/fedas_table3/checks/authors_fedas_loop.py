@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from fedjax_pfl.data import client_data
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 
 PRESET = "configs/fedas_cifar10.yaml"
 ALIGN_LR, ALIGN_BATCH = 0.01, 16
@@ -190,7 +190,7 @@ def main(rounds: int, seed: int, overrides: list[str]) -> None:
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     reading = Reading.named(os.environ.get("READING", "authors"), seed)
     cfg = config_lib.build(PRESET, ["data.name=cifar10_jpeg", f"seed={seed}", *overrides])
-    exp = build_experiment(cfg)
+    exp = build_experiment(validate(cfg))
     print(exp.partition_text, flush=True)
     clients = library_clients(exp)
     init_key, key = jax.random.split(jax.random.key(cfg.seed))

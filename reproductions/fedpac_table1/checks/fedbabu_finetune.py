@@ -22,7 +22,7 @@ import jax
 
 from fedjax_pfl.engine import checkpoint
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 
 RUN = Path("reproductions/fedpac_table1/runs/fedbabu-fmnist_100/seed0")
 VARIANTS = {
@@ -45,7 +45,7 @@ def main(run: Path = RUN):
     for label, overrides in VARIANTS.items():
         began = time.perf_counter()
         cfg = config_lib.build(overrides=overrides, start=saved)
-        engine = build_experiment(cfg).engine
+        engine = build_experiment(validate(cfg)).engine
         init_key, key = jax.random.split(jax.random.key(cfg.seed))
         template = engine.init(init_key)
         (server, clients), _, meta = checkpoint.restore(path, template, num_clients=engine.num_clients)

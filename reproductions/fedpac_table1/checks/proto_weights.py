@@ -19,7 +19,7 @@ import numpy as np
 
 from fedjax_pfl.methods import fedpac, get_method
 from fedjax_pfl.runs import config as config_lib
-from fedjax_pfl.runs.experiment import build_experiment
+from fedjax_pfl.runs.experiment import build_experiment, validate
 
 
 def main():
@@ -39,7 +39,7 @@ def main():
 
     fedpac.head_weights = recording
     cfg = config_lib.build("configs/fedpac_fmnist.yaml", [f"method_name={args.method}", *args.overrides])
-    eng = build_experiment(cfg).engine
+    eng = build_experiment(validate(cfg)).engine
     init_key, key = jax.random.split(jax.random.key(0))
     server, clients = eng.init(init_key)
     print(f"{args.method} {' '.join(args.overrides)}")
