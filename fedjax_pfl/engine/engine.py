@@ -20,10 +20,8 @@ over clients. Evaluation maps every client's personalized model over its test
 data in one call; the host reads metrics only when it asks for them.
 
 K rounds can be one call (`run_rounds`: `scan_rounds`, the one scan over
-rounds, which engine/rows.py's federations share), and E runs of one
-configuration one program (`run_rounds_batched`: vmapped over a leading
-experiment axis; seeds, hyperparameters (`Hyperparams`) via `method_at`,
-optionally a partition each). With the chunked
+rounds, which engine/rows.py's federations share); many runs train together as
+federations, rows of one program (engine/rows.py), not here. With the chunked
 mapping, the selected clients are gathered, trained and written back one chunk
 at a time, so memory beyond the client state is bounded by the chunk plus the
 stacked uploads.
@@ -331,13 +329,7 @@ class Engine:
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_with_val)
         self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(8, 9, 10))
-        self._rounds_batched = {  # by whether the data carry the experiment axis too
-            data_axis: jax.jit(
-                jax.vmap(self._rounds_impl, in_axes=(0, 0, data_axis, data_axis, 0, None, None, 0, None, None, None)),
-                donate_argnums=(0, 1), static_argnums=(8, 9, 10))
-            for data_axis in (None, 0)}
         self._init = jax.jit(self._padded_init)  # one compile, not one dispatch per op of the method's init
-        self._init_batched = jax.jit(jax.vmap(self._padded_init))
 
     def training_rows(self) -> int:
         """Clients that train each round (all of them with ``train.all_clients_train``)."""
@@ -366,17 +358,6 @@ class Engine:
         """This engine's round (round key ``key``) as `compile_round` compiles it; ``run()`` returns (server,
         clients, metrics)."""
         return compile_round(self._round_impl, server, clients, self.train, key, round_index, values)
-
-    def compiled_round_batched(self, servers, clients, keys, round_index: int = 0, values: dict | None = None,
-                               data=None):
-        """`compiled_round` of E experiments on the leading axis of `run_rounds_batched` (its ``servers``,
-        ``clients``, run ``keys``, ``values`` and ``data``): their round ``round_index`` vmapped, as that
-        program runs it; ``run(train=None)`` as `compiled_round`'s."""
-        train, axis = (self.train, None) if data is None else (data[0], 0)
-        round_key = jax.vmap(lambda k: round_keys(k, round_index)[0])(keys)
-        args = (servers, clients, train, round_key, jnp.int32(round_index), values or {})
-        program = jax.jit(jax.vmap(self._round_impl, in_axes=(0, 0, axis, 0, None, 0))).lower(*args).compile()
-        return lambda train=None: program(*args[:2], args[2] if train is None else train, *args[3:])
 
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):
@@ -521,35 +502,6 @@ class Engine:
             eval_every)
         metrics, evals = jax.device_get((metrics, evals))
         return server, clients, metrics, evaluations_of(metrics, evals)
-
-    def init_batched(self, keys):
-        """`init` of each key of ``keys`` [E], stacked on a leading experiment axis."""
-        return self._init_batched(keys)
-
-    def run_rounds_batched(self, servers, clients, keys, first: int, count: int, total_rounds: int, eval_every: int,
-                           stop: int | None = None, values: dict | None = None, data=None):
-        """`run_rounds` of E experiments in ONE program: vmapped over a leading experiment axis.
-
-        ``servers``, ``clients`` and ``keys`` carry the experiment axis [E, ...]
-        and so does each of ``values`` (name -> [E] array). The client data
-        are the engine's, shared, unless ``data = (train, (test, val))`` gives
-        each experiment its own (stacked [E, ...], the engine's shapes). Returns (servers, clients, [metrics per experiment],
-        [evaluations per experiment]), each experiment's as `run_rounds` gives them.
-        """
-        stop = total_rounds if stop is None else min(stop, total_rounds)
-        try:
-            train, eval_data = data if data is not None else (self.train, self.eval_data)
-            servers, clients, metrics, evals = self._rounds_batched[None if data is None else 0](
-                servers, clients, train, eval_data, keys, jnp.int32(first), jnp.int32(stop), values or {},
-                count, total_rounds, eval_every)
-        except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError) as e:
-            raise UserError(f"method {self.method.name!r} chooses code by {', '.join(values or {})} in Python; "
-                            "run those values one by one instead of as a list") from e
-        metrics, evals = jax.device_get((metrics, evals))
-        experiments = len(keys)
-        per_metrics = [jax.tree.map(lambda a, e=e: a[e], metrics) for e in range(experiments)]
-        per_evals = [evaluations_of(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
-        return servers, clients, per_metrics, per_evals
 
     def _rounds_impl(self, server, clients, train, eval_data, key, first, stop, values, count, total_rounds, eval_every):
         report = self.config.progress and count == 1  # fused calls are short anyway
