@@ -71,6 +71,14 @@ class Federation:
         return int(self.train.n.shape[0])
 
 
+FEDERATION_AXIS = ServerRound(None, 0, 0, 0)  # a `ServerRound` vmapped over federations (the round shared)
+
+
+def _pick(tree, f):
+    """Federation ``f``'s part (an index, traced or not) of a tree of leaves [F, ...]."""
+    return jax.tree.map(lambda a: a[f], tree)
+
+
 class CannotPool(UserError):
     """These federations cannot be rows of one program with exactly their lone runs' numbers (`refusal`)."""
 
@@ -196,14 +204,13 @@ class FederationRows:
     def state(self, servers, clients, f: int):
         """(server, clients) of federation ``f``, as its lone run holds them."""
         rows = slice(int(self.offsets[f]), int(self.offsets[f]) + self.sizes[f])
-        return jax.tree.map(lambda a: a[f], servers), jax.tree.map(lambda a: a[rows], clients)
+        return _pick(servers, f), jax.tree.map(lambda a: a[rows], clients)
 
     # ------------------------------------------------------------ one round
     def _method_of(self, values, round_index):
         """``method_of(f)``: the method of federation ``f`` (an index, traced or not) in round ``round_index``,
         reading its ``values`` (name -> [F]) (`engine.method_at`)."""
-        return lambda f: engine_lib.method_at(self.method, self.config.lr_schedule,
-                                              {k: v[f] for k, v in values.items()}, round_index)
+        return lambda f: engine_lib.method_at(self.method, self.config.lr_schedule, _pick(values, f), round_index)
 
     def _plans(self, n, round_keys):
         """Per group of federations, their round plans (`engine.round_plan` on each one's round key over its
@@ -245,8 +252,6 @@ class FederationRows:
         sizes = [jnp.asarray(train.n)[jnp.asarray(self.row_data)[self.offsets[feds][:, None] + p[0]]]
                  for (_, feds), p in zip(self.groups, plans)]
         infos = [ServerRound(round_index, p[0], n.astype(jnp.float32), p[2]) for p, n in zip(plans, sizes)]
-        federation_axis = ServerRound(None, 0, 0, 0)
-        pick = lambda tree, f: jax.tree.map(lambda a: a[f], tree)  # noqa: E731
         if self.method.schedule.server_steps_per_client:
             new, clients, uploads = self._visit_clients(servers, clients, train, plans, infos, method_of, progress)
             steps, how = jnp.concatenate([p[4].reshape(-1) for p in plans]), "map"
@@ -258,11 +263,10 @@ class FederationRows:
             clients = self._update_every_client(self._by_federation(new), clients, train, round_keys, method_of,
                                                 round_index)
         metrics = []  # per group: each federation's round metrics, leaves [k, ...]
-        for (_, feds), p, info, server, new_f, uploads_f in zip(self.groups, plans, infos, (
-                pick(servers, feds) for _, feds in self.groups), new, uploads):
+        for (_, feds), p, info, new_f, uploads_f in zip(self.groups, plans, infos, new, uploads):
             diagnostics, client_diagnostics = jax.vmap(
                 lambda f, s0, s1, u, i: engine_lib.round_diagnostics(method_of(f), s0, s1, u, i),
-                in_axes=(0, 0, 0, 0, federation_axis))(jnp.asarray(feds), server, new_f, uploads_f, info)
+                in_axes=(0, 0, 0, 0, FEDERATION_AXIS))(jnp.asarray(feds), _pick(servers, feds), new_f, uploads_f, info)
             per_client = jax.vmap(engine_lib.per_client_metrics)(p[0], p[1], p[2], uploads_f)
             metrics.append({**per_client, "client_diagnostics": client_diagnostics,
                             "train_loss": jnp.mean(per_client["client_loss"], axis=1),
@@ -279,12 +283,10 @@ class FederationRows:
         feds_of_rows = np.concatenate([np.repeat(feds, shape[2]) for shape, feds in self.groups]).astype(np.int32)
         state_rows = jnp.concatenate([flat(p[0]) for p in plans]) + jnp.asarray(self.offsets)[feds_of_rows]
         epochs, keys, steps = (jnp.concatenate([flat(p[i]) for p in plans]) for i in (1, 3, 4))
-        pick = lambda tree, f: jax.tree.map(lambda a: a[f], tree)  # noqa: E731
-        federation_axis = ServerRound(None, 0, 0, 0)
         chosen = tree_ops.gather(clients, state_rows)
         if self.method.schedule.needs_selected_state:
             chosen = jax.tree.map(lambda *a: jnp.concatenate(a), *[jax.tree.map(flat, jax.vmap(
-                lambda f, s, c, sel: method_of(f).prepare(s, c, sel))(jnp.asarray(feds), pick(servers, feds), c, p[0]))
+                lambda f, s, c, sel: method_of(f).prepare(s, c, sel))(jnp.asarray(feds), _pick(servers, feds), c, p[0]))
                 for (_, feds), c, p in zip(self.groups, self._by_group(chosen), plans)])
         order = jnp.argsort(-steps, stable=True) if client_mapping.sorts_clients(self.mapping) else None
         rows = (chosen, jnp.asarray(self.row_data)[state_rows], jnp.asarray(feds_of_rows), keys, epochs)
@@ -293,7 +295,7 @@ class FederationRows:
 
         def row_step(loops, client, data_row, fed, key_i, epochs_i):
             step = engine_lib.client_step_of(method_of(fed), infos[0].round, progress)
-            return step(loops, pick(servers, fed), client, tuple(a[data_row] for a in train), key_i, epochs_i)
+            return step(loops, _pick(servers, fed), client, tuple(a[data_row] for a in train), key_i, epochs_i)
 
         trained = client_mapping.map_clients(row_step, self.mapping, self.config.chunk_size)(*rows)
         if order is not None:
@@ -301,7 +303,7 @@ class FederationRows:
         new, chosen, uploads = [], [], self._by_group(trained[1])
         for (_, feds), c, u, info in zip(self.groups, self._by_group(trained[0]), uploads, infos):
             server, c = jax.vmap(lambda f, s, c, u, i: method_of(f).server_update(s, c, u, i),
-                                 in_axes=(0, 0, 0, 0, federation_axis))(jnp.asarray(feds), pick(servers, feds), c, u,
+                                 in_axes=(0, 0, 0, 0, FEDERATION_AXIS))(jnp.asarray(feds), _pick(servers, feds), c, u,
                                                                         info)
             new.append(server)
             chosen.append(jax.tree.map(flat, c))
@@ -321,8 +323,8 @@ class FederationRows:
                 return sequential_clients.scan_clients(method, engine_lib.client_step_of(method, info.round, progress),
                                                        server, own, train, info, keys, epochs, data_rows)
 
-            server, own, up = jax.vmap(visit, in_axes=(0, 0, 0, 0, ServerRound(None, 0, 0, 0), 0, 0))(
-                jnp.asarray(feds), jax.tree.map(lambda a: a[feds], servers), tree_ops.gather(clients, rows),
+            server, own, up = jax.vmap(visit, in_axes=(0, 0, 0, 0, FEDERATION_AXIS, 0, 0))(
+                jnp.asarray(feds), _pick(servers, feds), tree_ops.gather(clients, rows),
                 jnp.asarray(self.row_data[rows]), info, p[3], p[1])
             clients = tree_ops.scatter(clients, rows.reshape(-1), jax.tree.map(lambda a: a.reshape(
                 (-1,) + a.shape[2:]), own))
@@ -346,7 +348,7 @@ class FederationRows:
 
         def one_client(loops, client, fed, data_row, key_i):
             return method_of(fed).with_loops(loops).update_every_client(
-                jax.tree.map(lambda a: a[fed], servers), client, ClientData(*(a[data_row] for a in train)),
+                _pick(servers, fed), client, ClientData(*(a[data_row] for a in train)),
                 key_i, round_index)
 
         mapped = client_mapping.map_clients(one_client, self.every_client_mapping, self.config.chunk_size)
@@ -361,7 +363,7 @@ class FederationRows:
 
         def row(loops, test, client, fed, data_row, key_i):
             one_client = engine_lib.client_evaluation(method_of(fed), self.eval_batch_size)
-            return one_client(loops, jax.tree.map(lambda a: a[fed], servers), client,
+            return one_client(loops, _pick(servers, fed), client,
                               tuple(a[data_row] for a in train), tuple(a[data_row] for a in test), key_i)
 
         out = {}
