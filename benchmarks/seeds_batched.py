@@ -1,4 +1,4 @@
-"""Seeds in one vmapped program vs the same runs one after another, wall time including compilation.
+"""Seeds as federations of one program vs the same runs one after another, wall time including compilation.
 
 For each method: ONE ``python -m fedjax_pfl.train ... --seeds 0,..,S-1`` process
 (runs/sweep.py) against S ``python -m fedjax_pfl.train ... --seed s data_seed=0``

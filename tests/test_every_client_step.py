@@ -1,6 +1,6 @@
 """The engine's every-client step (`Schedule.updates_every_client`, FedALA's): after each round's
 server step it runs on all clients, selected or not, with `every_client_keys`, and fused rounds,
-every client mapping and the experiment axis give the same as single rounds.
+every client mapping and federations of one program (engine/rows.py) give the same as single rounds.
 
 A counting method stands for FedALA here; FedALA itself: tests/test_fedala.py. The federation:
 tests/plain_sgd_federation.py.
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import plain_sgd_federation as plain_fed
+from engine_rows import run_rows
 from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.methods.base import Algorithm, Paper, Schedule
 from settings_records import engine_config
@@ -69,8 +70,8 @@ def test_every_client_step_runs_on_all_clients_after_the_server_step():
 
 
 @pytest.mark.parametrize("mapping", ["map", "chunked"])
-def test_every_client_step_under_fused_rounds_mappings_and_the_experiment_axis(mapping):
-    """4 rounds in one fused call (any mapping) == 4 single calls; 2 seeds on the experiment axis == each alone."""
+def test_every_client_step_under_fused_rounds_mappings_and_federations(mapping):
+    """4 rounds in one fused call (any mapping) == 4 single calls; 2 seeds as federations == each alone."""
     eng, _ = _counting_engine(mapping)
     key = jax.random.key(1)
     server, clients = eng.init(key)
@@ -80,9 +81,7 @@ def test_every_client_step_under_fused_rounds_mappings_and_the_experiment_axis(m
     fused = eng.run_rounds(*eng.init(key), key, 0, 4, 4, 2)[:2]
     jax.tree.map(np.testing.assert_array_equal, plain_fed.host(fused), want)
     keys = jnp.stack([key, jax.random.key(7)])
-    servers, stacked = eng.init_batched(keys)
-    servers, stacked, _, _ = eng.run_rounds_batched(servers, stacked, keys, 0, 4, 4, 2)
-    jax.tree.map(np.testing.assert_array_equal, plain_fed.host(jax.tree.map(lambda a: a[0], (servers, stacked))), want)
+    pool, servers, stacked, _, _ = run_rows(eng, keys, keys, 4, 2)
+    jax.tree.map(np.testing.assert_array_equal, plain_fed.host(pool.state(servers, stacked, 0)), want)
     other = eng.run_rounds(*eng.init(jax.random.key(7)), jax.random.key(7), 0, 4, 4, 2)[:2]
-    jax.tree.map(np.testing.assert_array_equal, plain_fed.host(jax.tree.map(lambda a: a[1], (servers, stacked))),
-                 plain_fed.host(other))
+    jax.tree.map(np.testing.assert_array_equal, plain_fed.host(pool.state(servers, stacked, 1)), plain_fed.host(other))

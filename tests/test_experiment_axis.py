@@ -1,6 +1,6 @@
-"""Experiments on a vmapped axis, traced hyperparameters and the lr schedule.
+"""Seeds and grid values as federations of one program, traced hyperparameters and the lr schedule.
 
-Each experiment of a batched call must equal the single run with its seed or
+Each federation (engine/rows.py) must equal the single run with its seed or
 value; a method reading a traced hyperparameter must equal the method built with
 that value as a Python number; a per-round lr factor must equal rounds run
 with the decayed lr given by hand.
@@ -22,6 +22,7 @@ from fedjax_pfl.engine.lr_schedule import LrSchedule
 from fedjax_pfl.methods import fedpac as fedpac_steps, get_method, gpfl as gpfl_steps
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.kernels.optim import make_optimizer
+from engine_rows import run_rows
 from settings_records import engine_config, local_setup
 
 SIZES = [9, 30, 3, 17, 12, 21]
@@ -58,22 +59,20 @@ def _single(eng, seed, rounds=3, values=None):
     return server, clients, metrics, evals
 
 
-def _batched(eng, seeds, rounds=3, values=None):
+def _federations(eng, seeds, rounds=3, values=None):
     keys = jax.vmap(lambda s: jnp.stack(jax.random.split(jax.random.key(s))))(jnp.asarray(seeds))
-    servers, clients = eng.init_batched(keys[:, 0])
-    return eng.run_rounds_batched(servers, clients, keys[:, 1], 0, rounds, rounds, 2, values=values)
+    return run_rows(eng, keys[:, 0], keys[:, 1], rounds, 2, values=values)
 
 
-def test_each_seed_of_a_batched_run_equals_its_single_run():
-    """FedPer (global body, own heads: server and client state both vmapped); FedAvg-like
+def test_each_seed_as_a_federation_equals_its_single_run():
+    """FedPer (global body, own heads: server and client state both per federation); FedAvg-like
     methods are compared from the CLI in tests/test_sweep.py."""
     eng = _engine("fedper")
     seeds = [0, 5]
-    servers, clients, metrics, evals = _batched(eng, seeds)
+    pool, servers, clients, metrics, evals = _federations(eng, seeds)
     for e, seed in enumerate(seeds):
         server, client, m, ev = _single(eng, seed)
-        _close(jax.tree.map(lambda a: a[e], servers), server)
-        _close(jax.tree.map(lambda a: a[e], clients), client)
+        _close(pool.state(servers, clients, e), (server, client))
         np.testing.assert_array_equal(metrics[e]["selected"], m["selected"])
         assert sorted(evals[e]) == sorted(ev) == [1, 2]
         for t in ev:
@@ -82,15 +81,17 @@ def test_each_seed_of_a_batched_run_equals_its_single_run():
     assert not np.array_equal(metrics[0]["selected"], metrics[1]["selected"])  # seeds really differ
 
 
-def test_each_grid_point_equals_the_run_built_with_that_value():
-    """lr and FedProx mu as traced [E] values == methods built with the Python numbers."""
+@pytest.mark.parametrize("mapping", ["map", "packed:2"])
+def test_each_grid_point_equals_the_run_built_with_that_value(mapping):
+    """lr and FedProx mu as traced [F] values, one a federation == methods built with the Python numbers;
+    in lanes too (packed:2: a lane takes each row's values with its client)."""
     grid = [(0.1, 0.0), (0.05, 0.5)]
-    eng = _engine("fedprox", {"mu": 0.01})
+    eng = _engine("fedprox", {"mu": 0.01}, mapping=mapping)
     values = {"lr": jnp.asarray([g[0] for g in grid]), "mu": jnp.asarray([g[1] for g in grid])}
-    servers, clients, _, evals = _batched(eng, [3] * len(grid), values=values)
+    pool, servers, clients, _, evals = _federations(eng, [3] * len(grid), values=values)
     for e, (lr, mu) in enumerate(grid):
-        server, client, _, ev = _single(_engine("fedprox", {"mu": mu}, lr=lr), 3)
-        _close(jax.tree.map(lambda a: a[e], servers), server)
+        server, client, _, ev = _single(_engine("fedprox", {"mu": mu}, lr=lr, mapping="map"), 3)
+        _close(pool.state(servers, clients, e), (server, client))
         np.testing.assert_allclose(evals[e][2]["loss_sum"], ev[2]["loss_sum"], rtol=1e-4)
     assert not np.allclose(evals[0][2]["loss_sum"], evals[1][2]["loss_sum"])
 

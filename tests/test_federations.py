@@ -140,7 +140,6 @@ _ServerPerClient = dataclasses.replace(get_method("fedavg"), name="server_per_cl
 def test_what_cannot_be_rows_exactly_is_refused_in_one_line():
     federations = _federations()
     cases = [
-        (get_method("pfedhn")(_method("fedavg").setup), federations, "steps its server after each client"),
         (_ServerPerClient(_method("fedavg").setup), federations, "server state sized by the number of clients"),
         (_method("fedavg", augment=lambda key, x: x), federations, "train.augment"),
         (_method("fedavg"), [federations[0], Federation(federations[2].train, federations[2].test,

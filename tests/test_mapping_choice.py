@@ -116,7 +116,7 @@ def test_a_rounds_fixed_cost_is_counted_once_not_scaled_with_its_steps():
 
 def test_the_shortened_rounds_share_one_program_and_grow_with_their_share():
     engine = _engine()
-    timing, rounds, _ = mapping_choice.shortened(engine, "map", None)
+    timing, rounds = mapping_choice.shortened(engine, "map", None)
     shares = [share for _, share in rounds]
     assert shares[0] == 0 and shares == sorted(shares) and len(set(shares)) == len(shares) and shares[-1] <= 1
     assert rounds[-1][0] is None  # the last: the timing engine's own (cut) data
@@ -161,7 +161,7 @@ def _fake_timing(monkeypatch, slopes: dict, jitter: float, fixed: float = 0.3):
             return run
 
     monkeypatch.setattr(mapping_choice, "shortened",
-                        lambda engine, m, c, data=None: (Timing(mapping_choice.label(m, c)), rounds, None))
+                        lambda engine, m, c: (Timing(mapping_choice.label(m, c)), rounds))
 
 
 def test_a_padded_mapping_beats_a_padding_free_one_only_by_more_than_the_timings_noise(monkeypatch):

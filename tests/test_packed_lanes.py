@@ -262,6 +262,9 @@ def test_width_from_the_data_and_the_auto_candidates():
     assert ("packed:3", None) in mapping_choice.candidates(10, "gpu", packed_width=3)
     assert mapping_choice.candidates(10, "cpu", packed_width=3) == mapping_choice.candidates(10, "cpu")
     assert client_mapping.default_mapping("cpu") == "map"  # auto on a CPU still runs map untimed
+    # elsewhere one federation vmaps its clients; several (engine/rows.py) share packed lanes
+    assert [client_mapping.default_mapping("gpu", f) for f in (1, 2)] == ["vmap", "packed"]
+    assert client_mapping.default_mapping("cpu", 2) == "map"
 
 
 _UNPACKABLE = dataclasses.replace(FEDAVG, name="unpackable",

@@ -16,6 +16,7 @@ import pytest
 
 import majority_baseline
 import pfl_reference as ref
+from engine_rows import run_rows
 from forced_devices import cpu_devices_env
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.engine import engine as engine_lib
@@ -206,16 +207,17 @@ def test_sequential_is_s_server_steps_not_one():
     assert gap > 1e-3, gap
 
 
-def test_sequential_on_the_experiment_axis_equals_single_runs():
-    """run_rounds_batched (two seeds in one program) gives each seed's run_rounds numbers."""
+def test_sequential_as_federations_equals_single_runs():
+    """Two seeds as federations of one program (engine/rows.py: each visits its clients in turn, side by side)
+    give each seed's run_rounds numbers."""
     eng = _engine(_method("sequential", local_steps=2))
     keys = jax.random.split(jax.random.key(1), 4).reshape(2, 2)
-    servers, clients = eng.init_batched(keys[:, 0])
-    servers, _, _, evals = eng.run_rounds_batched(servers, clients, keys[:, 1], 0, 2, 2, 2)
+    pool, servers, rows, metrics, evals = run_rows(eng, keys[:, 0], keys[:, 1], 2, 2)
     for e in range(2):
         server, clients = eng.init(keys[e, 0])
-        server, _, _, single = eng.run_rounds(server, clients, keys[e, 1], 0, 2, 2, 2)
-        ref.assert_close(jax.tree.map(lambda a: a[e], servers["hnet"]), server["hnet"], tol=2e-5)
+        server, clients, lone, single = eng.run_rounds(server, clients, keys[e, 1], 0, 2, 2, 2)
+        ref.assert_close(pool.state(servers, rows, e), (server, clients), tol=2e-5)
+        np.testing.assert_array_equal(metrics[e]["selected"], lone["selected"])
         ref.assert_close(evals[e][1], single[1], tol=2e-5)
 
 

@@ -27,6 +27,7 @@ from fedjax_pfl.commands import train as cli
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import progress as progress_lib
 from fedjax_pfl.runs.experiment import build_experiment, validate
+from engine_rows import rows_of
 from signal_after_round import signal_after
 
 EPOCHS, BATCH = 2, 8
@@ -102,13 +103,14 @@ def test_fused_calls_carry_no_callbacks():
     assert events == []
 
 
-def test_the_experiment_axis_reports_its_points_as_one_batch():
-    exp = _experiment(mapping="vmap")
+def test_federations_report_their_rows_as_one_batch():
+    """Two seeds as federations (engine/rows.py), their 3 + 3 training rows vmapped: events 6 wide."""
+    pool = rows_of(_experiment(mapping="vmap").engine, 2)
     keys = jnp.stack([jax.random.key(s) for s in (0, 1)])
-    servers, clients = exp.engine.init_batched(keys)
+    servers, clients = pool.init(keys)
     events = []
-    with exp.engine.progress.listening(events.append):
-        exp.engine.run_rounds_batched(servers, clients, keys, 0, 1, 2, 1)
+    with pool.progress.listening(events.append):
+        pool.run_rounds(servers, clients, keys, 0, 1, 2, 1)
         jax.effects_barrier()
     assert {e.width for e in events} == {6} and sum(e.width for e in events if e.kind == "client") == 6
 

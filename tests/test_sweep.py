@@ -1,4 +1,4 @@
-"""Seeds and grid points run as one vmapped program from the CLI (runs/sweep.py).
+"""Seeds and grid points run as federations of one program from the CLI (runs/sweep.py, engine/rows.py).
 
 Each point's run folder must be what the single run with that seed and value
 writes: the same config (but --out) and the same metrics within float
@@ -16,6 +16,8 @@ from fedjax_pfl.core.errors import UserError
 from fedjax_pfl.runs import config as config_lib, sweep
 from fedjax_pfl.runs.experiment import build_experiment, validate
 from fedjax_pfl.engine import engine as engine_lib, mapping_choice
+from fedjax_pfl.engine.rows import FederationRows
+from engine_rows import rows_of
 
 TINY = ["--dataset", "synthetic", "--model", "mlr", "--num-clients", "6", "--partition", "natural",
         "--local-epochs", "1", "--batch-size", "8", "--rounds", "3", "--no-progress", 
@@ -90,9 +92,10 @@ def test_chunks_follow_the_memory_guard_setting():
         sweep.run_sweep(validate(config_lib.build(overrides=["seeds=[0,1]"])), resume=True)
 
 
-def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path, capsys):
-    """vary_data_with_seed: fixed client sizes give equal shapes, so each seed's partition rides the
-    experiment axis; each point equals the plain single run with that seed (data_seed = seed)."""
+def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path):
+    """vary_data_with_seed: each seed's partition is its federation's data; each point equals the plain single
+    run with that seed (data_seed = seed), with fixed client sizes and with ragged ones (largest clients
+    differ between the seeds)."""
     args = ["--method", "fedavg", "--dataset", "fmnist", "--model", "mlr", "--num-clients", "4", "--partition",
             "dirichlet", "--alpha", "0.5", "--rounds", "2", "--local-epochs", "1", "--batch-size", "10",
             "partition.train_per_client=30", "partition.test_per_client=10", "--no-progress"]
@@ -102,23 +105,33 @@ def test_each_seed_with_its_own_partition_equals_its_single_run(tmp_path, capsys
     assert _json(point / "partition.json") == _json(single / "partition.json")
     assert _json(point / "partition.json") != _json(tmp_path / "sw" / "seed0" / "partition.json")
     np.testing.assert_allclose([r["loss"] for r in _metrics(point)], [r["loss"] for r in _metrics(single)], rtol=1e-5)
-    code = train.main([*TINY, "--method", "fedavg", "--seeds", "0,1", "vary_data_with_seed=true",
-                       "--out", str(tmp_path / "ragged")])
-    assert code == 2 and "different array shapes" in capsys.readouterr().err
+    assert train.main([*TINY, "--method", "fedavg", "--seeds", "0,1", "vary_data_with_seed=true",
+                       "--out", str(tmp_path / "ragged")]) == 0
+    assert train.main([*TINY, "--method", "fedavg", "--seed", "1", "--out", str(tmp_path / "ragged1")]) == 0
+    point, single = tmp_path / "ragged" / "seed1", tmp_path / "ragged1"
+    assert _json(point / "partition.json") == _json(single / "partition.json")
+    assert _json(point / "partition.json") != _json(tmp_path / "ragged" / "seed0" / "partition.json")
+    for key in ("accuracy", "loss", "train_loss"):
+        np.testing.assert_allclose([r[key] for r in _metrics(point)], [r[key] for r in _metrics(single)], rtol=1e-5,
+                                   atol=1e-6)
 
+
+
+def _count_timings(monkeypatch) -> list:
+    """The federations each timed round of a program covers, as the sweep times them (one candidate: vmap)."""
+    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None, packed_width=None: [("vmap", None)])
+    timed, compiled = [], FederationRows.compiled_round
+    monkeypatch.setattr(FederationRows, "compiled_round", lambda self, servers, *a: timed.append(
+        jax.tree.leaves(servers)[0].shape[0]) or compiled(self, servers, *a))
+    return timed
 
 
 def test_auto_mapping_is_timed_on_the_sweeps_own_program_and_runs_it(tmp_path, monkeypatch):
-    """train.client_mapping=auto: a sweep of 20 rounds or more times the candidates on its batched round (all
-    points at once), runs every point with the winner and records it (before, sweeps took map untimed)."""
-    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None, packed_width=None: [("vmap", None)])
-    timed, used = [], []
-    compiled, batched = engine_lib.Engine.compiled_round_batched, engine_lib.Engine.run_rounds_batched
-    monkeypatch.setattr(engine_lib.Engine, "compiled_round_batched",
-                        lambda self, servers, *a: timed.append(jax.tree.leaves(servers)[0].shape[0])
-                        or compiled(self, servers, *a))
-    monkeypatch.setattr(engine_lib.Engine, "run_rounds_batched",
-                        lambda self, *a, **k: used.append(self.mapping) or batched(self, *a, **k))
+    """train.client_mapping=auto: a sweep of 20 rounds or more times the candidates on its program's round (all
+    points at once, as federations), runs every point with the winner and records it."""
+    timed, used, run = _count_timings(monkeypatch), [], FederationRows.run_rounds
+    monkeypatch.setattr(FederationRows, "run_rounds",
+                        lambda self, *a, **k: used.append(self.mapping) or run(self, *a, **k))
     args = [a if a != "3" else "20" for a in TINY]
     assert train.main(["--method", "fedavg", *args, "--seeds", "0,1", "--out", str(tmp_path / "sw")]) == 0
     assert timed == [2]  # once, on both seeds' stacked state
@@ -131,12 +144,7 @@ def test_auto_mapping_is_timed_on_the_sweeps_own_program_and_runs_it(tmp_path, m
 def test_later_chunks_of_the_same_size_take_the_first_ones_timed_mapping(tmp_path, monkeypatch):
     """Chunks of equal size run the same program shape: only the first is timed, the others reuse its choice
     (recorded as reused); a smaller last chunk is timed on its own."""
-    monkeypatch.setattr(mapping_choice, "candidates", lambda clients, backend=None, packed_width=None: [("vmap", None)])
-    timed = []
-    compiled = engine_lib.Engine.compiled_round_batched
-    monkeypatch.setattr(engine_lib.Engine, "compiled_round_batched",
-                        lambda self, servers, *a: timed.append(jax.tree.leaves(servers)[0].shape[0])
-                        or compiled(self, servers, *a))
+    timed = _count_timings(monkeypatch)
     args = [a if a != "3" else "20" for a in TINY]
     assert train.main(["--method", "fedavg", *args, "--seeds", "0,1,2,3,4", "train.max_experiments_per_call=2",
                        "--out", str(tmp_path / "sw")]) == 0
@@ -148,17 +156,20 @@ def test_later_chunks_of_the_same_size_take_the_first_ones_timed_mapping(tmp_pat
     assert records[2]["candidates"] == records[0]["candidates"]
 
 
-def test_batched_round_equals_each_experiments_own_round():
-    """`Engine.compiled_round_batched` (what a sweep times) computes each experiment's `compiled_round`."""
+def test_the_federations_round_equals_each_runs_own_round():
+    """`FederationRows.compiled_round` (what a sweep times) computes each federation's `Engine.compiled_round`
+    with its seed and lr (the second federation's lr a traced value)."""
     cfg = config_lib.build(overrides=["data.name=synthetic", "model.name=mlr", "partition.num_clients=6",
                                       "partition.scheme=natural", "train.batch_size=8", "train.local_epochs=1",
                                       "method_name=fedavg"])
     engine = build_experiment(validate(cfg)).engine
+    pool, lrs = rows_of(engine, 2), [engine.method.setup.lr, 0.05]
     keys = jax.random.split(jax.random.key(3), 2)
-    servers, clients = engine.init_batched(keys)
-    together = engine.compiled_round_batched(servers, clients, keys, 4)()
+    servers, clients = pool.init(keys)
+    round_keys = jax.vmap(lambda k: engine_lib.round_keys(k, 4)[0])(keys)
+    together = pool.compiled_round(servers, clients, round_keys, 4, {"lr": np.asarray(lrs, np.float32)})()
     for e in range(2):
-        one = jax.tree.map(lambda a: a[e], (servers, clients))
-        alone = engine.compiled_round(*one, engine_lib.round_keys(keys[e], 4)[0], 4)()
-        for a, b in zip(jax.tree.leaves(alone), jax.tree.leaves(jax.tree.map(lambda a: a[e], together))):
+        alone = engine.compiled_round(*pool.state(servers, clients, e), round_keys[e], 4, {"lr": lrs[e]})()
+        for a, b in zip(jax.tree.leaves(alone[:2]), jax.tree.leaves(pool.state(*together[:2], e))):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(together[2]["groups"][0]["selected"][e], alone[2]["selected"])

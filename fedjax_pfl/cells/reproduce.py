@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(config.json, summary.json, metrics.jsonl.xz), then write the table as --table-only; "
                         "run nothing")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--one-by-one", action="store_true", help="never run a cell's seeds as one vmapped program")
+    p.add_argument("--one-by-one", action="store_true", help="never run cells as rows of one program")
     p.add_argument("--jobs", type=int, default=1,
                    help="cells trained at once, each its own process with its output in OUT/logs/ (e.g. 4-5 on "
                         "one large GPU); 1 (default): one after another in this process")

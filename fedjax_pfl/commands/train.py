@@ -147,7 +147,7 @@ def run_settled(run: ValidRun, progress: bool = True, resume: bool = False, obse
     """`run` of the record `settle` made (the command settles once, to name its folder first)."""
     cfg = run.checked
     host_devices.apply(cfg.devices.cpu, known_clients(cfg))  # before JAX starts (if it has not: else left as is)
-    if run.points:  # several runs in one vmapped program
+    if run.points:  # several runs as federations of one program
         open_files.ensure(len(run.points), cfg.log.tensorboard)
         return run_sweep(run, progress, resume, observe, stop, start_over)
     return run_single(run, progress, resume, observe, stop, start_over)

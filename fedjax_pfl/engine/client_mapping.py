@@ -46,10 +46,12 @@ MAX_LANES = {"cpu": 8}
 MAX_LANES_ACCELERATOR = 128
 
 
-def default_mapping(backend: str | None = None) -> str:
-    """The measured default for a backend (benchmarks/RESULTS.md)."""
-    backend = backend or jax.default_backend()
-    return "map" if backend == "cpu" else "vmap"
+def default_mapping(backend: str | None = None, federations: int = 1) -> str:
+    """The measured default for a backend (benchmarks/RESULTS.md): ``map`` on a CPU; elsewhere ``vmap`` for one
+    federation, ``packed`` for several (their rows share the lanes: engine/rows.py)."""
+    if (backend or jax.default_backend()) == "cpu":
+        return "map"
+    return "vmap" if federations == 1 else PACKED
 
 
 def parse(mapping: str) -> tuple[str, int | None]:
@@ -71,11 +73,11 @@ def parse(mapping: str) -> tuple[str, int | None]:
     return name, int(width)
 
 
-def resolve(mapping: str) -> str:
-    """The mapping ``mapping`` names ('auto': this backend's default), checked by `parse`; 'packed:W' written
-    with W as a plain number."""
+def resolve(mapping: str, federations: int = 1) -> str:
+    """The mapping ``mapping`` names ('auto': this backend's default for ``federations``), checked by `parse`;
+    'packed:W' written with W as a plain number."""
     if mapping == AUTO:
-        return default_mapping()
+        return default_mapping(federations=federations)
     name, lanes = parse(mapping)
     return name if lanes is None else f"{PACKED}:{lanes}"
 
@@ -104,6 +106,23 @@ def packed_width(counts, clients: int, devices: int = 1, backend: str | None = N
         return 1
     total = counts.sum() * clients / counts.size / devices
     return int(max(1, min(math.floor(total / largest), per_device, cap)))
+
+
+def settle(mapping: str, counts, rows: int, devices: int = 1, cannot_pack: str = "") -> tuple[str, str | None]:
+    """(the mapping to run, why it is not ``mapping`` or None): a bare 'packed' gets its width from the trip
+    ``counts`` of the rows, ``rows`` of them a round on ``devices`` (`packed_width`); where the method cannot
+    pack (``cannot_pack``: why not), 'chunked' instead."""
+    if not is_packed(mapping):
+        return mapping, None
+    if cannot_pack:
+        return "chunked", f"cannot run {mapping} ({cannot_pack})"
+    return (f"{PACKED}:{packed_width(counts, rows, devices)}" if mapping == PACKED else mapping), None
+
+
+def pass_mapping(mapping: str, counts, rows: int, devices: int = 1) -> str:
+    """The mapping of a pass over ``rows`` rows of trip ``counts`` (evaluation, a step on every client): the
+    training ``mapping``, its lanes from these counts when it is packed."""
+    return f"{PACKED}:{packed_width(counts, rows, devices)}" if is_packed(mapping) else mapping
 
 
 def map_clients(fn, mapping: str, chunk_size: int | None = None):

@@ -19,12 +19,12 @@ epochs, dropped uploads) are drawn from the same key. There is no Python loop
 over clients. Evaluation maps every client's personalized model over its test
 data in one call; the host reads metrics only when it asks for them.
 
-K rounds can be one call (`run_rounds`: a scan over rounds), and E runs of
-one configuration one program (`run_rounds_batched`: vmapped over a leading
-experiment axis; seeds, hyperparameters (`Hyperparams`) via `method_at`, optionally a
-partition each). With the chunked mapping, the selected clients are gathered,
-trained and written back one chunk at a time, so memory beyond the client
-state is bounded by the chunk plus the stacked uploads.
+K rounds can be one call (`run_rounds`: `scan_rounds`, the one scan over
+rounds, which engine/rows.py's federations share); many runs train together as
+federations, rows of one program (engine/rows.py), not here. With the chunked
+mapping, the selected clients are gathered, trained and written back one chunk
+at a time, so memory beyond the client state is bounded by the chunk plus the
+stacked uploads.
 """
 
 from __future__ import annotations
@@ -218,6 +218,73 @@ def per_client_metrics(selected, epochs, uploaded, uploads) -> dict:
     return {"selected": selected, "epochs": epochs, "uploaded": uploaded, "client_loss": client_loss}
 
 
+def training_steps(setup, n):
+    """The local steps each client of ``n`` samples takes in a round of ``setup``'s epochs and batches."""
+    return local_training.real_steps(n, setup.batch_size, setup.local_epochs, setup.drop_last)
+
+
+def settled_mapping(method: Method, mapping: str, counts, rows: int, chunk_size: int, devices: int = 1):
+    """(the mapping rows of trip ``counts`` train under, ``rows`` of them a round on ``devices``; a note, also
+    warned, where it is not ``mapping``, else None): `client_mapping.settle` for ``method``."""
+    settled, note = client_mapping.settle(mapping, counts, rows, devices, method.schedule.cannot_pack)
+    if note is not None:
+        note = f"method {method.name!r} {note}: chunked:{chunk_size} instead"
+        warnings.warn(note, stacklevel=3)
+    return settled, note
+
+
+def compile_round(round_impl, server, clients, train, key, round_index: int, values: dict | None):
+    """``round_impl(server, clients, train, key, round_index, values)`` compiled for these arguments, which it
+    neither donates nor changes: returns ``run(other=None)``, which executes it on client data ``other`` of
+    ``train``'s shapes and placement (``train`` itself when None) (for timing: mapping_choice.py)."""
+    args = (server, clients, train, key, jnp.int32(round_index), values or {})
+    program = jax.jit(round_impl).lower(*args).compile()
+    return lambda other=None: program(*args[:2], train if other is None else other, *args[3:])
+
+
+def padding_record(steps, mapping: str, chunk_size: int, devices: int, round_index: int) -> dict:
+    """Round ``round_index`` of trip counts ``steps`` (in the order the mapping sees them) in client-steps: real,
+    executed and sequential steps under ``mapping`` and the padding efficiency (real / executed)."""
+    real = int(steps.sum())
+    sequential, executed = (int(c) for c in client_mapping.step_counts(steps, mapping, chunk_size, devices))
+    return {"round": int(round_index) + 1, "real_client_steps": real, "executed_client_steps": executed,
+            "sequential_steps": sequential, "padding_efficiency": round(real / max(executed, 1), 4)}
+
+
+def scan_rounds(round_fn, evaluate_fn, keys_of, server, clients, key, first, stop, count: int, total_rounds: int,
+                eval_every: int):
+    """Rounds ``first .. first+count-1`` as ONE `lax.scan` over round slots, slots at or past ``stop`` skipped by a
+    branch (``first`` and ``stop`` traced: every call of a run reuses one program); the rounds of a lone run
+    (`Engine.run_rounds`) and of federations (engine/rows.py) alike. ``round_fn(server, clients, round_key, t)
+    -> (server, clients, metrics)``; ``evaluate_fn(server, clients, eval_key, t) -> per-client arrays``, run at
+    evaluation rounds (`is_eval_round`); ``keys_of(key, t) -> (round key, evaluation key)`` (`round_keys`).
+    Returns (server, clients, metrics stacked [count, ...] with ``round`` and ``active``, evaluations)."""
+    keys = keys_of(key, first)
+    state_shape = jax.eval_shape(lambda s, c: round_fn(s, c, keys[0], first), server, clients)
+    eval_shape = jax.eval_shape(lambda s, c: evaluate_fn(s, c, keys[1], first), server, clients)
+    zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
+
+    def one_round(carry, slot):
+        server, clients = carry
+        t = first + slot
+        round_key, eval_key = keys_of(key, t)
+
+        def run():
+            s, c, m = round_fn(server, clients, round_key, t)
+            done = is_eval_round(t, total_rounds, eval_every)
+            per_client = jax.lax.cond(done, lambda: evaluate_fn(s, c, eval_key, t), lambda: zeros(eval_shape))
+            return s, c, m, per_client, done
+
+        def skip():
+            return server, clients, zeros(state_shape[2]), zeros(eval_shape), False
+
+        s, c, m, per_client, done = jax.lax.cond(t < stop, run, skip)
+        return (s, c), ({**m, "round": t, "active": t < stop}, {"per_client": per_client, "done": jnp.asarray(done)})
+
+    (server, clients), (metrics, evals) = jax.lax.scan(one_round, (server, clients), jnp.arange(count))
+    return server, clients, metrics, evals
+
+
 class Engine:
     """Runs a method over stacked client data. Build once; call `round` or `run_rounds`."""
 
@@ -229,10 +296,11 @@ class Engine:
         self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
         self.progress = round_progress.Progress()  # where this engine's in-round events go (round_progress.py)
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
-        self.mapping, self.mapping_note = self._packed_or_fallback(client_mapping.resolve(config.client_mapping))
+        self.mapping, self.mapping_note = settled_mapping(
+            method, client_mapping.resolve(config.client_mapping), training_steps(method.setup, np.asarray(train.n)),
+            self.training_rows(), config.chunk_size, sharding.mesh_size(self.mesh))
         # passes over every client (evaluation, `update_every_client`) map like training, lanes from their sizes
-        self.every_client_mapping = self._all_clients_mapping(np.asarray(train.n), method.setup.batch_size,
-                                                              method.setup.local_epochs, method.setup.drop_last)
+        self.every_client_mapping = self._pass_mapping(training_steps(method.setup, np.asarray(train.n)))
         self.streams = self.mapping == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state
         self.padded_clients = sharding.padded_count(self.num_clients, self.mesh)  # array rows (empty ones appended)
         # Evaluation visits clients largest test set first so that chunks are even (host-known sizes);
@@ -243,7 +311,8 @@ class Engine:
         test_sizes = np.asarray(test.n) if self.eval_order is None else np.asarray(test.n)[self.eval_order]
         self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.chunk_size,
                                                               config.largest_eval_batch)
-        self.eval_mapping = self._all_clients_mapping(np.asarray(test.n), self.eval_batch_size, 1, False)
+        self.eval_mapping = self._pass_mapping(local_training.real_steps(np.asarray(test.n), self.eval_batch_size, 1,
+                                                                         False))
         # every device holds all client data (one device, or host devices sharing the machine's memory)
         self.data_in_place = self.mesh is None or sharding.shares_host_memory(self.mesh)
         if self.mesh is not None:
@@ -260,70 +329,35 @@ class Engine:
         self._round = jax.jit(self._round_impl, donate_argnums=(0, 1))
         self._evaluate = jax.jit(self._evaluate_with_val)
         self._rounds = jax.jit(self._rounds_impl, donate_argnums=(0, 1), static_argnums=(8, 9, 10))
-        self._rounds_batched = {  # by whether the data carry the experiment axis too
-            data_axis: jax.jit(
-                jax.vmap(self._rounds_impl, in_axes=(0, 0, data_axis, data_axis, 0, None, None, 0, None, None, None)),
-                donate_argnums=(0, 1), static_argnums=(8, 9, 10))
-            for data_axis in (None, 0)}
         self._init = jax.jit(self._padded_init)  # one compile, not one dispatch per op of the method's init
-        self._init_batched = jax.jit(jax.vmap(self._padded_init))
 
-    def _packed_or_fallback(self, mapping: str) -> tuple[str, str | None]:
-        """(the mapping to run, a note on why it is not the one asked for, or None): 'packed' gets its width
-        from the data (`packed_width`); a method that cannot pack (`Schedule.cannot_pack`) runs 'chunked'."""
-        if not client_mapping.is_packed(mapping):
-            return mapping, None
-        if self.method.schedule.cannot_pack:
-            note = (f"method {self.method.name!r} cannot run {mapping} ({self.method.schedule.cannot_pack}): "
-                    f"chunked:{self.config.chunk_size} instead")
-            warnings.warn(note, stacklevel=3)
-            return "chunked", note
-        return (f"{mapping}:{self.packed_width()}" if mapping == client_mapping.PACKED else mapping), None
+    def training_rows(self) -> int:
+        """Clients that train each round (all of them with ``train.all_clients_train``)."""
+        return self.num_clients if self.config.all_clients_train else self.config.clients_per_round
 
     def packed_width(self) -> int:
         """W* of this engine's training: about the expected real client-steps of a round on each device over the
         largest client's (`client_mapping.packed_width`)."""
-        s = self.method.setup
-        steps = np.asarray(local_training.real_steps(np.asarray(self.client_data[0].n), s.batch_size, s.local_epochs,
-                                                     s.drop_last))
-        training = self.num_clients if self.config.all_clients_train else self.config.clients_per_round
-        return client_mapping.packed_width(steps, training, sharding.mesh_size(self.mesh))
+        steps = training_steps(self.method.setup, np.asarray(self.client_data[0].n))
+        return client_mapping.packed_width(steps, self.training_rows(), sharding.mesh_size(self.mesh))
 
-    def _all_clients_mapping(self, n, batch_size: int, epochs: int, drop_last: bool) -> str:
-        """The mapping of a pass over all N clients of sizes ``n`` (batches of ``batch_size``, ``epochs``): the
-        training mapping, with lanes from these sizes when it is packed."""
-        if not client_mapping.is_packed(self.mapping):
-            return self.mapping
-        counts = np.asarray(local_training.real_steps(n, batch_size, epochs, drop_last))
-        return f"{client_mapping.PACKED}:{client_mapping.packed_width(counts, len(n), sharding.mesh_size(self.mesh))}"
+    def _pass_mapping(self, counts) -> str:
+        """The mapping of a pass over all N clients of trip ``counts`` (`client_mapping.pass_mapping`)."""
+        return client_mapping.pass_mapping(self.mapping, counts, len(counts), sharding.mesh_size(self.mesh))
 
-    def with_mapping(self, mapping: str, chunk_size: int | None = None) -> "Engine":
+    def with_mapping(self, mapping: str, chunk_size: int | None = None, train: ClientData | None = None) -> "Engine":
         """An engine like this one (method, client data, settings) whose clients are mapped by ``mapping``
-        (chunks of ``chunk_size``, default this engine's): the same numbers, other speed and memory."""
+        (chunks of ``chunk_size``, default this engine's): the same numbers, other speed and memory; on
+        training data ``train`` instead of its own, when given."""
         config = dataclasses.replace(self.config, client_mapping=mapping,
                                      chunk_size=chunk_size or self.config.chunk_size)
-        train, test, val = self.client_data
-        return Engine(self.method, train, test, config, val=val)
+        own, test, val = self.client_data
+        return Engine(self.method, own if train is None else train, test, config, val=val)
 
     def compiled_round(self, server, clients, key, round_index: int = 0, values: dict | None = None):
-        """This engine's round compiled for these arguments, which it neither donates nor changes: returns
-        ``run(train=None)``, which executes it (on client data ``train`` of the engine's shapes and placement
-        instead of the engine's, when given) and returns (server, clients, metrics) (for timing:
-        mapping_choice.py)."""
-        args = (server, clients, self.train, key, jnp.int32(round_index), values or {})
-        program = jax.jit(self._round_impl).lower(*args).compile()
-        return lambda train=None: program(*args[:2], self.train if train is None else train, *args[3:])
-
-    def compiled_round_batched(self, servers, clients, keys, round_index: int = 0, values: dict | None = None,
-                               data=None):
-        """`compiled_round` of E experiments on the leading axis of `run_rounds_batched` (its ``servers``,
-        ``clients``, run ``keys``, ``values`` and ``data``): their round ``round_index`` vmapped, as that
-        program runs it; ``run(train=None)`` as `compiled_round`'s."""
-        train, axis = (self.train, None) if data is None else (data[0], 0)
-        round_key = jax.vmap(lambda k: round_keys(k, round_index)[0])(keys)
-        args = (servers, clients, train, round_key, jnp.int32(round_index), values or {})
-        program = jax.jit(jax.vmap(self._round_impl, in_axes=(0, 0, axis, 0, None, 0))).lower(*args).compile()
-        return lambda train=None: program(*args[:2], args[2] if train is None else train, *args[3:])
+        """This engine's round (round key ``key``) as `compile_round` compiles it; ``run()`` returns (server,
+        clients, metrics)."""
+        return compile_round(self._round_impl, server, clients, self.train, key, round_index, values)
 
     # ------------------------------------------------------- traced values
     def method_at(self, values: dict, round_index):
@@ -367,15 +401,10 @@ class Engine:
         """The round ``round_index`` with round key ``key`` in client-steps, as its metrics will count them, without
         training: real, executed and sequential steps under this engine's mapping and the padding efficiency
         (real / executed). Under ``map`` (or one client after another) only the efficiency, 1 by construction."""
-        how = ("map" if self.method.schedule.server_steps_per_client else self.mapping, self.config.chunk_size,
-               sharding.mesh_size(self.mesh))
-        if how[0] == "map":  # nothing to count: each client runs its own steps (no compile for the record)
-            return {"round": int(round_index) + 1, "padding_efficiency": 1.0}
+        if self.method.schedule.server_steps_per_client or self.mapping == "map":  # each client its own steps
+            return {"round": int(round_index) + 1, "padding_efficiency": 1.0}  # (no compile for the record)
         steps = jax.jit(lambda n, k: self.plan_round(n, k)[4])(jnp.asarray(self.client_data[0].n), key)
-        real = int(steps.sum())
-        sequential, executed = (int(c) for c in client_mapping.step_counts(steps, *how))
-        return {"round": int(round_index) + 1, "real_client_steps": real, "executed_client_steps": executed,
-                "sequential_steps": sequential, "padding_efficiency": round(real / max(executed, 1), 4)}
+        return padding_record(steps, self.mapping, self.config.chunk_size, sharding.mesh_size(self.mesh), round_index)
 
     def _round_impl(self, server, clients, train, key, round_index, values, report=False):
         """One round. With ``all_clients_train`` (train.all_clients_train, as the
@@ -474,68 +503,12 @@ class Engine:
         metrics, evals = jax.device_get((metrics, evals))
         return server, clients, metrics, evaluations_of(metrics, evals)
 
-    def init_batched(self, keys):
-        """`init` of each key of ``keys`` [E], stacked on a leading experiment axis."""
-        return self._init_batched(keys)
-
-    def run_rounds_batched(self, servers, clients, keys, first: int, count: int, total_rounds: int, eval_every: int,
-                           stop: int | None = None, values: dict | None = None, data=None):
-        """`run_rounds` of E experiments in ONE program: vmapped over a leading experiment axis.
-
-        ``servers``, ``clients`` and ``keys`` carry the experiment axis [E, ...]
-        and so does each of ``values`` (name -> [E] array). The client data
-        are the engine's, shared, unless ``data = (train, (test, val))`` gives
-        each experiment its own (stacked [E, ...], the engine's shapes). Returns (servers, clients, [metrics per experiment],
-        [evaluations per experiment]), each experiment's as `run_rounds` gives them.
-        """
-        stop = total_rounds if stop is None else min(stop, total_rounds)
-        try:
-            train, eval_data = data if data is not None else (self.train, self.eval_data)
-            servers, clients, metrics, evals = self._rounds_batched[None if data is None else 0](
-                servers, clients, train, eval_data, keys, jnp.int32(first), jnp.int32(stop), values or {},
-                count, total_rounds, eval_every)
-        except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError) as e:
-            raise UserError(f"method {self.method.name!r} chooses code by {', '.join(values or {})} in Python; "
-                            "run those values one by one instead of as a list") from e
-        metrics, evals = jax.device_get((metrics, evals))
-        experiments = len(keys)
-        per_metrics = [jax.tree.map(lambda a, e=e: a[e], metrics) for e in range(experiments)]
-        per_evals = [evaluations_of(m, jax.tree.map(lambda a, e=e: a[e], evals)) for e, m in enumerate(per_metrics)]
-        return servers, clients, per_metrics, per_evals
-
     def _rounds_impl(self, server, clients, train, eval_data, key, first, stop, values, count, total_rounds, eval_every):
-        state_shape = jax.eval_shape(lambda s, c: self._round_impl(s, c, train, key, first, values), server, clients)
-        eval_shape = jax.eval_shape(lambda s, c: self._evaluate_with_val(s, c, train, eval_data, key, values, first),
-                                    server, clients)
-        zeros = lambda shapes: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)  # noqa: E731
         report = self.config.progress and count == 1  # fused calls are short anyway
-
-        def evaluate_or_skip(server, clients, t, eval_key):
-            return jax.lax.cond(
-                is_eval_round(t, total_rounds, eval_every),
-                lambda: (self._evaluate_with_val(server, clients, train, eval_data, eval_key, values, t), True),
-                lambda: (zeros(eval_shape), False),
-            )
-
-        def one_round(carry, slot):
-            server, clients = carry
-            t = first + slot
-            round_key, eval_key = round_keys(key, t)
-
-            def run():
-                s, c, m = self._round_impl(server, clients, train, round_key, t, values, report)
-                per_client, done = evaluate_or_skip(s, c, t, eval_key)
-                return s, c, m, per_client, done
-
-            def skip():
-                return server, clients, zeros(state_shape[2]), zeros(eval_shape), False
-
-            s, c, m, per_client, done = jax.lax.cond(t < stop, run, skip)
-            out = {**m, "round": t, "active": t < stop}
-            return (s, c), (out, {"per_client": per_client, "done": jnp.asarray(done)})
-
-        (server, clients), (metrics, evals) = jax.lax.scan(one_round, (server, clients), jnp.arange(count))
-        return server, clients, *sharding.on_every_device((metrics, evals), self.mesh)  # read by every process
+        out = scan_rounds(lambda s, c, k, t: self._round_impl(s, c, train, k, t, values, report),
+                          lambda s, c, k, t: self._evaluate_with_val(s, c, train, eval_data, k, values, t),
+                          round_keys, server, clients, key, first, stop, count, total_rounds, eval_every)
+        return *out[:2], *sharding.on_every_device(out[2:], self.mesh)  # read by every process
 
     # ------------------------------------------------------------- evaluation
     def evaluate(self, server, clients, key, values: dict | None = None, round_index: int = 0):

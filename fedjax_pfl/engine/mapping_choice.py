@@ -3,9 +3,12 @@
 Which mapping is fastest depends on the machine, the model and the client
 count (benchmarks/RESULTS.md: on a 2-core CPU ``vmap`` wins for an MLP and
 loses 3-8x for a CNN; on a GPU ``vmap`` fills the device until memory runs
-out), so ``auto`` measures instead of guessing. `choose_mapping` compiles
-the round of each candidate (`candidates`: on CPU ``map``, ``chunked`` by 4,
-``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``packed:W*`` with W*
+out), so ``auto`` measures instead of guessing. The program timed is the one
+that runs: a lone run's `Engine`, or the `FederationRows` of a sweep's or a
+table's runs (engine/rows.py; the same calls: ``with_mapping``,
+``compiled_round``, ``round_padding``, ``packed_width``, ``training_rows``).
+`choose_mapping` compiles the round of each candidate (`candidates`: on CPU
+``map``, ``chunked`` by 4, ``vmap``; elsewhere ``vmap``, ``chunked`` by 8 and 32, ``packed:W*`` with W*
 from the data (`Engine.packed_width`), ``map``; chunk sizes only below the
 number of clients each device maps, `clients_per_device`) on
 the engine's own devices and runs it on the run's real state for the
@@ -52,7 +55,6 @@ untimed.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import jax
@@ -60,7 +62,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pfl.engine import client_mapping, sharding
-from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.kernels import local_training
 from fedjax_pfl.outputs.wall_time import clock
 
@@ -95,14 +96,9 @@ def label(mapping: str, chunk_size: int | None) -> str:
     return f"{mapping}:{chunk_size}" if mapping == "chunked" else mapping
 
 
-def training_clients(engine) -> int:
-    """Clients that train each round (all of them with ``train.all_clients_train``)."""
-    return engine.num_clients if engine.config.all_clients_train else engine.config.clients_per_round
-
-
 def clients_per_device(engine) -> int:
     """Training clients each device maps in a round (the engine deals them evenly over its mesh)."""
-    return -(-training_clients(engine) // sharding.mesh_size(engine.mesh))
+    return -(-engine.training_rows() // sharding.mesh_size(engine.mesh))
 
 
 TIMED_BATCHES = (1, 2, 4, 8, 16)  # the shortened rounds: the largest client keeps this many batches per epoch
@@ -111,33 +107,31 @@ REPEATS = 2  # each shortened round runs this many times after its warm-up: the 
 
 
 def _cut(data, sizes):
-    """``data`` (ClientData, maybe with an experiment axis first) with each client's first ``sizes`` samples."""
-    cut = (slice(None),) * data.n.ndim + (slice(0, max(int(np.max(sizes)), 1)),)
-    return type(data)(data.x[cut], data.y[cut], jnp.broadcast_to(jnp.asarray(sizes, data.n.dtype), data.n.shape))
+    """``data`` (ClientData) with each client's first ``sizes`` samples."""
+    cut = max(int(np.max(sizes)), 1)
+    return type(data)(data.x[:, :cut], data.y[:, :cut], jnp.asarray(sizes, data.n.dtype))
 
 
 def _with_sizes(data, sizes):
     """``data`` whose clients count only their first ``sizes`` samples (the arrays and their placement kept;
     clients past ``len(sizes)``, a mesh's empty ones, count none)."""
-    n = np.zeros(data.n.shape[-1], np.int64)
+    n = np.zeros(data.n.shape[0], np.int64)
     n[:len(sizes)] = sizes
-    n = jnp.broadcast_to(jnp.asarray(n, data.n.dtype), data.n.shape)
-    return type(data)(data.x, data.y, jax.device_put(n, data.n.sharding))
+    return type(data)(data.x, data.y, jax.device_put(jnp.asarray(n, data.n.dtype), data.n.sharding))
 
 
-def shortened(engine, mapping: str, chunk: int | None, data=None):
+def shortened(engine, mapping: str, chunk: int | None):
     """(an engine like ``engine`` mapped by ``mapping`` whose clients keep a share of their samples, its rounds
     from short to long as [(client data to run it on, or None for its own; the share of the real round's
-    client-steps it takes under that mapping)], ``data`` cut alike). The first round trains no step (what a
+    client-steps it takes under that mapping)]). The first round trains no step (what a
     round costs whatever its steps); in the others the largest client keeps `TIMED_BATCHES` batches per epoch
     and every client the same fraction of its samples (at least one), so the clients' sizes keep their
     proportions and a mapping's padding stays what it is; where that is every sample, the last round is the
     real one (share 1). All run one compiled program: the arrays cut once, only the sizes differ. A client's
     steps cost what they cost in the real round (same batch)."""
-    train, test, val = engine.client_data
+    train = engine.client_data[0]
     setup = engine.method.setup
     n = np.asarray(train.n).astype(np.int64)
-    config = dataclasses.replace(engine.config, client_mapping=mapping, chunk_size=chunk or engine.config.chunk_size)
     sizes = []
     for batches in TIMED_BATCHES:
         fraction = batches * setup.batch_size / max(int(n.max(initial=0)), 1)
@@ -145,7 +139,7 @@ def shortened(engine, mapping: str, chunk: int | None, data=None):
         if fraction >= 1:
             break
     whole = sizes[-1] is n
-    timing = engine_lib.Engine(engine.method, train if whole else _cut(train, sizes[-1]), test, config, val=val)
+    timing = engine.with_mapping(mapping, chunk, None if whole else _cut(train, sizes[-1]))
     devices = sharding.mesh_size(timing.mesh)
 
     def sequential(counts):
@@ -154,12 +148,10 @@ def shortened(engine, mapping: str, chunk: int | None, data=None):
         return max(int(client_mapping.step_counts(jnp.asarray(steps), timing.mapping, timing.config.chunk_size,
                                                   devices)[0]), 1)
 
-    runs_on = data if data is None or whole else (_cut(data[0], sizes[-1]), data[1])
-    on = timing.train if runs_on is None else runs_on[0]
-    rounds = [(_with_sizes(on, 0 * n), 0.0)]
-    rounds += [(_with_sizes(on, counts), sequential(counts) / sequential(n)) for counts in sizes[:-1]]
+    rounds = [(_with_sizes(timing.train, 0 * n), 0.0)]
+    rounds += [(_with_sizes(timing.train, counts), sequential(counts) / sequential(n)) for counts in sizes[:-1]]
     rounds.append((None, 1.0 if whole else sequential(sizes[-1]) / sequential(n)))
-    return timing, rounds, runs_on
+    return timing, rounds
 
 
 def estimated_round(seconds: list[float], shares: list[float]) -> tuple[float, float]:
@@ -219,7 +211,7 @@ def padding_free(engine, options: list[tuple[str, int | None]], round_key, round
 
 def choose_mapping(engine, server, clients, key, round_index: int = 0, values: dict | None = None,
                    options: list[tuple[str, int | None]] | None = None, rounds_left: int | None = None,
-                   report=None, batched: bool = False, data=None):
+                   report=None):
     """(the fastest candidate's engine, record) for the round ``round_index`` with ``key`` on this state.
 
     Each candidate is compiled and timed on two `shortened` rounds (a few steps per client, whatever the
@@ -231,15 +223,14 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     size, and the seconds the choice took in all. With ``rounds_left``, the candidates after the first are timed
     only within `BUDGET` (the record's ``skipped`` says why not). ``report(line)``, when given, hears which
     candidate is being compiled and timed, before each (a CNN's vmap can take minutes on a CPU), and the first
-    estimate of the run's time as soon as the first is timed.
-    ``batched``: the arguments carry the experiment axis of a sweep's program (``key``: the experiments' run
-    keys, ``data``: their own client data or None), and the candidates are timed on that program's round
-    (`Engine.compiled_round_batched`): vmapping over experiments changes each candidate's cost unevenly, so
-    the fastest mapping of one run need not be the fastest of its sweep.
+    estimate of the run's time as soon as the first is timed. For federations (engine/rows.py) ``server``
+    and ``clients`` are all of theirs and ``key`` their round keys [F]: their rows share the mapping, so the
+    fastest mapping of one run need not be the fastest of its sweep.
     """
     began = time.perf_counter()
-    options = options if options is not None else candidates(clients_per_device(engine),
-                                                             packed_width=engine.packed_width())
+    if options is None:  # the program's own default first (federations on an accelerator: packed)
+        options = sorted(candidates(clients_per_device(engine), packed_width=engine.packed_width()),
+                         key=lambda option: label(*option) != engine.mapping)
     timed, runs, record, skipped = {}, {}, {}, None
     for i, (mapping, chunk) in enumerate(options):
         name = label(mapping, chunk)
@@ -259,10 +250,9 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
         if report is not None:
             report(f"client mapping auto: compiling and timing {name} ({i + 1} of {len(options)}) ...")
         try:
-            timing, rounds, timing_data = shortened(engine, mapping, chunk, data if batched else None)
+            timing, rounds = shortened(engine, mapping, chunk)
             start = time.perf_counter()
-            run = (timing.compiled_round_batched(server, clients, key, round_index, values, timing_data) if batched
-                   else timing.compiled_round(server, clients, key, round_index, values))
+            run = timing.compiled_round(server, clients, key, round_index, values)
             compile_s = time.perf_counter() - start
             seconds, used = _time_shortened(run, rounds)
             record[name] = {"compile_s": round(compile_s, 3), **_estimate(seconds, used)}
@@ -279,9 +269,8 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
         run, used, seconds = runs[name]  # each shortened round once more: its fastest time, its spread
         record[name].update(_estimate([t + [_seconds(run, train)] for t, (train, _) in zip(seconds, used)], used))
     runs.clear()
-    round_key = engine_lib.round_keys(key[0], round_index)[0] if batched else key
     chosen, why = choose_with_margin({n: record[n] for n in timed},
-                                     padding_free(engine, list(timed.values()), round_key, round_index))
+                                     padding_free(engine, list(timed.values()), key, round_index))
     mapping, chunk = timed[chosen]
     winner = engine.with_mapping(mapping, chunk)
     out = {"requested": client_mapping.AUTO, "chosen": chosen, "mapping": winner.mapping, "chunk_size": chunk,
@@ -376,20 +365,19 @@ def with_padding(engine, record: dict, round_key, round_index: int) -> dict:
 
 
 def choose_or_default(engine, requested: str, rounds_left: int, server, clients, key, round_index: int,
-                      report=None, values: dict | None = None, batched: bool = False, data=None):
+                      report=None, values: dict | None = None):
     """`choose_mapping` when ``requested`` is 'auto' and timing is worth it (`worth_timing`), else this engine
-    with an `untimed` record. ``report``, ``values``, ``batched`` and ``data``: as `choose_mapping`'s."""
-    round_key = engine_lib.round_keys(key[0], round_index)[0] if batched else key  # batched: the first run's
+    with an `untimed` record. ``key``, ``report`` and ``values``: as `choose_mapping`'s."""
     if requested != client_mapping.AUTO:
-        return engine, with_padding(engine, untimed(engine, requested, "set by train.client_mapping"), round_key,
+        return engine, with_padding(engine, untimed(engine, requested, "set by train.client_mapping"), key,
                                     round_index)
     if not worth_timing(rounds_left):
         why = (f"the {jax.default_backend()} default, untimed: " +
                (f"fewer than {MIN_ROUNDS} rounds to go" if jax.process_count() == 1 else "several processes"))
-        return engine, with_padding(engine, untimed(engine, requested, why), round_key, round_index)
+        return engine, with_padding(engine, untimed(engine, requested, why), key, round_index)
     engine, record = choose_mapping(engine, server, clients, key, round_index, values, rounds_left=rounds_left,
-                                    report=report, batched=batched, data=data)
-    return engine, with_padding(engine, record, round_key, round_index)
+                                    report=report)
+    return engine, with_padding(engine, record, key, round_index)
 
 
 def _time_shortened(run, rounds) -> tuple[list[list[float]], list]:

@@ -25,13 +25,13 @@ from fedjax_pfl.kernels.counted_loop import PLAIN
 from fedjax_pfl.methods.base import ServerRound
 
 
-def scan_clients(method, client_step, server, clients, train, info: ServerRound, keys, epochs):
+def scan_clients(method, client_step, server, clients, train, info: ServerRound, keys, epochs, data_rows=None):
     """S (client, server) steps one after another -> (server, clients, uploads stacked [S, ...]).
 
     ``client_step(loops, server, client, data, key, epochs) -> (client, upload)`` is the
     engine's per-client function (its counted loops run plainly) (``data`` the client's rows of ``train`` as a
-    tuple); ``info`` the round's facts over all S selected clients (in order),
-    ``keys`` and ``epochs`` [S] theirs. Each client goes through the method's
+    tuple: row ``data_rows[c]`` of client ``c``, row ``c`` when None); ``info`` the round's facts over all S
+    selected clients (in order), ``keys`` and ``epochs`` [S] theirs. Each client goes through the method's
     `prepare`, `client_update` (inside ``client_step``) and `server_update` as
     a stack of one.
     """
@@ -43,7 +43,8 @@ def scan_clients(method, client_step, server, clients, train, info: ServerRound,
         own = ServerRound(info.round, row, info.num_samples[j][None], info.uploaded[j][None])
         chosen = method.prepare(server, tree_ops.gather(clients, row), row)
         client, upload = client_step(PLAIN, server, jax.tree.map(lambda a: a[0], chosen),
-                                     tuple(tree_ops.gather(train, info.selected[j])), keys[j], epochs[j])
+                                     tuple(tree_ops.gather(train, row[0] if data_rows is None else data_rows[row[0]])),
+                                     keys[j], epochs[j])
         server, chosen = method.server_update(server, one(client), one(upload), own)
         return (server, tree_ops.scatter(clients, row, chosen)), upload
 

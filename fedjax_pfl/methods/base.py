@@ -133,7 +133,7 @@ class RunFacts:
 
 class Hyperparams(NamedTuple):
     """The values a compiled round takes as an argument (a pytree of scalars, traced there), as optax's
-    ``inject_hyperparams``: a grid varies them on an experiment axis in one program, and the lr schedule,
+    ``inject_hyperparams``: a grid's points, federations of one program, take theirs each, and the lr schedule,
     a function of the round index, gives each round its ``lr``. A method reads them as `Method.lr`,
     `Method.base_lr`, `Method.optimizer` and the fields of ``m.hparams`` named in ``options``."""
 

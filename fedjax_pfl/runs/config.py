@@ -158,8 +158,8 @@ class TrainConfig:
     drop_last: bool = setting(False, "drop each epoch's last partial train batch (PyTorch DataLoader drop_last)")
     augment: str = setting("none", "training-batch augmentation (crop_flip: pad 4, random crop, flip)",
                            choices=lambda: _below().augmentation.AUGMENTATIONS)
-    max_experiments_per_call: int = setting(0, "seeds/grid points vmapped in one program (0: as many as fit in "
-                                            "memory)", at_least=0)
+    max_experiments_per_call: int = setting(0, "seeds/grid points trained as rows of one program (0: as many as "
+                                            "fit in memory)", at_least=0)
     all_clients_train: bool = setting(False, "every client trains each round; only the sampled ones are "
                                       "aggregated (pFedMe's code)")
     precision: str = setting("fp32", "what the layers compute in: bf16 activations and matmul inputs with float32 "
@@ -217,9 +217,9 @@ class RunConfig:
     seed: int = setting(0, "seed of training (and of the data, unless data_seed is set)", at_least=0, flag=True)
     data_seed: int | None = setting(None, "seed of the data partition and of generated data", at_least=0,
                                     none="seed")
-    seeds: tuple[int, ...] = setting((), "several seeds run as one vmapped program, e.g. 0,1,2 (a run folder each)",
+    seeds: tuple[int, ...] = setting((), "several seeds trained as rows of one program, e.g. 0,1,2 (a run folder each)",
                                      at_least=0, check=_distinct, none="just seed", flag=True)
-    vary_data_with_seed: bool = setting(False, "with seeds: each seed draws its own partition (shapes must agree)")
+    vary_data_with_seed: bool = setting(False, "with seeds: each seed draws its own partition")
     sweep: dict[str, Any] = setting(None, "train.lr / method.X -> list of values: a grid run in one program",
                                     factory=dict)
     eval_every: int = setting(1, "rounds between evaluations", at_least=1, flag=True)

@@ -1,7 +1,7 @@
 """The round loop of the training command: compiled calls, records, checkpoints, snapshots, Ctrl-C.
 
 One loop serves the single run and the sweep. It drives a *program* (the
-compiled rounds of one run, or of several runs on an experiment axis) and one
+compiled rounds of one run, or of several runs as federations) and one
 `RunWriter` per run:
 
     program.call(first, count, stop) -> [(metrics, evaluations) per run]

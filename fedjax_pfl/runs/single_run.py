@@ -19,7 +19,6 @@ import numpy as np
 
 from fedjax_pfl.engine import checkpoint, distributed, host_clients, mapping_choice, sharding
 from fedjax_pfl.engine import engine as engine_lib
-from fedjax_pfl.engine.mapping_choice import training_clients  # (the sweep's too: one definition)
 from fedjax_pfl.runs import config as config_lib
 from fedjax_pfl.runs import host_devices
 from fedjax_pfl.runs import resume as resume_lib
@@ -123,7 +122,7 @@ def _train(run: ValidRun, out: Path, files: Path, progress: bool, resume: bool, 
                        resolved=resolved)
     program = SingleProgram(store or exp.engine, server, clients, key, cfg, choice)
     planner = CallPlanner(cfg.train.rounds_per_call, cfg.train.rounds, cfg.checkpoint_every)
-    display = RunProgress(cfg.train.rounds, done, training_clients(exp.engine), progress,
+    display = RunProgress(cfg.train.rounds, done, exp.engine.training_rows(), progress,
                           devices=sharding.mesh_size(exp.engine.mesh), timed_round=mapping_choice.round_seconds(choice))
     stop.aborts = [writer.abort]
     try:

@@ -1,15 +1,16 @@
-"""Many runs of one configuration as ONE compiled program: seeds and grid points on an experiment axis.
+"""Many runs as ONE compiled program: a sweep's seeds and grid points, a table's cells, as federations.
 
 ``python -m fedjax_pfl.train ... --seeds 0,1,2 train.lr=[0.1,0.05] method.mu=[0,0.01]``
 expands into points (every combination of the listed values, times the seeds).
-The points share the data partition (drawn with ``data_seed``, else ``seed``;
-with ``vary_data_with_seed``, each seed draws its own, which works where all
-partitions have the same array shapes, e.g. fixed client sizes), the model's shapes and the compiled program: the round is vmapped over a
-leading experiment axis (`Engine.run_rounds_batched`); each point's initial
-state comes from its own seed (vmapped init), its client sampling and batch
-order from its own round keys, and its grid values enter the compiled round as
-its hyperparameters, a pytree argument (methods/base.py `Hyperparams`). Values that a method uses as Python numbers cannot be
-listed (one-line error).
+Each point is a federation, a set of rows of one program (`FederationProgram`,
+engine/rows.py `FederationRows`): its initial state from its own seed, its
+client sampling and batch order from its own round keys, its grid values
+entering the compiled round as its hyperparameters, a pytree argument with a
+leading federation axis (methods/base.py `Hyperparams`). The points share the
+data partition (drawn with ``data_seed``, else ``seed``; with
+``vary_data_with_seed`` each seed draws its own, stored once beside the
+others). Values that a method uses as Python numbers cannot be listed
+(one-line error).
 
 Each point writes its own run folder under ``--out`` (``seed3/``,
 ``lr0.05_mu0.01/seed3/``), exactly what the single run ``--seed 3 data_seed=D
@@ -24,14 +25,14 @@ picked on test data.
 
 Runs that differ in their partition or their participation too (a paper
 table's cells for one method: another Dirichlet alpha, another join ratio,
-another seed) are rows of one program instead (`run_federations`,
-engine/rows.py): each writes its own run folder, its numbers those of
-its single run within float tolerance (integer state exactly).
+another seed) are federations of one program the same way (`run_federations`):
+each writes its own run folder, its numbers those of its single run within
+float tolerance (integer state exactly).
 
 Memory guard: a point's stacked state (server + all clients) is sized from
 the method's init shapes; a call holds about ``STATE_COPIES`` times that per
 point (the state, its donated successor, the selected clients' copies and
-their uploads). The points are split into chunks of at most
+their uploads). The points are split into programs of at most
 ``train.max_experiments_per_call`` (0: as many as fit in half the free
 memory of the device: ``memory_stats()`` on GPU/TPU, free host RAM on CPU),
 run one after another.
@@ -64,7 +65,6 @@ from fedjax_pfl.outputs.folder_lock import locked
 from fedjax_pfl.outputs.folder_claim import claimed
 from fedjax_pfl.runs.progress import RunProgress
 from fedjax_pfl.runs.run_writer import RunWriter
-from fedjax_pfl.runs.single_run import training_clients
 from fedjax_pfl.process.stop_request import StopRequest
 
 STATE_COPIES = 4
@@ -84,83 +84,16 @@ def experiments_per_call(engine, cfg: config_lib.RunConfig, count: int) -> int:
     return int(max(1, min(count, (free // 2) // max(per_point, 1))))
 
 
-def _stack_values(points: list[ValidRun]) -> dict:
-    return {name: jnp.asarray([p.values[name] for p in points], jnp.float32) for name in points[0].values}
-
-
-def experiments_by_data_seed(points: list[ValidRun], progress: bool = False) -> dict:
-    """{data seed: Experiment} for the points' partitions; one-line error when their shapes differ."""
-    exps: dict = {}
-    for point in points:
-        seed = point.checked.data_seed
-        if seed in exps:
-            continue
-        first = next(iter(exps.values()), None)
-        reuse = first is not None and point.checked.data.name != "synthetic"  # generated data depend on the seed
-        exps[seed] = build_experiment(point, dataset=first.dataset if reuse else None, progress=progress)
-        shapes = lambda e: jax.tree.map(np.shape, (e.data.train, e.data.test, e.data.val))  # noqa: E731
-        if first is not None and shapes(exps[seed]) != shapes(first):
-            raise UserError("vary_data_with_seed: the seeds' partitions have different array shapes (largest client "
-                            "differs); use fixed client sizes (partition.train_per_client / test_per_client) or "
-                            "one shared partition (leave vary_data_with_seed off)")
-    return exps
-
-
-def _stacked_data(exps: list):
-    """The experiments' (train, (test, val)) stacked on a leading experiment axis."""
-    return jax.tree.map(lambda *a: jnp.stack(a), *[(e.engine.train, e.engine.eval_data) for e in exps])
-
-
-class BatchedProgram:
-    """The compiled rounds of a chunk of points on one experiment axis (`Engine.run_rounds_batched`).
-
-    ``mapping``: the client mapping's record (engine/mapping_choice.py). With ``train.client_mapping=auto``
-    the candidates are timed on this program's own first round, all points at once, and the fastest runs
-    it (untimed where the run is short, as a single run); ``earlier``: the timed record of an earlier chunk of
-    as many points, whose choice this one reuses (the same program shape) instead of timing again."""
-
-    def __init__(self, exps: dict, points: list[ValidRun], report=None, earlier: dict | None = None):
-        cfg = points[0].checked
-        engine = exps[cfg.data_seed].engine
-        self.data = _stacked_data([exps[p.checked.data_seed] for p in points]) if len(exps) > 1 else None
-        self.rounds, self.eval_every = cfg.train.rounds, cfg.eval_every
-        keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(p.checked.seed))) for p in points])
-        self.keys = keys[:, 1]
-        self.servers, self.clients = engine.init_batched(keys[:, 0])
-        self.values = _stack_values(points)
-        if earlier is not None and earlier["timed"]:
-            self.engine, self.mapping = mapping_choice.reuse(
-                engine, earlier, f"timed on an earlier chunk of {len(points)} points")
-        else:
-            self.engine, self.mapping = mapping_choice.choose_or_default(
-                engine, cfg.train.client_mapping, cfg.train.rounds, self.servers, self.clients, self.keys, 0,
-                report=report, values=self.values, batched=True, data=self.data)
-
-    def call(self, first: int, count: int, stop: int):
-        self.servers, self.clients, metrics, evaluations = self.engine.run_rounds_batched(
-            self.servers, self.clients, self.keys, first, count, self.rounds, self.eval_every, stop=stop,
-            values=self.values, data=self.data)
-        return list(zip(metrics, evaluations))
-
-    def training_rows(self) -> int:
-        """Clients that train a round, all points together."""
-        return training_clients(self.engine) * len(self.keys)
-
-    def state(self, index: int):
-        return jax.tree.map(lambda a: a[index], (self.servers, self.clients))  # sliced only when saved
-
-    def evaluate(self, index: int, round_index: int):
-        return None  # (no per-point evaluation outside the program: the snapshot keeps the latest clients.csv)
-
-
-def run_chunk(exps: dict, points: list[ValidRun], progress: bool, stop: StopRequest, observe,
-              mappings: dict) -> list[dict]:
-    """Run one chunk of points to the end (or to Ctrl-C) -> their summaries. ``mappings``: chunk size ->
-    client mapping record, read (an earlier chunk of this size: its choice is reused) and updated."""
-    program = BatchedProgram(exps, points, report=lambda line: print(line, flush=True),
-                             earlier=mappings.get(len(points)))
-    mappings.setdefault(len(points), program.mapping)
-    return run_program(program, [exps[p.checked.data_seed] for p in points], points, progress, stop, observe)
+def experiment_of(run: ValidRun, built: dict, progress: bool = False):
+    """The experiment of ``run``'s partition (its settings and drawn data seed), built once: ``built`` keeps
+    them by partition, and a dataset once read serves the next partitions (generated data: drawn anew)."""
+    cfg = run.checked
+    key = repr((config_lib.to_dict(cfg)["partition"], config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)))
+    if key not in built:
+        first = next(iter(built.values()), None)
+        reuse = first is not None and cfg.data.name != "synthetic"  # generated data depend on the seed
+        built[key] = build_experiment(run, dataset=first.dataset if reuse else None, progress=progress)
+    return built[key]
 
 
 def run_program(program, exps: list, runs: list[ValidRun], progress: bool, stop: StopRequest,
@@ -215,40 +148,46 @@ def pooled_difference(cfgs: list[config_lib.RunConfig]) -> str | None:
 
 
 class FederationProgram:
-    """The compiled rounds of runs that differ only in seed, partition or participation, as rows of one program
-    (`FederationRows`); the partitions that agree are built (and held) once."""
+    """The compiled rounds of ``runs`` as federations, rows of one program (`FederationRows`): runs that differ
+    only in seed, partition, participation or grid values (``run.values``); ``built``: their experiments by
+    partition (`experiment_of`), shared with other programs.
 
-    def __init__(self, runs: list[ValidRun], progress: bool = False):
-        built: dict[str, object] = {}
-        self.exps = []
+    ``mapping``: the client mapping's record (engine/mapping_choice.py). With ``train.client_mapping=auto``
+    the candidates are timed on this program's own first round, all runs at once, and the fastest runs it
+    (untimed where the run is short, as a single run); ``earlier``: the timed record of an earlier program of
+    as many runs, whose choice this one reuses (the same program shape) instead of timing again."""
+
+    def __init__(self, runs: list[ValidRun], progress: bool = False, built: dict | None = None,
+                 earlier: dict | None = None, report=None):
+        built = {} if built is None else built
+        self.exps = [experiment_of(run, built, progress) for run in runs]
         cfgs = [run.checked for run in runs]
-        for run, cfg in zip(runs, cfgs):
-            key = repr((config_lib.to_dict(cfg)["partition"], config_lib.drawn_data_seed(cfg.seed, cfg.data_seed)))
-            if key not in built:
-                first = next(iter(built.values()), None)
-                reuse = first is not None and cfg.data.name != "synthetic"  # generated data depend on the seed
-                built[key] = build_experiment(run, dataset=first.dataset if reuse else None, progress=progress)
-            self.exps.append(built[key])
         federations = [Federation(*e.engine.client_data, engine_lib.clients_per_round(e.engine.num_clients,
                                                                                      cfg.train.join_ratio))
                        for e, cfg in zip(self.exps, cfgs)]  # (an experiment shared by runs: its own join ratio)
-        self.engine = FederationRows(self.exps[0].engine.method, federations, self.exps[0].engine.config)
+        engine = FederationRows(self.exps[0].engine.method, federations, self.exps[0].engine.config)
         keys = jnp.stack([jnp.stack(jax.random.split(jax.random.key(cfg.seed))) for cfg in cfgs])
         self.keys = keys[:, 1]
-        self.servers, self.clients = self.engine.init(keys[:, 0])
+        self.servers, self.clients = engine.init(keys[:, 0])
+        self.values = {name: jnp.asarray([run.values[name] for run in runs], jnp.float32) for name in runs[0].values}
         self.rounds, self.eval_every = cfgs[0].train.rounds, cfgs[0].eval_every
-        mapping = self.engine.mapping
-        self.mapping = {"requested": cfgs[0].train.client_mapping, "chosen": mapping, "mapping": mapping,
-                        "chunk_size": self.engine.config.chunk_size if mapping == "chunked" else None, "timed": False,
-                        "why": f"one of {len(cfgs)} runs as rows of one program (engine/rows.py)",
-                        "program": [f"{Path(cfg.out).parent.name}/{Path(cfg.out).name}" for cfg in cfgs]}
+        if earlier is not None and earlier["timed"]:
+            why = f"timed on an earlier program of {len(runs)} runs"
+            self.engine, mapping = mapping_choice.reuse(engine, earlier, why)
+        else:
+            round_keys = jax.vmap(engine_lib.round_keys, in_axes=(0, None))(self.keys, 0)[0]
+            self.engine, mapping = mapping_choice.choose_or_default(
+                engine, cfgs[0].train.client_mapping, self.rounds, self.servers, self.clients, round_keys, 0,
+                report=report, values=self.values)
+        self.mapping = {**mapping, "program": [f"{Path(cfg.out).parent.name}/{Path(cfg.out).name}" for cfg in cfgs]}
 
     def training_rows(self) -> int:
         return self.engine.training_rows()
 
     def call(self, first: int, count: int, stop: int):
         self.servers, self.clients, metrics, evaluations = self.engine.run_rounds(
-            self.servers, self.clients, self.keys, first, count, self.rounds, self.eval_every, stop=stop)
+            self.servers, self.clients, self.keys, first, count, self.rounds, self.eval_every, stop=stop,
+            values=self.values)
         return list(zip(metrics, evaluations))
 
     def state(self, index: int):
@@ -274,7 +213,7 @@ def run_federations(runs: list[ValidRun], progress: bool = True, observe=None,
     with contextlib.ExitStack() as held:
         for cfg in cfgs:
             held.enter_context(claimed(Path(cfg.out), checkpoint.has_checkpoint, start_over=start_over))
-        program = FederationProgram(runs, progress)
+        program = FederationProgram(runs, progress, report=lambda line: print(line, flush=True))
         print(f"{len(cfgs)} runs as rows of one program on {jax.devices()[0].device_kind} ({jax.default_backend()})",
               flush=True)
         summaries = run_program(program, program.exps, runs, progress, stop, observe)
@@ -330,11 +269,12 @@ def sweep_markdown(summary: dict) -> str:
 
 def run_sweep(run: ValidRun, progress: bool = True, resume: bool = False, observe=None,
               stop: StopRequest | None = None, start_over: bool = False) -> dict:
-    """Run every point of ``run`` (seeds x grid: ``run.points``) in vmapped chunks; write each folder and
+    """Run every point of ``run`` (seeds x grid: ``run.points``) as federations, programs of as many as fit
+    (`experiments_per_call`); write each folder and
     sweep.json/.md. The sweep's folder and every point's are held (locked) for the whole sweep
     (outputs/folder_claim.py).
 
-    ``stop``: the Ctrl-C and SIGTERM handling to use (after either no further chunk starts); ``start_over``:
+    ``stop``: the Ctrl-C and SIGTERM handling to use (after either no further program starts); ``start_over``:
     replace the runs the points' folders hold."""
     require_valid(run, "run_sweep")
     if not run.points:
@@ -357,18 +297,23 @@ def _run_points(cfg: config_lib.RunConfig, points: list[ValidRun], root: Path, p
     """`run_sweep` once its folders are held."""
     for key, why in resolved_notes(cfg).items():  # what 'auto' became: data.name, model.name
         print(f"{key}: {why}", flush=True)
-    exps = experiments_by_data_seed(points, progress)
-    exp = next(iter(exps.values()))
-    print(exp.partition_text if len(exps) == 1 else f"{len(exps)} partitions, one per seed (vary_data_with_seed)")
+    built: dict = {}  # the points' experiments by partition, built once for every program
+    exp = experiment_of(points[0], built, progress)
+    print(exp.partition_text + ("; each seed draws its own partition (vary_data_with_seed)"
+                                if cfg.vary_data_with_seed else ""), flush=True)
     per_call = experiments_per_call(exp.engine, cfg, len(points))
     print(exp.data.memory.for_runs(per_call, len(points)).line(), flush=True)
     print(f"{len(points)} runs, {per_call} per compiled program, on {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}); {host_devices.describe(host_devices.record())} ...", flush=True)
     start = time.perf_counter()
     summaries: list[dict] = []
-    mappings: dict = {}  # chunk size -> the client mapping chosen for the first chunk of that size
+    mappings: dict = {}  # runs in a program -> the client mapping chosen for the first program of that size
     for i in range(0, len(points), per_call):
-        summaries += run_chunk(exps, points[i:i + per_call], progress, stop, observe, mappings)
+        chunk = points[i:i + per_call]
+        program = FederationProgram(chunk, progress, built, mappings.get(len(chunk)),
+                                    report=lambda line: print(line, flush=True))
+        mappings.setdefault(len(chunk), program.mapping)
+        summaries += run_program(program, program.exps, chunk, progress, stop, observe)
         if stop.requested:
             break
     if len(summaries) < len(points):  # stopped between two programs: which runs have their records
