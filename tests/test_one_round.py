@@ -1,4 +1,4 @@
-"""One shape of a round over rows (issue 80): the package holds one scan over rounds and no batched round.
+"""One shape of a round over rows: the package holds one scan over rounds and no batched round.
 
 Many runs train together only as federations, rows of one program (engine/rows.py); a second way (a round
 vmapped over an experiment axis) or a second scan over rounds would let the two drift apart. Read from the

@@ -8,14 +8,11 @@ four passes, FedPAC's head then body, Ditto's two models, pFedMe's step
 scan, FedRep), on ragged clients that include one with a single batch and
 one with no samples; evaluation (a statistics pass) packs too. The lanes do
 no padding work: a counted loop's body runs W x (longest lane's load) times,
-not S x (largest count). Several devices equal one; a method that cannot
-pack says so and runs chunked; bad ``packed:W`` values are one-line errors.
+not S x (largest count). Several devices equal one; bad ``packed:W`` values
+are one-line errors.
 """
 
 import functools
-
-import dataclasses
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +28,7 @@ from fedjax_pfl.engine import engine as engine_lib
 from fedjax_pfl.engine import packed_loops
 from fedjax_pfl.kernels.counted_loop import PLAIN
 from fedjax_pfl.methods import get_method, training
-from fedjax_pfl.methods.base import ClientRound, Schedule, ServerRound
-from fedjax_pfl.methods.fedavg import FEDAVG
+from fedjax_pfl.methods.base import ClientRound, ServerRound
 from fedjax_pfl.models.networks import build_model
 from fedjax_pfl.runs.config import TrainConfig
 from settings_records import engine_config, local_setup
@@ -265,24 +261,6 @@ def test_width_from_the_data_and_the_auto_candidates():
     # elsewhere one federation vmaps its clients; several (engine/rows.py) share packed lanes
     assert [client_mapping.default_mapping("gpu", f) for f in (1, 2)] == ["vmap", "packed"]
     assert client_mapping.default_mapping("cpu", 2) == "map"
-
-
-_UNPACKABLE = dataclasses.replace(FEDAVG, name="unpackable",
-                                  schedule=Schedule(cannot_pack="its client update waits on a host callback"))
-
-
-def test_a_method_that_cannot_pack_says_why_in_one_line_and_runs_chunked():
-    train = _train()
-    method = _UNPACKABLE(_method("fedavg").setup)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        eng = engine_lib.Engine(method, train, train, engine_config(S, client_mapping="packed:2",
-                                                                              chunk_size=2))
-    assert eng.mapping == "chunked" and eng.eval_mapping == "chunked"
-    note = "method 'unpackable' cannot run packed:2 (its client update waits on a host callback): chunked:2 instead"
-    assert eng.mapping_note == note and [str(w.message) for w in caught] == [note]
-    record = mapping_choice.untimed(eng, "packed:2", "set by train.client_mapping")
-    assert record["chosen"] == "chunked:2" and note in record["why"] and "\n" not in mapping_choice.describe(record)
 
 
 @pytest.mark.parametrize("mapping, message", [

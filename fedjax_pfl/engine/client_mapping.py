@@ -108,15 +108,10 @@ def packed_width(counts, clients: int, devices: int = 1, backend: str | None = N
     return int(max(1, min(math.floor(total / largest), per_device, cap)))
 
 
-def settle(mapping: str, counts, rows: int, devices: int = 1, cannot_pack: str = "") -> tuple[str, str | None]:
-    """(the mapping to run, why it is not ``mapping`` or None): a bare 'packed' gets its width from the trip
-    ``counts`` of the rows, ``rows`` of them a round on ``devices`` (`packed_width`); where the method cannot
-    pack (``cannot_pack``: why not), 'chunked' instead."""
-    if not is_packed(mapping):
-        return mapping, None
-    if cannot_pack:
-        return "chunked", f"cannot run {mapping} ({cannot_pack})"
-    return (f"{PACKED}:{packed_width(counts, rows, devices)}" if mapping == PACKED else mapping), None
+def settle(mapping: str, counts, rows: int, devices: int = 1) -> str:
+    """The mapping to run: a bare 'packed' gets its width from the trip ``counts`` of the rows, ``rows`` of them
+    a round on ``devices`` (`packed_width`); any other as given."""
+    return f"{PACKED}:{packed_width(counts, rows, devices)}" if mapping == PACKED else mapping
 
 
 def pass_mapping(mapping: str, counts, rows: int, devices: int = 1) -> str:

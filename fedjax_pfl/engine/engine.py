@@ -30,7 +30,6 @@ stacked uploads.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -223,16 +222,6 @@ def training_steps(setup, n):
     return local_training.real_steps(n, setup.batch_size, setup.local_epochs, setup.drop_last)
 
 
-def settled_mapping(method: Method, mapping: str, counts, rows: int, chunk_size: int, devices: int = 1):
-    """(the mapping rows of trip ``counts`` train under, ``rows`` of them a round on ``devices``; a note, also
-    warned, where it is not ``mapping``, else None): `client_mapping.settle` for ``method``."""
-    settled, note = client_mapping.settle(mapping, counts, rows, devices, method.schedule.cannot_pack)
-    if note is not None:
-        note = f"method {method.name!r} {note}: chunked:{chunk_size} instead"
-        warnings.warn(note, stacklevel=3)
-    return settled, note
-
-
 def compile_round(round_impl, server, clients, train, key, round_index: int, values: dict | None):
     """``round_impl(server, clients, train, key, round_index, values)`` compiled for these arguments, which it
     neither donates nor changes: returns ``run(other=None)``, which executes it on client data ``other`` of
@@ -296,9 +285,9 @@ class Engine:
         self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
         self.progress = round_progress.Progress()  # where this engine's in-round events go (round_progress.py)
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
-        self.mapping, self.mapping_note = settled_mapping(
-            method, client_mapping.resolve(config.client_mapping), training_steps(method.setup, np.asarray(train.n)),
-            self.training_rows(), config.chunk_size, sharding.mesh_size(self.mesh))
+        self.mapping = client_mapping.settle(
+            client_mapping.resolve(config.client_mapping), training_steps(method.setup, np.asarray(train.n)),
+            self.training_rows(), sharding.mesh_size(self.mesh))
         # passes over every client (evaluation, `update_every_client`) map like training, lanes from their sizes
         self.every_client_mapping = self._pass_mapping(training_steps(method.setup, np.asarray(train.n)))
         self.streams = self.mapping == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state

@@ -319,10 +319,8 @@ def first_estimate(name: str, timed: dict, rounds_left: int | None) -> str:
 
 
 def untimed(engine, requested: str, why: str) -> dict:
-    """The record of a mapping taken without timing (given by the config, or ``auto``'s default), and why
-    (with the engine's note where it runs another mapping than the one asked for: `Engine.mapping_note`)."""
+    """The record of a mapping taken without timing (given by the config, or ``auto``'s default), and why."""
     chunk = engine.config.chunk_size if engine.mapping == "chunked" else None
-    why = why if engine.mapping_note is None else f"{why}; {engine.mapping_note}"
     return {"requested": requested, "chosen": label(engine.mapping, chunk), "mapping": engine.mapping,
             "chunk_size": chunk, "timed": False, "why": why}
 

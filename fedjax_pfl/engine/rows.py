@@ -152,9 +152,8 @@ class FederationRows:
             training = fed.num_clients if config.all_clients_train else fed.clients_per_round
             shapes.setdefault((fed.num_clients, fed.clients_per_round, training), []).append(f)
         self.groups = [(shape, np.asarray(feds, np.int32)) for shape, feds in shapes.items()]
-        self.mapping, self.mapping_note = engine_lib.settled_mapping(
-            method, client_mapping.resolve(config.client_mapping, len(federations)), self._row_steps(),
-            self.training_rows(), config.chunk_size)
+        self.mapping = client_mapping.settle(client_mapping.resolve(config.client_mapping, len(federations)),
+                                             self._row_steps(), self.training_rows())
         test_sizes = np.asarray(self.eval_data[0].n)[self.row_data]
         self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.chunk_size,
                                                               config.largest_eval_batch)

@@ -106,7 +106,7 @@ class LocalTraining:
     drop_last: bool  # train.drop_last
     persistent_optimizer: bool  # train.persistent_optimizer
     share_batch_stats: bool  # train.share_batch_stats
-    loops: Loops = PLAIN  # how the client's counted loops run (packed lanes, progress reports): the engine's
+    loops: Loops  # how the client's counted loops run (packed lanes, progress reports): the engine's, not a setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,9 +185,6 @@ class Schedule:
     # Its server step uses only uploads with ``info.uploaded`` (as drop_fraction needs), so
     # train.all_clients_train may let every client train; a server step that does not: False.
     aggregates_uploaded_only: bool = True
-    # Why the ``packed`` client mapping (engine/packed_loops.py) cannot run its client update, in a few words;
-    # empty: it can (otherwise the engine runs 'chunked' instead, and says so).
-    cannot_pack: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
