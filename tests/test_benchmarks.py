@@ -400,8 +400,8 @@ def test_augmentation_quick_reports_both_variants_and_their_ratio():
 def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_absent():
     """vs_pfl.py --tiny: pfl-research's CIFAR-10 benchmark counts (1,000 clients of 50 images, 50 a round, 1
     epoch of batches of 10) on random CIFAR-shaped data; the peer's row where pfl is installed, else one line."""
-    proc = subprocess.run([sys.executable, str(BENCH / "vs_pfl.py"), "--tiny"], capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, str(BENCH / "vs_pfl.py"), "--tiny", "--client-mapping", "map"],
+                          capture_output=True, text=True, timeout=900)  # (the timed choice: test_mapping_choice.py)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
     *sides, comparison = rows
@@ -470,8 +470,8 @@ def test_vs_fedjax_tiny_runs_fedjaxs_round_and_says_why_when_fedjax_is_absent():
     """vs_fedjax.py --tiny: FedJAX's EMNIST FedAvg round (10 clients, batches of 10, 28x28x1 images, 62 classes,
     an evaluation after round 1 and every 5) on random images; FedJAX's rows where its Python is given
     (FEDJAX_PFL_FEDJAX_PYTHON), else one line."""
-    proc = subprocess.run([sys.executable, str(BENCH / "vs_fedjax.py"), "--tiny"], capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, str(BENCH / "vs_fedjax.py"), "--tiny", "--client-mapping", "map"],
+                          capture_output=True, text=True, timeout=900)  # (the timed choice: test_mapping_choice.py)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
     sides = [r for r in rows if "side" in r]
