@@ -75,14 +75,14 @@ def test_two_processes_equal_one_process(method, tmp_path):
 
 def test_a_killed_process_stops_the_other_with_one_line_and_resume_continues(tmp_path):
     tiny = [*TINY[:TINY.index("--rounds")], "--rounds", "8", "--batch-size", "16", "--no-progress", 
-            "--rounds-per-call", "1", "--checkpoint-every", "1"]
+            "--rounds-per-call", "1", "--checkpoint-every", "1", "--heartbeat-timeout", "10"]
     cut, whole = (_two_processes("fedavg", tmp_path / name, tiny=tiny) for name in ("cut", "whole"))
     saved, deadline = checkpoint.checkpoint_path(tmp_path / "cut"), time.monotonic() + 600
     while checkpoint.latest_round(saved) is None:  # the first round's checkpoint, with its digests
         assert cut[0].poll() is None and time.monotonic() < deadline, "no checkpoint: " + cut[0].communicate()[1]
         time.sleep(0.05)
     cut[1].send_signal(signal.SIGKILL)
-    _, err = cut[0].communicate(timeout=120)  # bounded: the heartbeat timeout is 30 s, the answer comes sooner
+    _, err = cut[0].communicate(timeout=120)  # bounded: the heartbeat timeout is 10 s
     assert cut[0].returncode == 2, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "process 1 of 2 stopped answering" in errors[0], err[-3000:]
@@ -121,7 +121,9 @@ def test_launcher_detection():
 
 
 @pytest.mark.parametrize("kwargs", [{"requested": True}, {"coordinator": "127.0.0.1:1234"},
-                                    {"coordinator": "h:1", "num_processes": 2, "process_id": 2}])
+                                    {"coordinator": "h:1", "num_processes": 2, "process_id": 2},
+                                    {"coordinator": "h:1", "num_processes": 2, "process_id": 0,
+                                     "heartbeat_timeout_s": 0}])
 def test_incomplete_or_bad_flags_are_user_errors(kwargs):
     with pytest.raises(UserError, match="--"):
         distributed.start(environ={}, **kwargs)

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coordinator", help="HOST:PORT of process 0, for --distributed without a cluster launcher")
     p.add_argument("--num-processes", type=int, help="process count, for --distributed without a launcher")
     p.add_argument("--process-id", type=int, help="this process's index, for --distributed without a launcher")
+    p.add_argument("--heartbeat-timeout", type=int, default=distributed.HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
+                   help="with several processes: how long a silent process takes to count as lost, so that the "
+                        "others stop with a checkpoint kept (default %(default)s)")
     return p
 
 
@@ -175,7 +178,8 @@ def main(argv=None, observe=None) -> int:
             print(build_parser().format_help() + ("\n" + method_help(args.method) if args.method else ""), end="")
             return 0
         host_devices.check_environment()  # JAX_PLATFORMS, XLA_FLAGS: before JAX starts
-        distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id)
+        distributed.start(args.distributed, args.coordinator, args.num_processes, args.process_id,
+                          heartbeat_timeout_s=args.heartbeat_timeout)
         cfg = config_from_args(args, overrides)
         if cfg.seeds or cfg.sweep:  # before its runs are expanded and checked one by one
             open_files.ensure(open_files.sweep_runs(cfg), cfg.log.tensorboard)

@@ -77,6 +77,8 @@ def start(requested: bool = False, coordinator: str | None = None, num_processes
     if launcher is None and any(v is None for v in explicit):
         raise UserError("--distributed without a cluster launcher (SLURM srun, Open MPI mpirun) needs "
                         "--coordinator HOST:PORT, --num-processes N and --process-id I")
+    if heartbeat_timeout_s < 1:
+        raise UserError(f"--heartbeat-timeout must be at least 1 second, got {heartbeat_timeout_s}")
     if num_processes is not None and not 0 <= (process_id if process_id is not None else 0) < num_processes:
         raise UserError(f"--process-id must lie in [0, {num_processes}), got {process_id}")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -84,16 +86,16 @@ def start(requested: bool = False, coordinator: str | None = None, num_processes
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,
                                heartbeat_timeout_seconds=heartbeat_timeout_s,
                                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
-    atexit.register(_leave_together)
+    atexit.register(_leave_together, heartbeat_timeout_s + 15)
     return True
 
 
-def _leave_together() -> None:
+def _leave_together(wait_s: float) -> None:
     """At exit: the other processes disconnect, and process 0, which hosts the coordination service, waits until
     they have (a recoverable service no longer holds it at its shutdown barrier, and a process that finds the
     service gone aborts with a C++ stack trace)."""
     if jax.process_index() == 0:
-        lost_processes()  # returns once every other process has disconnected (or counts as lost)
+        lost_processes(wait_s)  # returns once every other process has disconnected (or counts as lost)
     jax.distributed.shutdown()
 
 
