@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             seconds[v].append(s)
     workload = {"preset": "configs/fedpac_cifar10.yaml", "method": args.method, "dataset": args.dataset,
                 "clients": args.clients, "train_per_client": args.samples, "batch": 50, "epochs": 1,
-                "mapping": experiments["none"].engine.mapping, "blocks": blocks, "rounds_per_block": rounds}
+                "mapping": str(experiments["none"].engine.mapping), "blocks": blocks, "rounds_per_block": rounds}
     records = {}
     for v in VARIANTS:
         for leaf in jax.tree.leaves(state[v][0]):

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         return 2
     workload = {"method": args.method, "dataset": args.dataset, "model": "mlp-100", "clients": args.clients,
                 "partition": "dirichlet 0.1", "train_per_client": args.train_per_client or "all", "batch": args.batch, "epochs": 1,
-                "mapping": exp.engine.mapping, "eval_every": args.eval_every}
+                "mapping": str(exp.engine.mapping), "eval_every": args.eval_every}
     records = {}
     for k in (1, args.k):
         rec = {"workload": workload, "device": device_name(), "jax": jax.__version__,

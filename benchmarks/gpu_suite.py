@@ -210,12 +210,12 @@ def measure_jax(spec: dict) -> dict:
         "rounds_per_s": 1.0 / steady, "s_per_round": steady, "compile_s": max(0.0, times[0] - steady),
         "peak_memory_bytes": peak_memory_bytes(), "padding_efficiency": real / max(executed, 1),
         "real_client_steps_per_round": real / rounds, "samples_per_s": samples / steady,
-        "flops_per_step": flops, "achieved_flops_per_s": achieved, "client_mapping": engine.mapping,
+        "flops_per_step": flops, "achieved_flops_per_s": achieved, "client_mapping": str(engine.mapping),
         "executed_client_steps_per_round": executed / rounds, "sequential_steps_per_round": sequential / rounds,
         "largest_client_steps": largest, "bytes_per_step": moved,
         "achieved_bytes_per_s": moved * executed / rounds / steady if moved else None,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "chunk_size": engine.config.chunk_size if engine.mapping == "chunked" else None, "mapping_choice": choice,
+        "chunk_size": engine.mapping.chunk_size, "mapping_choice": choice,
     }
 
 

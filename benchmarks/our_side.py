@@ -71,7 +71,7 @@ def build(dataset, clients: list, test_clients: list, fields: dict, join_ratio: 
                                                       round_keys(key, 0)[0], 0)
     n = np.asarray(train.n)
     setup = {"jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count(),
-             "devices_why": devices["why"], "method": cfg.method_name, "client_mapping": engine.mapping,
+             "devices_why": devices["why"], "method": cfg.method_name, "client_mapping": str(engine.mapping),
              "mapping_choice": choice, "mapping_choice_s": choice.get("seconds", 0.0),
              "clients_per_round": engine.config.clients_per_round, "dropout": method.model.dropout,
              "train_images_per_client": [int(n.min()), int(n.max())], "test_images": int(np.asarray(test.n).sum())}

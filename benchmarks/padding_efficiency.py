@@ -48,13 +48,13 @@ def mapping_counts(steps, widths) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from fedjax_pfl.engine.client_mapping import executed_steps
+    from fedjax_pfl.engine.client_mapping import executed_steps, of
 
     ordered = jnp.asarray(np.sort(steps)[::-1])  # the engine hands chunks their clients sorted by steps
-    out = {"map": int(executed_steps(ordered, "map")), "vmap": int(executed_steps(ordered, "vmap"))}
+    out = {"map": int(executed_steps(ordered, of("map"))), "vmap": int(executed_steps(ordered, of("vmap")))}
     for w in widths:
-        out[f"chunked:{w}"] = int(executed_steps(ordered, "chunked", w))
-        out[f"packed:{w}"] = int(executed_steps(jnp.asarray(steps), f"packed:{w}"))
+        out[f"chunked:{w}"] = int(executed_steps(ordered, of("chunked", w)))
+        out[f"packed:{w}"] = int(executed_steps(jnp.asarray(steps), of(f"packed:{w}")))
     return out
 
 

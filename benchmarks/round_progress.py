@@ -95,7 +95,7 @@ def measure(name: str, overrides: list[str], blocks: int, calls: int) -> dict:
         display.close()
     off, on = float(np.median(seconds[False])), float(np.median(seconds[True]))
     return {"benchmark": "round_progress", "measure": "single_round_calls", "workload": name, "device": device_name(), "jax": jax.__version__,
-            "method": "fedavg", "client_mapping": states[True]["engine"].mapping, "clients_per_round": selected,
+            "method": "fedavg", "client_mapping": str(states[True]["engine"].mapping), "clients_per_round": selected,
             "blocks": blocks, "calls_per_block": calls,
             "s_per_round_progress_off": off, "s_per_round_progress_on": on, "ratio_on_over_off": on / off,
             "rounds_per_s_off": 1 / off, "rounds_per_s_on": 1 / on,

@@ -280,9 +280,9 @@ def test_padding_efficiency_by_mapping():
 
 def test_executed_steps_counts_chunks_to_their_own_maximum():
     steps = jnp.array([10, 9, 4, 4, 1])
-    assert int(client_mapping.executed_steps(steps, "map")) == 28
-    assert int(client_mapping.executed_steps(steps, "vmap")) == 50
-    assert int(client_mapping.executed_steps(steps, "chunked", 2)) == 2 * 10 + 2 * 4 + 1
+    assert int(client_mapping.executed_steps(steps, client_mapping.MAP)) == 28
+    assert int(client_mapping.executed_steps(steps, client_mapping.VMAP)) == 50
+    assert int(client_mapping.executed_steps(steps, client_mapping.of("chunked", 2))) == 2 * 10 + 2 * 4 + 1
 
 
 def test_sum_batches_skips_padding_batches():

@@ -19,13 +19,13 @@ from fedjax_pfl.models.networks import build_model
 from settings_records import engine_config, local_setup
 
 
-def _brute_force(sizes, mapping, chunk_size, largest):
+def _brute_force(sizes, mapping, largest):
     """Every batch size 1..largest, executed rows counted by `client_mapping.step_counts` (the engine's count)."""
-    how = "map" if client_mapping.is_packed(mapping) else mapping
+    how = client_mapping.MAP if mapping.packed else mapping
     best = None
     for b in range(1, min(largest, max(sizes)) + 1):
         steps = jnp.asarray([-(-n // b) for n in sizes])
-        rows = int(client_mapping.step_counts(steps, how, chunk_size)[1]) * (b + client_mapping.BATCH_COST_ROWS)
+        rows = int(client_mapping.step_counts(steps, how)[1]) * (b + client_mapping.BATCH_COST_ROWS)
         if best is None or rows <= best[0]:
             best = (rows, b)
     return best[1]
@@ -35,14 +35,15 @@ def _brute_force(sizes, mapping, chunk_size, largest):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batch_is_the_cheapest_under_the_mapping(mapping, chunk_size, seed):
     sizes = sorted(np.random.default_rng(seed).integers(0, 300, 11).tolist(), reverse=True)
-    chosen = client_mapping.pass_batch_size(sizes, mapping, chunk_size, largest=64)
-    assert chosen == _brute_force(sizes, mapping, chunk_size, 64)
+    mapping = client_mapping.of(mapping, chunk_size)
+    chosen = client_mapping.pass_batch_size(sizes, mapping, largest=64)
+    assert chosen == _brute_force(sizes, mapping, 64)
     assert 1 <= chosen <= 64
 
 
 def test_equal_test_sets_get_one_batch_each():
-    assert client_mapping.pass_batch_size([200] * 21, "map", None, 256) == 200
-    assert client_mapping.pass_batch_size([0] * 3, "map", None, 256) == 1  # no test data: any batch, none computed
+    assert client_mapping.pass_batch_size([200] * 21, client_mapping.MAP, 256) == 200
+    assert client_mapping.pass_batch_size([0] * 3, client_mapping.MAP, 256) == 1  # no test data: any batch, none computed
 
 
 def _engine(largest_eval_batch, mapping, sizes=(7, 23, 1, 16, 12), test_sizes=(9, 31, 4, 17, 0)):

@@ -89,7 +89,7 @@ def test_each_federation_of_a_pool_equals_its_lone_run(name, float64):
     method, federations, seeds = _method(name), _federations(), [0, 1, 2, 3]
     keys = [jax.random.split(jax.random.key(s)) for s in seeds]
     pool = FederationRows(method, federations, engine_config(1, client_mapping="packed:3"))
-    assert pool.mapping == "packed:3" and len(pool.groups) == 3  # the first and the fourth share a server step
+    assert str(pool.mapping) == "packed:3" and len(pool.groups) == 3  # the first and the fourth share a server step
     servers, clients = _as_float64(pool.init(jnp.stack([k[0] for k in keys])))
     servers, clients, metrics, evaluations = pool.run_rounds(servers, clients, jnp.stack([k[1] for k in keys]), 0,
                                                              ROUNDS, ROUNDS, 1)

@@ -150,7 +150,7 @@ def _assert_equal(got, want, what, tol=1e-10):
 @pytest.mark.parametrize("name", METHODS)
 def test_packed_equals_map_and_a_per_client_loop(name, float64):
     packed = _engine(name, "packed:2")
-    assert packed.mapping == "packed:2" and packed.eval_mapping.startswith("packed:")
+    assert str(packed.mapping) == "packed:2" and packed.eval_mapping.packed
     server, clients, evaluation, metrics = _rounds(packed, evaluate=name in EVALUATED)
     tol = TOLERANCE.get(name, 1e-10)
     _assert_equal((server, clients), _rounds(_engine(name, "map"), evaluate=False)[:2], f"{name}: packed against map",
@@ -198,8 +198,8 @@ def test_lanes_run_no_padding_steps():
     jax.effects_barrier()
     np.testing.assert_allclose(got, want)
     assert len(calls) == 2 * 12  # lanes 9+3 and 5+4+1: 22 real steps of 24
-    assert int(client_mapping.executed_steps(counts, "packed:2")) == 24
-    assert int(client_mapping.sequential_steps(counts, "packed:2")) == 12
+    assert int(client_mapping.executed_steps(counts, client_mapping.of("packed:2"))) == 24
+    assert int(client_mapping.sequential_steps(counts, client_mapping.of("packed:2"))) == 12
 
 
 def test_packed_loop_carries_each_clients_own_inputs_keys_and_state_under_an_outer_vmap():
@@ -250,7 +250,7 @@ def test_lane_queues_deal_longest_first_to_the_least_loaded_lane():
 def test_width_from_the_data_and_the_auto_candidates():
     eng = _engine("fedavg", "packed")
     steps = np.asarray([E * -(-n // B) for n in SIZES])  # 10, 2, 0, 6, 8, 4: 30 steps, 4 of 6 clients a round
-    assert eng.packed_width() == int(30 * S / len(SIZES) // 10) == 2 and eng.mapping == "packed:2"
+    assert eng.packed_width() == int(30 * S / len(SIZES) // 10) == 2 and str(eng.mapping) == "packed:2"
     assert client_mapping.packed_width(steps, S) == 2
     assert client_mapping.packed_width([5] * 200, 200, backend="gpu") == client_mapping.MAX_LANES_ACCELERATOR
     assert client_mapping.packed_width([5] * 200, 200, devices=4, backend="cpu") == client_mapping.MAX_LANES["cpu"]
@@ -296,7 +296,7 @@ setup = local_setup(TrainConfig(lr=0.1, momentum=0.5, batch_size=5, local_epochs
 def run(shard):
     eng = engine_lib.Engine(get_method("fedas")(setup), data, data,
                             dataclasses.replace(engine_config(TrainConfig(client_mapping="packed:2"), 6), shard=shard))
-    assert (eng.mesh is not None) == shard and eng.mapping == "packed:2"
+    assert (eng.mesh is not None) == shard and str(eng.mapping) == "packed:2"
     server, clients = eng.init(jax.random.key(0))
     server, clients, metrics = eng.round(server, clients, jax.random.key(1), 1)  # round 1: FedAS aligns
     evaluation = eng.evaluate(server, clients, jax.random.key(2))

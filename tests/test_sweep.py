@@ -131,7 +131,7 @@ def test_auto_mapping_is_timed_on_the_sweeps_own_program_and_runs_it(tmp_path, m
     points at once, as federations), runs every point with the winner and records it."""
     timed, used, run = _count_timings(monkeypatch), [], FederationRows.run_rounds
     monkeypatch.setattr(FederationRows, "run_rounds",
-                        lambda self, *a, **k: used.append(self.mapping) or run(self, *a, **k))
+                        lambda self, *a, **k: used.append(str(self.mapping)) or run(self, *a, **k))
     args = [a if a != "3" else "20" for a in TINY]
     assert train.main(["--method", "fedavg", *args, "--seeds", "0,1", "--out", str(tmp_path / "sw")]) == 0
     assert timed == [2]  # once, on both seeds' stacked state

@@ -12,7 +12,8 @@ The per-client function is written once; the mapping is an engine setting:
   runs about max(largest client, total / W) steps of W lanes, so padding
   efficiency stays near 1 for any W up to total / largest. ``packed`` alone
   takes W from the data (`packed_width`, set by the engine).
-All compute the same numbers (tests/test_engine.py, tests/test_packed_lanes.py). Under ``chunked``
+All compute the same numbers (tests/test_engine.py, tests/test_packed_lanes.py). A mapping travels as a
+`ClientMapping`, made once from its setting (`of`; ``packed`` gets its W from the data, `ClientMapping.settled`). Under ``chunked``
 the engine also streams the round where the method allows it (`scan_chunks`):
 each chunk's state is gathered, trained and scattered back in turn, so that
 only the uploads are held for every selected client.
@@ -24,6 +25,7 @@ so that padding efficiency (real / executed client-steps) can be reported.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -56,7 +58,7 @@ def default_mapping(backend: str | None = None, federations: int = 1) -> str:
 
 def parse(mapping: str) -> tuple[str, int | None]:
     """(name, lanes): ('packed', W) for 'packed:W', (mapping, None) for the others; a one-line UserError for
-    anything else.
+    anything else (the setting's check; `of` makes the typed value).
 
     Examples:
         >>> parse("packed:24"), parse("packed"), parse("map")
@@ -73,18 +75,63 @@ def parse(mapping: str) -> tuple[str, int | None]:
     return name, int(width)
 
 
-def resolve(mapping: str, federations: int = 1) -> str:
-    """The mapping ``mapping`` names ('auto': this backend's default for ``federations``), checked by `parse`;
-    'packed:W' written with W as a plain number."""
-    if mapping == AUTO:
-        return default_mapping(federations=federations)
-    name, lanes = parse(mapping)
-    return name if lanes is None else f"{PACKED}:{lanes}"
+@dataclasses.dataclass(frozen=True)
+class ClientMapping:
+    """A client mapping, made once from its setting (`of`) and passed as it is: ``kind`` one of `MAPPINGS`;
+    ``lanes`` W of ``packed:W`` (None: not yet settled from the data, `settled`); ``chunk_size`` the clients a
+    chunk under ``chunked`` (None for the others). ``str()`` writes it as the setting does ('packed:4')."""
+
+    kind: str
+    lanes: int | None = None
+    chunk_size: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in MAPPINGS:
+            raise ValueError(f"unknown client mapping kind {self.kind!r}; one of {', '.join(MAPPINGS)}")
+        if self.kind == "chunked" and not self.chunk_size:
+            raise ValueError("the chunked mapping needs chunk_size (train.chunk_size)")
+
+    def __str__(self) -> str:
+        return f"{PACKED}:{self.lanes}" if self.packed and self.lanes else self.kind
+
+    @property
+    def packed(self) -> bool:
+        return self.kind == PACKED
+
+    @property
+    def sorts_clients(self) -> bool:
+        """Whether clients should reach this mapping sorted by cost (only chunks gain from it; packed lanes deal
+        them themselves)."""
+        return self.kind == "chunked"
+
+    def settled(self, counts, rows: int, devices: int = 1) -> "ClientMapping":
+        """The mapping to run: a bare 'packed' gets its width from the trip ``counts`` of the rows, ``rows`` of
+        them a round on ``devices`` (`packed_width`); any other as it is."""
+        if self.packed and self.lanes is None:
+            return dataclasses.replace(self, lanes=packed_width(counts, rows, devices))
+        return self
+
+    def for_pass(self, counts, rows: int, devices: int = 1) -> "ClientMapping":
+        """The mapping of a pass over ``rows`` rows of trip ``counts`` (evaluation, a step on every client): this
+        training mapping, its lanes from these counts when it is packed."""
+        return dataclasses.replace(self, lanes=None).settled(counts, rows, devices) if self.packed else self
 
 
-def is_packed(mapping: str) -> bool:
-    """Whether ``mapping`` is 'packed' or 'packed:W'."""
-    return parse(resolve(mapping))[0] == PACKED
+MAP = ClientMapping("map")
+VMAP = ClientMapping("vmap")
+
+
+def of(setting: str, chunk_size: int | None = None, federations: int = 1) -> ClientMapping:
+    """The typed mapping of a train.client_mapping ``setting`` ('auto': this backend's default for
+    ``federations``, `default_mapping`), with ``chunk_size`` for ``chunked``; a one-line UserError for a bad
+    setting (`parse`).
+
+    Examples:
+        >>> str(of("packed:24")), of("chunked", 4)
+        ('packed:24', ClientMapping(kind='chunked', lanes=None, chunk_size=4))
+    """
+    name, lanes = parse(default_mapping(federations=federations) if setting == AUTO else setting)
+    return ClientMapping(name, lanes, chunk_size if name == "chunked" else None)
 
 
 def packed_width(counts, clients: int, devices: int = 1, backend: str | None = None) -> int:
@@ -108,47 +155,19 @@ def packed_width(counts, clients: int, devices: int = 1, backend: str | None = N
     return int(max(1, min(math.floor(total / largest), per_device, cap)))
 
 
-def settle(mapping: str, counts, rows: int, devices: int = 1) -> str:
-    """The mapping to run: a bare 'packed' gets its width from the trip ``counts`` of the rows, ``rows`` of them
-    a round on ``devices`` (`packed_width`); any other as given."""
-    return f"{PACKED}:{packed_width(counts, rows, devices)}" if mapping == PACKED else mapping
-
-
-def pass_mapping(mapping: str, counts, rows: int, devices: int = 1) -> str:
-    """The mapping of a pass over ``rows`` rows of trip ``counts`` (evaluation, a step on every client): the
-    training ``mapping``, its lanes from these counts when it is packed."""
-    return f"{PACKED}:{packed_width(counts, rows, devices)}" if is_packed(mapping) else mapping
-
-
-def map_clients(fn, mapping: str, chunk_size: int | None = None):
+def map_clients(fn, mapping: ClientMapping):
     """Return ``g(*stacked_args)`` applying ``fn(loops, *row)`` to each client's slice, ``loops`` saying how that
-    client's counted loops run (kernels/counted_loop.py: in lanes under ``packed``, else plainly);
-    ``chunk_size``: clients a chunk, which ``chunked`` needs."""
-    mapping = resolve(mapping)
-    _check_chunks(mapping, chunk_size)
-    if is_packed(mapping):
-        lanes = parse(mapping)[1]
-        if lanes is None:
-            raise ValueError("'packed' needs its width here: the engine sets packed:W from the data (packed_width)")
-        return packed_loops.in_lanes(fn, lanes)
-    if mapping == "vmap":
+    client's counted loops run (kernels/counted_loop.py: in lanes under ``packed``, else plainly)."""
+    if mapping.packed:
+        if mapping.lanes is None:
+            raise ValueError("'packed' needs its width here: the engine sets packed:W from the data (settled)")
+        return packed_loops.in_lanes(fn, mapping.lanes)
+    if mapping.kind == "vmap":
         return jax.vmap(functools.partial(fn, PLAIN))
-    batch = None if mapping == "map" else chunk_size
-    return lambda *args: jax.lax.map(lambda a: fn(PLAIN, *a), args, batch_size=batch)
+    return lambda *args: jax.lax.map(lambda a: fn(PLAIN, *a), args, batch_size=mapping.chunk_size)
 
 
-def _check_chunks(mapping: str, chunk_size: int | None) -> None:
-    if mapping == "chunked" and chunk_size is None:
-        raise ValueError("the chunked mapping needs chunk_size (train.chunk_size)")
-
-
-def sorts_clients(mapping: str) -> bool:
-    """Whether clients should reach this mapping sorted by cost (only chunks gain from it; packed lanes deal
-    them themselves)."""
-    return resolve(mapping) == "chunked"
-
-
-def executed_steps(steps, mapping: str, chunk_size: int | None = None, devices: int = 1):
+def executed_steps(steps, mapping: ClientMapping, devices: int = 1):
     """Client-steps a mapping computes for per-client trip counts ``steps`` [S]
     (already in the order the mapping sees them): ``map`` runs each client's own
     count, ``vmap`` every client to the largest, ``chunked`` each chunk (and the
@@ -160,46 +179,45 @@ def executed_steps(steps, mapping: str, chunk_size: int | None = None, devices: 
 
     Examples:
         >>> steps = jnp.array([10, 9, 4, 4, 1])
-        >>> [int(executed_steps(steps, m, 2)) for m in ("map", "vmap", "chunked", "packed:2")]
+        >>> [int(executed_steps(steps, of(m, 2))) for m in ("map", "vmap", "chunked", "packed:2")]
         [28, 50, 29, 28]
     """
-    return step_counts(steps, mapping, chunk_size, devices)[1]
+    return step_counts(steps, mapping, devices)[1]
 
 
-def sequential_steps(steps, mapping: str, chunk_size: int | None = None, devices: int = 1):
+def sequential_steps(steps, mapping: ClientMapping, devices: int = 1):
     """Steps a mapping takes one after another for per-client trip counts ``steps`` [S] (as `executed_steps`):
     ``map`` the sum, ``vmap`` the largest, ``chunked`` the sum of the chunks' largest, ``packed:W`` the
     longest lane's load (the longest on any device). A round's time is about this many steps of its width.
 
     Examples:
         >>> steps = jnp.array([10, 9, 4, 4, 1])
-        >>> [int(sequential_steps(steps, m, 2)) for m in ("map", "vmap", "chunked", "packed:2")]
+        >>> [int(sequential_steps(steps, of(m, 2))) for m in ("map", "vmap", "chunked", "packed:2")]
         [28, 10, 15, 14]
     """
-    return step_counts(steps, mapping, chunk_size, devices)[0]
+    return step_counts(steps, mapping, devices)[0]
 
 
-def step_counts(steps, mapping: str, chunk_size: int | None = None, devices: int = 1):
-    """(`sequential_steps`, `executed_steps`) in one pass (``chunk_size``: as `map_clients`).
+def step_counts(steps, mapping: ClientMapping, devices: int = 1):
+    """(`sequential_steps`, `executed_steps`) in one pass.
 
     Examples:
-        >>> [int(c) for c in step_counts(jnp.array([10, 9, 4, 4, 1]), "packed:2")]
+        >>> [int(c) for c in step_counts(jnp.array([10, 9, 4, 4, 1]), of("packed:2"))]
         [14, 28]
     """
-    mapping = resolve(mapping)
-    _check_chunks(mapping, chunk_size)
+    chunk_size = mapping.chunk_size
     steps = jnp.asarray(steps, jnp.int32)
     count = steps.shape[0]
-    if mapping == "map":
+    if mapping.kind == "map":
         return steps.sum(), steps.sum()
-    if is_packed(mapping):
-        lanes = parse(mapping)[1]
+    if mapping.packed:
+        lanes = mapping.lanes
         per_device = steps[None] if devices == 1 else steps[dealing.balanced_slots(steps, devices)[0]].reshape(
             devices, -1)
         width = min(lanes, per_device.shape[1])
         loads = jax.vmap(lambda c: packed_loops.lane_queues(c, width)[2].max())(per_device)
         return loads.max(), width * loads.sum()
-    if mapping == "vmap" or count <= chunk_size:
+    if mapping.kind == "vmap" or count <= chunk_size:
         return steps.max(), count * steps.max()
     full = (count // chunk_size) * chunk_size
     maxima = steps[:full].reshape(-1, chunk_size).max(axis=1)
@@ -214,7 +232,7 @@ def step_counts(steps, mapping: str, chunk_size: int | None = None, devices: int
 BATCH_COST_ROWS = 8
 
 
-def pass_batch_size(sizes, mapping: str, chunk_size: int | None, largest: int) -> int:
+def pass_batch_size(sizes, mapping: ClientMapping, largest: int) -> int:
     """The batch size, at most ``largest``, of one pass over clients of ``sizes`` samples in the order the
     pass maps them (evaluation: every client's test set once, its last batch masked) that computes the fewest
     rows under ``mapping``, each batch counted with `BATCH_COST_ROWS` more; ties to the larger batch. Under
@@ -222,21 +240,21 @@ def pass_batch_size(sizes, mapping: str, chunk_size: int | None, largest: int) -
     its largest client's for every member; ``packed`` is counted as ``map`` (its lanes are filled).
 
     Examples:
-        >>> pass_batch_size([100] * 20 + [130], "map", None, 256)  # 20 clients in one batch of 100 each
+        >>> pass_batch_size([100] * 20 + [130], MAP, 256)  # 20 clients in one batch of 100 each
         100
-        >>> pass_batch_size([100] * 20 + [130], "vmap", None, 256)  # every client runs the largest one's
+        >>> pass_batch_size([100] * 20 + [130], VMAP, 256)  # every client runs the largest one's
         130
-        >>> pass_batch_size([5000, 10], "map", None, 256)  # large test sets: 25 batches of 200, not 20 of 250
+        >>> pass_batch_size([5000, 10], MAP, 256)  # large test sets: 25 batches of 200, not 20 of 250
         200
     """
     sizes = np.asarray(sizes, np.int64)
-    how = "map" if is_packed(mapping) else resolve(mapping)
+    how = "map" if mapping.packed else mapping.kind
     # ceil(n / B) grows with n, so a chunk computes ceil(its largest / B) batches for each member: the pass is
     # a weighted sum over (largest, members) groups, whatever B is
     if how == "map":
         largest_of, members = np.unique(sizes, return_counts=True)
     else:
-        width = sizes.size if how == "vmap" else chunk_size
+        width = sizes.size if how == "vmap" else mapping.chunk_size
         starts = np.arange(0, sizes.size, width)
         largest_of, members = np.maximum.reduceat(sizes, starts), np.diff(np.append(starts, sizes.size))
     top = int(max(1, min(largest, sizes.max(initial=1))))

@@ -231,11 +231,11 @@ def compile_round(round_impl, server, clients, train, key, round_index: int, val
     return lambda other=None: program(*args[:2], train if other is None else other, *args[3:])
 
 
-def padding_record(steps, mapping: str, chunk_size: int, devices: int, round_index: int) -> dict:
+def padding_record(steps, mapping: client_mapping.ClientMapping, devices: int, round_index: int) -> dict:
     """Round ``round_index`` of trip counts ``steps`` (in the order the mapping sees them) in client-steps: real,
     executed and sequential steps under ``mapping`` and the padding efficiency (real / executed)."""
     real = int(steps.sum())
-    sequential, executed = (int(c) for c in client_mapping.step_counts(steps, mapping, chunk_size, devices))
+    sequential, executed = (int(c) for c in client_mapping.step_counts(steps, mapping, devices))
     return {"round": int(round_index) + 1, "real_client_steps": real, "executed_client_steps": executed,
             "sequential_steps": sequential, "padding_efficiency": round(real / max(executed, 1), 4)}
 
@@ -285,21 +285,19 @@ class Engine:
         self.num_clients = int(train.n.shape[0])  # real clients; only these are selected and evaluated
         self.progress = round_progress.Progress()  # where this engine's in-round events go (round_progress.py)
         self.mesh = sharding.client_mesh() if config.shard and jax.device_count() > 1 else None
-        self.mapping = client_mapping.settle(
-            client_mapping.resolve(config.client_mapping), training_steps(method.setup, np.asarray(train.n)),
-            self.training_rows(), sharding.mesh_size(self.mesh))
+        self.mapping = client_mapping.of(config.client_mapping, config.chunk_size).settled(
+            training_steps(method.setup, np.asarray(train.n)), self.training_rows(), sharding.mesh_size(self.mesh))
         # passes over every client (evaluation, `update_every_client`) map like training, lanes from their sizes
         self.every_client_mapping = self._pass_mapping(training_steps(method.setup, np.asarray(train.n)))
-        self.streams = self.mapping == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state
+        self.streams = self.mapping.kind == "chunked" and config.stream_chunks and not method.schedule.needs_selected_state
         self.padded_clients = sharding.padded_count(self.num_clients, self.mesh)  # array rows (empty ones appended)
         # Evaluation visits clients largest test set first so that chunks are even (host-known sizes);
         # on a mesh each device keeps its own block of clients instead (no reordering across devices).
-        self.eval_order = np.argsort(-np.asarray(test.n), kind="stable") if client_mapping.sorts_clients(
-            self.mapping) and self.mesh is None else None
+        self.eval_order = np.argsort(-np.asarray(test.n), kind="stable") if (
+            self.mapping.sorts_clients and self.mesh is None) else None
         # evaluation batches sized to the clients' test sets (as few padded rows as the mapping allows)
         test_sizes = np.asarray(test.n) if self.eval_order is None else np.asarray(test.n)[self.eval_order]
-        self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.chunk_size,
-                                                              config.largest_eval_batch)
+        self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.largest_eval_batch)
         self.eval_mapping = self._pass_mapping(local_training.real_steps(np.asarray(test.n), self.eval_batch_size, 1,
                                                                          False))
         # every device holds all client data (one device, or host devices sharing the machine's memory)
@@ -330,9 +328,9 @@ class Engine:
         steps = training_steps(self.method.setup, np.asarray(self.client_data[0].n))
         return client_mapping.packed_width(steps, self.training_rows(), sharding.mesh_size(self.mesh))
 
-    def _pass_mapping(self, counts) -> str:
-        """The mapping of a pass over all N clients of trip ``counts`` (`client_mapping.pass_mapping`)."""
-        return client_mapping.pass_mapping(self.mapping, counts, len(counts), sharding.mesh_size(self.mesh))
+    def _pass_mapping(self, counts) -> client_mapping.ClientMapping:
+        """The mapping of a pass over all N clients of trip ``counts`` (`ClientMapping.for_pass`)."""
+        return self.mapping.for_pass(counts, len(counts), sharding.mesh_size(self.mesh))
 
     def with_mapping(self, mapping: str, chunk_size: int | None = None, train: ClientData | None = None) -> "Engine":
         """An engine like this one (method, client data, settings) whose clients are mapped by ``mapping``
@@ -381,7 +379,7 @@ class Engine:
         wants it; ``order``, else None, is that sort)."""
         selected, epochs, uploaded, keys, steps = round_plan(key, n, self.num_clients, self.config.clients_per_round,
                                                              self.config, self.method.setup)
-        if not client_mapping.sorts_clients(self.mapping) or self.method.schedule.server_steps_per_client:
+        if not self.mapping.sorts_clients or self.method.schedule.server_steps_per_client:
             return selected, epochs, uploaded, keys, steps, None
         order = jnp.argsort(-steps, stable=True)  # each chunk runs to its own largest client
         return (*(a[order] for a in (selected, epochs, uploaded, keys, steps)), order)
@@ -390,10 +388,10 @@ class Engine:
         """The round ``round_index`` with round key ``key`` in client-steps, as its metrics will count them, without
         training: real, executed and sequential steps under this engine's mapping and the padding efficiency
         (real / executed). Under ``map`` (or one client after another) only the efficiency, 1 by construction."""
-        if self.method.schedule.server_steps_per_client or self.mapping == "map":  # each client its own steps
+        if self.method.schedule.server_steps_per_client or self.mapping.kind == "map":  # each client its own steps
             return {"round": int(round_index) + 1, "padding_efficiency": 1.0}  # (no compile for the record)
         steps = jax.jit(lambda n, k: self.plan_round(n, k)[4])(jnp.asarray(self.client_data[0].n), key)
-        return padding_record(steps, self.mapping, self.config.chunk_size, sharding.mesh_size(self.mesh), round_index)
+        return padding_record(steps, self.mapping, sharding.mesh_size(self.mesh), round_index)
 
     def _round_impl(self, server, clients, train, key, round_index, values, report=False):
         """One round. With ``all_clients_train`` (train.all_clients_train, as the
@@ -426,7 +424,7 @@ class Engine:
                 chunk = rows[positions]
                 new, uploads = self._train_clients(client_step, server, tree_ops.gather(clients, chunk), train, chunk,
                                                    keys[positions], epochs[positions], steps[positions],
-                                                   mapping="vmap")
+                                                   mapping=client_mapping.VMAP)
                 return tree_ops.scatter(clients, chunk, new), uploads
 
             clients, uploads = client_mapping.scan_chunks(train_chunk, clients, training, cfg.chunk_size)
@@ -440,7 +438,7 @@ class Engine:
                 clients = tree_ops.scatter(clients, rows, chosen)
         if method.schedule.updates_every_client:
             clients = self._update_every_client(method, server, clients, train, key, round_index)
-        how = ("map" if sequential else self.mapping, cfg.chunk_size, sharding.mesh_size(self.mesh))  # as round_padding
+        how = (client_mapping.MAP if sequential else self.mapping, sharding.mesh_size(self.mesh))  # as round_padding
         diagnostics, client_diagnostics = round_diagnostics(method, started_from, server, uploads, info)
         per_client = {**per_client_metrics(selected, epochs, uploaded, uploads), "client_diagnostics": client_diagnostics}
         train_loss = jnp.mean(per_client["client_loss"])
@@ -532,7 +530,7 @@ class Engine:
         return tree_ops.gather(out, jnp.argsort(order))
 
     def _train_clients(self, client_step, server, chosen, train, rows, keys, epochs, steps,
-                       mapping: str | None = None):
+                       mapping: client_mapping.ClientMapping | None = None):
         """``client_step(server, client, data, key, epochs)`` over the clients ``rows`` (their state ``chosen``,
         keys, epochs and real step counts ``steps`` stacked in that order), mapped and dealt to the devices
         (evenly by ``steps``). Where every device holds
@@ -550,14 +548,14 @@ class Engine:
 
         return self._map_clients(step_in_place, mapping=mapping)((server, train), chosen, rows, keys, epochs, **costs)
 
-    def _map_clients(self, fn, mapping: str | None = None):
+    def _map_clients(self, fn, mapping: client_mapping.ClientMapping | None = None):
         """``fn(loops, shared, *row)`` as ``mapped(shared, *rows)``: `client_mapping.map_clients` over the rows (the
         engine's mapping unless ``mapping``), split over the mesh's devices when there is one; ``shared``
         (server state, round index) reaches every client whole (`sharding.split_over_devices`)."""
-        how, chunk = mapping or self.mapping, self.config.chunk_size
+        how = mapping or self.mapping
 
         def mapped(shared, *rows):
-            return client_mapping.map_clients(lambda loops, *row: fn(loops, shared, *row), how, chunk)(*rows)
+            return client_mapping.map_clients(lambda loops, *row: fn(loops, shared, *row), how)(*rows)
 
         return mapped if self.mesh is None else sharding.split_over_devices(mapped, self.mesh)
 

@@ -255,8 +255,8 @@ class HostClients:
     def _evaluate_chunk(self, server, clients, train, test, keys, values, round_index):
         method = self.engine.method_at(values, round_index)
         one = client_evaluation(method, self.engine.eval_batch_size)
-        return client_mapping.map_clients(lambda loops, *row: one(loops, server, *row), "vmap")(clients, train, test,
-                                                                                                  keys)
+        return client_mapping.map_clients(lambda loops, *row: one(loops, server, *row), client_mapping.VMAP)(
+            clients, train, test, keys)
 
     def evaluate(self, server, clients, key, values: dict | None = None, round_index: int = 0):
         """`Engine.evaluate`'s call on this store (``clients``: `clients`, the store itself): per-client test

@@ -145,8 +145,7 @@ def shortened(engine, mapping: str, chunk: int | None):
     def sequential(counts):
         steps = np.sort(np.asarray(local_training.real_steps(counts, setup.batch_size, setup.local_epochs,
                                                              setup.drop_last)))[::-1]
-        return max(int(client_mapping.step_counts(jnp.asarray(steps), timing.mapping, timing.config.chunk_size,
-                                                  devices)[0]), 1)
+        return max(int(client_mapping.step_counts(jnp.asarray(steps), timing.mapping, devices)[0]), 1)
 
     rounds = [(_with_sizes(timing.train, 0 * n), 0.0)]
     rounds += [(_with_sizes(timing.train, counts), sequential(counts) / sequential(n)) for counts in sizes[:-1]]
@@ -230,7 +229,7 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
     began = time.perf_counter()
     if options is None:  # the program's own default first (federations on an accelerator: packed)
         options = sorted(candidates(clients_per_device(engine), packed_width=engine.packed_width()),
-                         key=lambda option: label(*option) != engine.mapping)
+                         key=lambda option: label(*option) != str(engine.mapping))
     timed, runs, record, skipped = {}, {}, {}, None
     for i, (mapping, chunk) in enumerate(options):
         name = label(mapping, chunk)
@@ -273,7 +272,7 @@ def choose_mapping(engine, server, clients, key, round_index: int = 0, values: d
                                      padding_free(engine, list(timed.values()), key, round_index))
     mapping, chunk = timed[chosen]
     winner = engine.with_mapping(mapping, chunk)
-    out = {"requested": client_mapping.AUTO, "chosen": chosen, "mapping": winner.mapping, "chunk_size": chunk,
+    out = {"requested": client_mapping.AUTO, "chosen": chosen, "mapping": str(winner.mapping), "chunk_size": chunk,
            "timed": True,
            "devices": sharding.mesh_size(engine.mesh), "timed_round": int(round_index), "candidates": record,
            "seconds": round(time.perf_counter() - began, 2), **({"margin": why} if why else {})}
@@ -320,8 +319,8 @@ def first_estimate(name: str, timed: dict, rounds_left: int | None) -> str:
 
 def untimed(engine, requested: str, why: str) -> dict:
     """The record of a mapping taken without timing (given by the config, or ``auto``'s default), and why."""
-    chunk = engine.config.chunk_size if engine.mapping == "chunked" else None
-    return {"requested": requested, "chosen": label(engine.mapping, chunk), "mapping": engine.mapping,
+    mapping, chunk = str(engine.mapping), engine.mapping.chunk_size
+    return {"requested": requested, "chosen": label(mapping, chunk), "mapping": mapping,
             "chunk_size": chunk, "timed": False, "why": why}
 
 

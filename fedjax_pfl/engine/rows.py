@@ -152,14 +152,13 @@ class FederationRows:
             training = fed.num_clients if config.all_clients_train else fed.clients_per_round
             shapes.setdefault((fed.num_clients, fed.clients_per_round, training), []).append(f)
         self.groups = [(shape, np.asarray(feds, np.int32)) for shape, feds in shapes.items()]
-        self.mapping = client_mapping.settle(client_mapping.resolve(config.client_mapping, len(federations)),
-                                             self._row_steps(), self.training_rows())
+        self.mapping = client_mapping.of(config.client_mapping, config.chunk_size, len(federations)).settled(
+            self._row_steps(), self.training_rows())
         test_sizes = np.asarray(self.eval_data[0].n)[self.row_data]
-        self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.chunk_size,
-                                                              config.largest_eval_batch)
-        self.eval_mapping = client_mapping.pass_mapping(
-            self.mapping, local_training.real_steps(test_sizes, self.eval_batch_size, 1, False), self.num_rows)
-        self.every_client_mapping = client_mapping.pass_mapping(self.mapping, self._row_steps(), self.num_rows)
+        self.eval_batch_size = client_mapping.pass_batch_size(test_sizes, self.mapping, config.largest_eval_batch)
+        self.eval_mapping = self.mapping.for_pass(local_training.real_steps(test_sizes, self.eval_batch_size, 1, False),
+                                                  self.num_rows)
+        self.every_client_mapping = self.mapping.for_pass(self._row_steps(), self.num_rows)
         self._init = jax.jit(self._init_impl)
         self._rounds = jax.jit(self._scanned, donate_argnums=(0, 1), static_argnums=(8, 9, 10))
 
@@ -253,7 +252,7 @@ class FederationRows:
         infos = [ServerRound(round_index, p[0], n.astype(jnp.float32), p[2]) for p, n in zip(plans, sizes)]
         if self.method.schedule.server_steps_per_client:
             new, clients, uploads = self._visit_clients(servers, clients, train, plans, infos, method_of, progress)
-            steps, how = jnp.concatenate([p[4].reshape(-1) for p in plans]), "map"
+            steps, how = jnp.concatenate([p[4].reshape(-1) for p in plans]), client_mapping.MAP
         else:
             new, clients, uploads, steps = self._train_rows(servers, clients, train, plans, infos, method_of,
                                                              progress)
@@ -270,7 +269,7 @@ class FederationRows:
             metrics.append({**per_client, "client_diagnostics": client_diagnostics,
                             "train_loss": jnp.mean(per_client["client_loss"], axis=1),
                             "real_steps": p[4].sum(axis=1), "diagnostics": diagnostics})
-        sequential, executed = client_mapping.step_counts(steps, how, self.config.chunk_size)
+        sequential, executed = client_mapping.step_counts(steps, how)
         return (self._by_federation(new), clients,
                 {"groups": metrics, "sequential_steps": sequential, "executed_steps": executed})
 
@@ -287,7 +286,7 @@ class FederationRows:
             chosen = jax.tree.map(lambda *a: jnp.concatenate(a), *[jax.tree.map(flat, jax.vmap(
                 lambda f, s, c, sel: method_of(f).prepare(s, c, sel))(jnp.asarray(feds), _pick(servers, feds), c, p[0]))
                 for (_, feds), c, p in zip(self.groups, self._by_group(chosen), plans)])
-        order = jnp.argsort(-steps, stable=True) if client_mapping.sorts_clients(self.mapping) else None
+        order = jnp.argsort(-steps, stable=True) if self.mapping.sorts_clients else None
         rows = (chosen, jnp.asarray(self.row_data)[state_rows], jnp.asarray(feds_of_rows), keys, epochs)
         if order is not None:  # each chunk runs to its own largest client
             rows = tree_ops.gather(rows, order)
@@ -296,7 +295,7 @@ class FederationRows:
             step = engine_lib.client_step_of(method_of(fed), infos[0].round, progress)
             return step(loops, _pick(servers, fed), client, tuple(a[data_row] for a in train), key_i, epochs_i)
 
-        trained = client_mapping.map_clients(row_step, self.mapping, self.config.chunk_size)(*rows)
+        trained = client_mapping.map_clients(row_step, self.mapping)(*rows)
         if order is not None:
             trained = tree_ops.gather(trained, jnp.argsort(order))
         new, chosen, uploads = [], [], self._by_group(trained[1])
@@ -350,7 +349,7 @@ class FederationRows:
                 _pick(servers, fed), client, ClientData(*(a[data_row] for a in train)),
                 key_i, round_index)
 
-        mapped = client_mapping.map_clients(one_client, self.every_client_mapping, self.config.chunk_size)
+        mapped = client_mapping.map_clients(one_client, self.every_client_mapping)
         return mapped(clients, jnp.asarray(self.row_federation), jnp.asarray(self.row_data), keys)
 
     # ------------------------------------------------------------ evaluation
@@ -369,8 +368,7 @@ class FederationRows:
         for prefix, data in zip(("", "val_"), eval_data):
             if data is None:
                 continue
-            mapped = client_mapping.map_clients(lambda loops, *a, data=data: row(loops, data, *a), self.eval_mapping,
-                                                self.config.chunk_size)
+            mapped = client_mapping.map_clients(lambda loops, *a, data=data: row(loops, data, *a), self.eval_mapping)
             found = mapped(clients, jnp.asarray(self.row_federation), jnp.asarray(self.row_data), keys)
             out.update({prefix + k: v for k, v in found.items()})
         return out
@@ -421,10 +419,10 @@ class FederationRows:
     def round_padding(self, round_keys, round_index: int = 0) -> dict:
         """Round ``round_index`` (``round_keys`` [F]) of every row in client-steps, as its metrics will count
         them, without training (`engine.padding_record`; under ``map`` only the efficiency, 1)."""
-        if self.method.schedule.server_steps_per_client or self.mapping == "map":
+        if self.method.schedule.server_steps_per_client or self.mapping.kind == "map":
             return {"round": int(round_index) + 1, "padding_efficiency": 1.0}
         steps = jax.jit(lambda n, k: jnp.concatenate([p[4].reshape(-1) for p in self._plans(n, k)]))(
             jnp.asarray(self.train.n), round_keys)
-        if client_mapping.sorts_clients(self.mapping):
+        if self.mapping.sorts_clients:
             steps = steps[jnp.argsort(-steps, stable=True)]
-        return engine_lib.padding_record(steps, self.mapping, self.config.chunk_size, 1, round_index)
+        return engine_lib.padding_record(steps, self.mapping, 1, round_index)
