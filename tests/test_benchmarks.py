@@ -424,6 +424,20 @@ def test_vs_pfl_tiny_runs_pfl_researchs_counts_and_says_why_when_the_peer_is_abs
         assert comparison["ratio_e2e"] == theirs["e2e_s_per_round"] / ours["e2e_s_per_round"]
 
 
+def test_vs_pfl_gives_each_client_its_images_in_a_random_order():
+    """pfl-research iterates a user's images in the order given and the CIFAR-10 copy is stored by class: the
+    clients' indices are the iid partition's, each client's shuffled (sorted ones gave pfl one-class batches)."""
+    sys.path.insert(0, str(BENCH))
+    import vs_pfl
+    from fedjax_pfl.data import partition
+
+    spec = {"data": "random", "clients": 40, "images_per_client": 50, "test_images": 10, "seed": 3}
+    clients = vs_pfl.workload_arrays(spec)["clients"]
+    cut = partition.iid(vs_pfl.workload_arrays(spec)["y_train"], 40, 3)
+    assert [sorted(c) for c in clients.tolist()] == [sorted(c) for c in np.asarray(cut).tolist()]
+    assert not any(np.all(np.diff(c) > 0) for c in clients)  # no client's images in stored order
+
+
 @pytest.fixture
 def x64():
     import jax
