@@ -114,15 +114,16 @@ def test_each_federation_of_a_pool_equals_its_lone_run(name, float64):
 
 
 def test_a_pool_equals_itself_under_every_client_mapping(float64):
-    """The rows mapped one at a time, vmapped, in chunks and in lanes: the same numbers."""
+    """The rows mapped one at a time, vmapped (each federation's rows with its server state), in chunks and in
+    lanes: the same state, losses and evaluations."""
     method, federations = _method("fedavg"), _federations()
     keys = jax.random.split(jax.random.key(0), (len(federations), 2))
     results = []
     for mapping in ("map", "vmap", "chunked", "packed:2"):
         pool = FederationRows(method, federations, engine_config(1, client_mapping=mapping, chunk_size=3))
         servers, clients = _as_float64(pool.init(keys[:, 0]))
-        servers, clients, metrics, _ = pool.run_rounds(servers, clients, keys[:, 1], 0, ROUNDS, ROUNDS, 1)
-        results.append((servers, clients, [m["train_loss"] for m in metrics]))
+        servers, clients, metrics, evaluations = pool.run_rounds(servers, clients, keys[:, 1], 0, ROUNDS, ROUNDS, 1)
+        results.append((servers, clients, [m["train_loss"] for m in metrics], evaluations))
         assert all(m["real_steps"].sum() <= m["executed_steps"].sum() for m in metrics)
     for got in results[1:]:
         _assert_equal(got, results[0], "pool against map")
