@@ -14,7 +14,7 @@ from fedjax_pfl.commands import train as cli
 from fedjax_pfl.runs import config as config_lib
 
 COMMAND_OPTIONS = {"help", "config", "resume", "start_over", "no_progress", "distributed", "coordinator",
-                   "num_processes", "process_id"}  # options of the command itself, not run settings
+                   "num_processes", "process_id", "heartbeat_timeout"}  # options of the command itself, not run settings
 
 
 def _leaf_fields(cls, prefix=""):
