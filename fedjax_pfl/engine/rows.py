@@ -318,7 +318,7 @@ class FederationRows:
         one's rows, the federation's server state handed in whole -> leaves [R, ...], the groups' rows one after
         another, or put back in the rows' own order when ``order`` (their positions there) is given. The same
         numbers as one vmap over all rows; no row gathers its own copy of the server state (APPLE's holds every
-        client's model: two seeds' rounds took 1.5x as long with a copy per row)."""
+        client's model: a sweep of two seeds took 1.6x as long with a copy per row)."""
         def federation(server, *own):  # own: the federation's rows, leaves [T, ...]
             step = lambda loops, *row: row_fn(loops, *row, server=server)  # noqa: E731
             return client_mapping.map_clients(step, client_mapping.VMAP)(*own)
