@@ -69,7 +69,7 @@ def test_every_client_step_runs_on_all_clients_after_the_server_step():
         np.testing.assert_array_equal(clients["draw"], want)
 
 
-@pytest.mark.parametrize("mapping", ["map", "chunked"])
+@pytest.mark.parametrize("mapping", ["map", "chunked", "vmap"])
 def test_every_client_step_under_fused_rounds_mappings_and_federations(mapping):
     """4 rounds in one fused call (any mapping) == 4 single calls; 2 seeds as federations == each alone."""
     eng, _ = _counting_engine(mapping)

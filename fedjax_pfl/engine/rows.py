@@ -329,9 +329,12 @@ class FederationRows:
         out = jax.tree.map(lambda *a: jnp.concatenate([flat(x) for x in a]), *out)
         return out if order is None else tree_ops.gather(out, jnp.asarray(np.argsort(order)))
 
-    def _federation_rows(self):
-        """Per group, the state rows of its federations' clients [k, N] (every client, as evaluation visits them)."""
-        return [self.offsets[feds][:, None] + np.arange(shape[0]) for shape, feds in self.groups]
+    def _every_row_by_federation(self, row_fn, servers, rows):
+        """`_vmap_by_federation` on every client's row (``rows``: leaves [M, ...] in state-row order, as evaluation
+        and `update_every_client` visit them) -> leaves [M, ...] in that order."""
+        where = [self.offsets[feds][:, None] + np.arange(shape[0]) for shape, feds in self.groups]  # [k, N] each
+        return self._vmap_by_federation(row_fn, servers, [tree_ops.gather(rows, jnp.asarray(w)) for w in where],
+                                        np.concatenate([w.reshape(-1) for w in where]))
 
     def _visit_clients(self, servers, clients, train, plans, infos, method_of, progress):
         """The round of a method whose server steps after each client: each federation's selected clients one
@@ -369,13 +372,15 @@ class FederationRows:
         `engine.every_client_keys`."""
         keys = self._every_row_keys(engine_lib.every_client_keys, round_keys)
 
-        def one_client(loops, client, fed, data_row, key_i):
+        def one_client(loops, client, fed, data_row, key_i, server=None):
             return method_of(fed).with_loops(loops).update_every_client(
-                _pick(servers, fed), client, ClientData(*(a[data_row] for a in train)),
+                _pick(servers, fed) if server is None else server, client, ClientData(*(a[data_row] for a in train)),
                 key_i, round_index)
 
-        mapped = client_mapping.map_clients(one_client, self.every_client_mapping)
-        return mapped(clients, jnp.asarray(self.row_federation), jnp.asarray(self.row_data), keys)
+        rows = (clients, jnp.asarray(self.row_federation), jnp.asarray(self.row_data), keys)
+        if self.every_client_mapping.kind == "vmap":  # as training: each federation's server state once
+            return self._every_row_by_federation(one_client, servers, rows)
+        return client_mapping.map_clients(one_client, self.every_client_mapping)(*rows)
 
     # ------------------------------------------------------------ evaluation
     def _evaluate_impl(self, servers, clients, train, eval_data, eval_keys, round_index, values):
@@ -396,9 +401,7 @@ class FederationRows:
                 continue
             fn = lambda loops, *a, data=data, **k: row(loops, data, *a, **k)  # noqa: E731
             if self.eval_mapping.kind == "vmap":  # as training: each federation's server state once
-                where = self._federation_rows()
-                found = self._vmap_by_federation(fn, servers, [tree_ops.gather(rows, jnp.asarray(w)) for w in where],
-                                                 np.concatenate([w.reshape(-1) for w in where]))
+                found = self._every_row_by_federation(fn, servers, rows)
             else:
                 found = client_mapping.map_clients(fn, self.eval_mapping)(*rows)
             out.update({prefix + k: v for k, v in found.items()})
